@@ -1,0 +1,37 @@
+# The two commands that matter: `make demo` and `make test` (see README).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PACKS  := provider_packs/cursor-emulator
+
+.PHONY: bootstrap packs demo test unit integration lint fmt bench clean
+
+bootstrap:
+	@./scripts/bootstrap.sh
+
+# Rebuild pack archives deterministically from source (digests are pinned in pack.json).
+packs: bootstrap
+	@$(PY) $(PACKS)/build.py
+
+demo: packs
+	@$(VENV)/bin/acp-worker run examples/hello.json
+
+test: packs
+	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+unit: bootstrap
+	@$(PY) -m pytest -q tests/unit
+
+lint: bootstrap
+	@$(VENV)/bin/ruff check worker tasks tests benchmarks
+	@$(VENV)/bin/ruff format --check worker tasks tests benchmarks
+	@$(VENV)/bin/mypy
+
+fmt: bootstrap
+	@$(VENV)/bin/ruff format worker tasks tests benchmarks
+	@$(VENV)/bin/ruff check --fix worker tasks tests benchmarks
+
+bench: packs
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build $(PACKS)/dist

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what `make demo` / `make test` need on a fresh Debian machine, idempotently:
+# bubblewrap (apt), a virtualenv with the package and its dev extras, a Redis answering
+# on 127.0.0.1:6379. Prints what it does; quiet when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v git >/dev/null 2>&1 || need_apt+=(git)
+[ -x /usr/bin/python3 ] || need_apt+=(python3)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: apt-get install ${need_apt[*]}" >&2
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "bootstrap: creating $VENV and installing acp-worker[dev]" >&2
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e ".[dev,celery]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "bootstrap: starting redis-server on 127.0.0.1:6379" >&2
+  mkdir -p /tmp/acpw-redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /tmp/acpw-redis --logfile /tmp/acpw-redis/redis.log
+  for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi

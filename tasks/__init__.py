@@ -1,0 +1,1 @@
+"""Celery intake (thin, sync layer over ``worker.runner``). Built by the job-service issue."""

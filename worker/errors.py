@@ -1,0 +1,134 @@
+"""The one error tree of acp-worker.
+
+Every anticipated failure is a :class:`WorkerError` with a stable ``code`` string, a
+human ``message`` and keyword-only context in ``details``. The same
+``{code, message, details}`` triple goes into ``job.completed`` events and into the CLI's
+``{"error": {...}}`` line, so a control plane can branch on ``code`` alone.
+
+    WorkerError                      code                    exit
+    ├── InvalidInput                 invalid_input            2
+    │   ├── InvalidJobSpec           invalid_job_spec         2
+    │   └── PackNotFound             pack_not_found           2
+    ├── Refused                      refused                  3
+    │   ├── DigestMismatch           digest_mismatch          3
+    │   ├── ArchiveRefused           archive_refused          3
+    │   ├── PlatformUnsupported      platform_unsupported     3
+    │   ├── CredentialRefused        credential_refused       3
+    │   └── AdmissionRefused         admission_refused        3
+    ├── SandboxError                 sandbox_failed           1
+    ├── AgentError                   agent_error              1
+    │   ├── AgentExited              agent_exited             1
+    │   ├── AuthRequired             auth_required            1
+    │   ├── AgentTimeout             agent_timeout            1
+    │   └── ProtocolError            protocol_error           1
+    │       └── LineTooLong          acp_line_too_long        1
+    ├── EventTooLarge                event_too_large          1
+    └── SinkUnavailable              sink_unavailable         1
+
+Third-party exceptions (redis, OS errors from bubblewrap) are translated at their seam
+with ``raise ... from exc``; nothing else escapes the runner untyped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_REFUSED = 3
+EXIT_CANCELLED = 4
+EXIT_TIMED_OUT = 5
+
+
+class WorkerError(Exception):
+    """Root of every anticipated failure; ``code`` is stable API."""
+
+    code: ClassVar[str] = "worker_error"
+    exit_code: ClassVar[int] = EXIT_FAILED
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``{code, message, details}`` triple used in events and CLI errors."""
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+class InvalidInput(WorkerError):
+    code = "invalid_input"
+    exit_code = EXIT_INVALID
+
+
+class InvalidJobSpec(InvalidInput):
+    code = "invalid_job_spec"
+
+
+class PackNotFound(InvalidInput):
+    code = "pack_not_found"
+
+
+class Refused(WorkerError):
+    code = "refused"
+    exit_code = EXIT_REFUSED
+
+
+class DigestMismatch(Refused):
+    code = "digest_mismatch"
+
+
+class ArchiveRefused(Refused):
+    code = "archive_refused"
+
+
+class PlatformUnsupported(Refused):
+    code = "platform_unsupported"
+
+
+class CredentialRefused(Refused):
+    code = "credential_refused"
+
+
+class AdmissionRefused(Refused):
+    code = "admission_refused"
+
+
+class SandboxError(WorkerError):
+    code = "sandbox_failed"
+
+
+class AgentError(WorkerError):
+    code = "agent_error"
+
+
+class AgentExited(AgentError):
+    code = "agent_exited"
+
+
+class AuthRequired(AgentError):
+    code = "auth_required"
+
+
+class AgentTimeout(AgentError):
+    code = "agent_timeout"
+
+
+class ProtocolError(AgentError):
+    code = "protocol_error"
+
+
+class LineTooLong(ProtocolError):
+    code = "acp_line_too_long"
+
+
+class EventTooLarge(WorkerError):
+    code = "event_too_large"
+
+
+class SinkUnavailable(WorkerError):
+    code = "sink_unavailable"

@@ -1,0 +1,1 @@
+"""Job spec (the control plane's input) and job statuses."""

@@ -1,0 +1,152 @@
+"""Job spec v1: the JSON a control plane submits, validated strictly.
+
+Unknown fields are refused (``extra="forbid"``), secrets never travel inline: a
+credential is a *reference* (``env:NAME`` or ``file:PATH``) resolved by the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from worker.errors import InvalidJobSpec
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_CRED_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_CRED_REF = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]{0,127}|file:[^\x00]{1,1024})$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PackRef(_Strict):
+    """Which provider pack runs the agent."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Pack folder name.")
+    platform: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]+-[a-z0-9_]+$",
+        description="e.g. linux-x64; default: this worker's platform.",
+    )
+
+
+class LocalWorkspace(_Strict):
+    """A directory on the worker host, bind-mounted read-write as /workspace."""
+
+    kind: Literal["local"] = "local"
+    path: str = Field(min_length=1, max_length=4096, description="Absolute or job-relative path.")
+
+
+Workspace = Annotated[LocalWorkspace, Field(discriminator="kind")]
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str = Field(max_length=1_000_000)
+
+
+class ModelSpec(_Strict):
+    """The model and every parameter the job wants, stated explicitly."""
+
+    id: str = Field(min_length=1, max_length=200)
+    params: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class Limits(_Strict):
+    """Resource limits for the sandbox and the job."""
+
+    timeout_s: float = Field(default=600, gt=0, le=24 * 3600, description="Wall clock, seconds.")
+    memory_mb: int = Field(default=2048, ge=64, le=256 * 1024, description="Memory incl. swap.")
+    cpus: float = Field(default=1.0, gt=0, le=64, description="CPU quota in cores.")
+    pids: int = Field(default=512, ge=8, le=65536, description="Max tasks in the sandbox.")
+
+
+class Network(_Strict):
+    """Network policy. Only ``none`` exists in v1."""
+
+    mode: Literal["none"] = "none"
+
+
+class JobSpec(_Strict):
+    """A run job, version 1."""
+
+    v: Literal[1]
+    job_id: str = Field(pattern=_ID)
+    pack: PackRef
+    workspace: Workspace
+    prompt: str | list[TextBlock] = Field(description="Prompt text or ACP content blocks.")
+    model: ModelSpec | None = None
+    mode: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    credentials: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Credential name -> reference (`env:NAME` or `file:PATH`), never a secret.",
+    )
+    limits: Limits = Field(default_factory=Limits)
+    network: Network = Field(default_factory=Network)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("credentials")
+    @classmethod
+    def _references_only(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, ref in value.items():
+            if not _CRED_NAME.match(name):
+                raise ValueError(f"credential name {name!r} must match [A-Z][A-Z0-9_]*")
+            if not _CRED_REF.match(ref):
+                # Never echo the value: it may be a secret pasted inline by mistake.
+                raise ValueError(
+                    f"credential {name} must be a reference `env:NAME` or `file:PATH`, "
+                    "never the secret itself"
+                )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$", key) or len(item) > 256:
+                raise ValueError(f"label {key[:64]!r}: keys [A-Za-z0-9._/-]{{1,63}}, values ≤ 256")
+        return value
+
+    def prompt_blocks(self) -> list[dict[str, Any]]:
+        """The prompt as ACP content blocks."""
+        if isinstance(self.prompt, str):
+            return [{"type": "text", "text": self.prompt}]
+        return [block.model_dump() for block in self.prompt]
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "(root)"
+    more = exc.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{loc}: {first['msg']}{suffix}"
+
+
+def parse_job(raw: str | bytes | dict[str, Any]) -> JobSpec:
+    """Validate a job from JSON text or a decoded mapping.
+
+    Raises:
+        InvalidJobSpec: the text is not JSON, or a field is missing, unknown or of the
+            wrong type; the message names the first offending field.
+    """
+    try:
+        data = raw if isinstance(raw, dict) else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidJobSpec(f"job is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidJobSpec("job must be a JSON object")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
+        raise InvalidJobSpec(_describe(exc), fields=fields, job_id=_peek_id(data)) from None
+
+
+def _peek_id(data: dict[str, Any]) -> str | None:
+    job_id = data.get("job_id")
+    return job_id if isinstance(job_id, str) and re.match(_ID, job_id) else None

@@ -1,0 +1,41 @@
+"""Every Redis key name acp-worker uses, in one place.
+
+Per-job keys carry the job id inside a literal ``{...}`` Redis Cluster hash tag so that a
+cluster keeps all of one job's keys on one slot.
+"""
+
+from __future__ import annotations
+
+PREFIX = "acpw"
+
+LEASES = f"{PREFIX}:leases"
+"""Sorted set of job ids scored by lease expiry (for the reaper)."""
+
+
+def _job(job_id: str, suffix: str) -> str:
+    return f"{PREFIX}:{{{job_id}}}:{suffix}"
+
+
+def events(job_id: str) -> str:
+    """Stream of canonical events for the job."""
+    return _job(job_id, "events")
+
+
+def state(job_id: str) -> str:
+    """Hash with the job's status, attempt and bookkeeping."""
+    return _job(job_id, "state")
+
+
+def lease(job_id: str) -> str:
+    """String holding the current owner's fencing token."""
+    return _job(job_id, "lease")
+
+
+def control(job_id: str) -> str:
+    """Stream the control plane writes to: cancel, answers."""
+    return _job(job_id, "control")
+
+
+def interactions(job_id: str) -> str:
+    """Hash of durable interactions (questions, plans) by interaction id."""
+    return _job(job_id, "interactions")

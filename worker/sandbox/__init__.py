@@ -1,0 +1,1 @@
+"""Sandbox backends behind one small async seam (``base.SandboxBackend``)."""

@@ -1,0 +1,140 @@
+"""The sandbox seam: one small async Protocol every backend implements.
+
+A backend *creates* an isolated place for one job (``SandboxSpec``), *spawns* processes
+in it with piped stdio, *destroys* it (killing everything inside), and *lists* what it
+created by label so a reaper can find orphans without the worker that made them.
+
+Paths inside every sandbox are fixed: the workspace is ``WORKSPACE``, the pack closure
+``PACK_ROOT`` (read-only), the private home ``HOME``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+WORKSPACE = "/workspace"
+PACK_ROOT = "/opt/acp-pack"
+HOME = "/home/agent"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+
+LABEL_JOB = "acpw.job"
+LABEL_ATTEMPT = "acpw.attempt"
+LABEL_TOKEN = "acpw.token"
+LABEL_WORKER = "acpw.worker"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    memory_bytes: int
+    cpus: float
+    pids: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyMount:
+    """An extra host path bound read-only at ``target`` inside the sandbox."""
+
+    source: Path
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What one job's sandbox needs. Backends must honour every field."""
+
+    job_id: str
+    attempt: int
+    workspace: Path
+    pack_closure: Path
+    limits: ResourceLimits
+    labels: Mapping[str, str]
+    network: str = "none"
+    extra_mounts: Sequence[ReadOnlyMount] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxInfo:
+    """A sandbox as a backend lists it."""
+
+    sandbox_id: str
+    backend: str
+    labels: Mapping[str, str]
+
+
+class SandboxProcess(Protocol):
+    """A process running inside a sandbox, with piped stdio."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader: ...
+
+    @property
+    def stderr(self) -> asyncio.StreamReader: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def terminate(self) -> None:
+        """SIGTERM to the whole process group (idempotent)."""
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group (idempotent)."""
+
+
+class Sandbox(Protocol):
+    """One job's isolated place."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str = WORKSPACE,
+        stdout_limit: int = 8 * 1024 * 1024,
+    ) -> SandboxProcess:
+        """Start ``argv`` inside the sandbox with exactly ``env`` (nothing inherited).
+
+        Raises:
+            SandboxError: the sandbox could not start the process.
+        """
+        ...
+
+
+class SandboxBackend(Protocol):
+    """Creates, destroys and lists sandboxes of one kind."""
+
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Prepare the sandbox (limits, mounts, labels).
+
+        Raises:
+            SandboxError: the backend is unavailable or refused the spec.
+        """
+        ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Kill everything inside and remove what ``create`` made; idempotent."""
+        ...
+
+    async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
+        """Sandboxes whose labels include all of ``labels``."""
+        ...

@@ -1,0 +1,58 @@
+"""One settings object, built at the entry point and passed down.
+
+Values come from ``ACPW_*`` environment variables (or explicit keyword arguments in
+tests). Nothing deeper in the package reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_REPO_PACKS = Path(__file__).resolve().parent.parent / "provider_packs"
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Worker configuration; every field can be set as ``ACPW_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="ACPW_", extra="forbid", frozen=True)
+
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_cache_dir("acp-worker")),
+        description="Content-addressed cache of materialized pack closures.",
+    )
+    packs_dir: Path = Field(
+        default=_REPO_PACKS, description="Folder of pack declarations, one folder per pack."
+    )
+    secrets_dir: Path | None = Field(
+        default=None,
+        description="Root that `file:` credential references resolve under (required for them).",
+    )
+    redis_url: str | None = Field(default=None, description="Redis for events and state.")
+    worker_id: str = Field(default_factory=_default_worker_id, description="Labels sandboxes.")
+    backend: str = Field(default="local", description="Sandbox backend: local.")
+    bwrap: str = Field(default="bwrap", description="bubblewrap executable.")
+    cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description="cgroupfs mount.")
+    cgroup_parent: str = Field(default="acpw", description="Parent cgroup for sandboxes.")
+    acp_line_limit: int = Field(default=8 * 1024 * 1024, description="Max bytes of one ACP line.")
+    acp_request_timeout: float = Field(
+        default=60.0, description="Seconds to wait for an agent's reply to one request."
+    )
+    shutdown_eof_grace: float = Field(default=3.0, description="Seconds after stdin EOF.")
+    shutdown_term_grace: float = Field(default=2.0, description="Seconds after SIGTERM.")
+    cancel_grace: float = Field(
+        default=10.0, description="Seconds to wait for `cancelled` after session/cancel."
+    )
+    stderr_buffer_bytes: int = Field(default=64 * 1024, description="Agent stderr kept.")
+    events_maxlen: int = Field(default=10_000, description="Approximate MAXLEN of a stream.")
+    event_max_bytes: int = Field(default=196 * 1024, description="Max UTF-8 size of one event.")
+    tool_output_bytes: int = Field(default=16 * 1024, description="Tool output kept per event.")
