@@ -8,13 +8,15 @@ human ``message`` and keyword-only context in ``details``. The same
     WorkerError                      code                    exit
     ├── InvalidInput                 invalid_input            2
     │   ├── InvalidJobSpec           invalid_job_spec         2
-    │   └── PackNotFound             pack_not_found           2
+    │   ├── PackNotFound             pack_not_found           2
+    │   └── WorkspaceUnavailable     workspace_unavailable    2
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
     │   ├── PlatformUnsupported      platform_unsupported     3
     │   ├── CredentialRefused        credential_refused       3
-    │   └── AdmissionRefused         admission_refused        3
+    │   ├── AdmissionRefused         admission_refused        3
+    │   └── ModelUnavailable         model_unavailable        3
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
@@ -73,6 +75,10 @@ class PackNotFound(InvalidInput):
     code = "pack_not_found"
 
 
+class WorkspaceUnavailable(InvalidInput):
+    code = "workspace_unavailable"
+
+
 class Refused(WorkerError):
     code = "refused"
     exit_code = EXIT_REFUSED
@@ -96,6 +102,10 @@ class CredentialRefused(Refused):
 
 class AdmissionRefused(Refused):
     code = "admission_refused"
+
+
+class ModelUnavailable(Refused):
+    code = "model_unavailable"
 
 
 class SandboxError(WorkerError):

@@ -1,0 +1,158 @@
+"""JSON-RPC routing over a real socket pair: both directions, errors, limits, garbage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from worker.acp.connection import Connection, RpcError
+from worker.errors import AgentExited, AgentTimeout, LineTooLong
+
+
+class Peer:
+    """The far side: raw reads and writes of NDJSON lines."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def send(self, obj: Any) -> None:
+        self.writer.write((obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n")
+        await self.writer.drain()
+
+    async def recv(self) -> dict[str, Any]:
+        line = await asyncio.wait_for(self.reader.readline(), 5)
+        return json.loads(line)
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Connection, Peer, list[Any]]]:
+    left, right = socket.socketpair()
+    r1, w1 = await asyncio.open_connection(sock=left, limit=2**24)
+    r2, w2 = await asyncio.open_connection(sock=right, limit=2**24)
+    seen: list[Any] = []
+
+    async def on_note(method: str, params: Any) -> None:
+        seen.append(("note", method, params))
+
+    async def on_bad(preview: str, reason: str) -> None:
+        seen.append(("bad", preview, reason))
+
+    conn = Connection(r1, w1, line_limit=1024, request_timeout=2, on_notification=on_note, on_malformed=on_bad)
+    conn.start()
+    yield conn, Peer(r2, w2), seen
+    await conn.aclose()
+    w1.close()
+    w2.close()
+
+
+async def test_request_and_result(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    call = asyncio.create_task(conn.request("initialize", {"protocolVersion": 1}))
+    msg = await peer.recv()
+    assert msg["method"] == "initialize"
+    await peer.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"ok": True}})
+    assert await call == {"ok": True}
+
+
+async def test_error_reply_raises_rpc_error(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    call = asyncio.create_task(conn.request("session/new", {}))
+    msg = await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32000, "message": "Authentication required"}})
+    with pytest.raises(RpcError) as info:
+        await call
+    assert info.value.code == -32000
+
+
+async def test_cursor_requests_reach_their_handler(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+
+    async def todos(params: Any) -> Any:
+        return {"seen": params["toolCallId"]}
+
+    conn.route("cursor/update_todos", todos)
+    await peer.send({"jsonrpc": "2.0", "id": 0, "method": "cursor/update_todos", "params": {"toolCallId": "a\nb"}})
+    assert await peer.recv() == {"jsonrpc": "2.0", "id": 0, "result": {"seen": "a\nb"}}
+
+
+async def test_unknown_inbound_request_gets_method_not_found(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    _, peer, _ = pair
+    await peer.send({"jsonrpc": "2.0", "id": 7, "method": "cursor/unknown", "params": {}})
+    reply = await peer.recv()
+    assert reply["id"] == 7
+    assert reply["error"]["code"] == -32601
+
+
+async def test_handler_rpc_error_is_sent_back(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+
+    async def refuse(params: Any) -> Any:
+        raise RpcError(-32602, "Invalid params", {"why": "x"})
+
+    conn.route("fs/read_text_file", refuse)
+    await peer.send({"jsonrpc": "2.0", "id": 1, "method": "fs/read_text_file", "params": {}})
+    assert (await peer.recv())["error"] == {"code": -32602, "message": "Invalid params", "data": {"why": "x"}}
+
+
+async def test_concurrent_requests_both_ways(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    release = asyncio.Event()
+
+    async def blocking(params: Any) -> Any:
+        await release.wait()
+        return {"answered": True}
+
+    conn.route("cursor/ask_question", blocking)
+    await peer.send({"jsonrpc": "2.0", "id": 0, "method": "cursor/ask_question", "params": {}})
+    call = asyncio.create_task(conn.request("session/prompt", {}))
+    prompt = await peer.recv()  # the outbound request goes out while the question waits
+    assert prompt["method"] == "session/prompt"
+    release.set()
+    assert (await peer.recv())["result"] == {"answered": True}
+    await peer.send({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "end_turn"}})
+    assert await call == {"stopReason": "end_turn"}
+
+
+async def test_garbage_is_reported_not_fatal(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, seen = pair
+    await peer.send(b"this is not json")
+    await peer.send(b"[1,2,3]")
+    await peer.send({"jsonrpc": "2.0", "method": "session/update", "params": {"x": 1}})
+    for _ in range(50):
+        if len(seen) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert [s[0] for s in seen] == ["bad", "bad", "note"]
+    assert seen[0][1] == "this is not json"
+    assert not conn.closed.done()
+
+
+async def test_oversize_line_is_fatal_and_typed(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    await peer.recv()
+    await peer.send(b"x" * 5000)
+    with pytest.raises(LineTooLong):
+        await call
+    assert isinstance(conn.closed.result(), LineTooLong)
+
+
+async def test_request_times_out(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    with pytest.raises(AgentTimeout):
+        await conn.request("initialize", {}, timeout=0.05)
+
+
+async def test_peer_exit_fails_pending_requests(pair: tuple[Connection, Peer, list[Any]]) -> None:
+    conn, peer, _ = pair
+    call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    await peer.recv()
+    peer.writer.close()
+    with pytest.raises(AgentExited):
+        await call

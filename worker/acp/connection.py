@@ -1,0 +1,263 @@
+"""A small asyncio JSON-RPC 2.0 connection over newline-delimited JSON (ACP's stdio).
+
+The worker owns its routing (DESIGN.md, "ACP"): Cursor sends ``cursor/*`` *requests*
+with ids and stalls if they fail, which SDKs that only route ``_``-prefixed extension
+methods get wrong. Here every inbound request reaches the handler registered for its
+exact method name; unknown methods get -32601.
+
+- Requests go both ways concurrently; each outbound request has its own timeout
+  (a malformed input gets *no* reply from Cursor, so nothing may wait forever).
+- Inbound notifications are dispatched in arrival order; inbound requests each run in
+  their own task so a blocking question never stalls the stream.
+- A malformed line (not JSON, not an object, not JSON-RPC) is reported through
+  ``on_malformed`` and skipped; a line longer than ``line_limit`` is fatal
+  (:class:`LineTooLong`), because memory must stay bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError
+
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+AUTH_REQUIRED = -32000
+
+RequestHandler = Callable[[Any], Awaitable[Any]]
+NotificationHandler = Callable[[str, Any], Awaitable[None]]
+MalformedHandler = Callable[[str, str], Awaitable[None]]
+
+_CHUNK = 256 * 1024
+
+
+class RpcError(Exception):
+    """A JSON-RPC error object, raised by handlers and by :meth:`Connection.request`."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            out["data"] = self.data
+        return out
+
+
+class Connection:
+    """One JSON-RPC peer reached through a reader/writer pair."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        line_limit: int = 8 * 1024 * 1024,
+        request_timeout: float = 60.0,
+        on_notification: NotificationHandler | None = None,
+        on_malformed: MalformedHandler | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._line_limit = line_limit
+        self._request_timeout = request_timeout
+        self._on_notification = on_notification
+        self._on_malformed = on_malformed
+        self._handlers: dict[str, RequestHandler] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reader_task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self.closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    def route(self, method: str, handler: RequestHandler) -> None:
+        """Answer inbound requests for exactly ``method`` with ``handler(params)``."""
+        self._handlers[method] = handler
+
+    def start(self) -> None:
+        self._reader_task = asyncio.create_task(self._read_loop(), name="acp-reader")
+
+    # -- outbound -----------------------------------------------------------------
+
+    async def request(self, method: str, params: Any, *, timeout: float | None = -1) -> Any:
+        """Send a request and wait for its result.
+
+        ``timeout=None`` waits as long as the connection lives; the default is the
+        connection's request timeout.
+
+        Raises:
+            RpcError: the peer answered with an error object.
+            AgentTimeout: no answer within the timeout.
+            AgentExited: the connection closed first (carries the close reason).
+        """
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._send(
+                {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+            )
+            limit = self._request_timeout if timeout == -1 else timeout
+            return await self._await_reply(future, method, limit)
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _await_reply(
+        self, future: asyncio.Future[Any], method: str, limit: float | None
+    ) -> Any:
+        closed = asyncio.ensure_future(asyncio.shield(self.closed))
+        try:
+            done, _ = await asyncio.wait(
+                {future, closed}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closed.cancel()
+        if future in done:
+            return future.result()
+        if self.closed.done():
+            raise self._closed_error(method)
+        raise AgentTimeout(f"agent did not answer {method} within {limit:g} s", method=method)
+
+    def _closed_error(self, method: str) -> BaseException:
+        reason = self.closed.result()
+        if isinstance(reason, LineTooLong | ProtocolError):
+            return reason
+        return AgentExited(f"agent closed the connection during {method}", method=method)
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self._send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    async def _send(self, message: Mapping[str, Any]) -> None:
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        async with self._write_lock:
+            if self.closed.done() or self._writer.is_closing():
+                raise self._closed_error(str(message.get("method", "reply")))
+            try:
+                self._writer.write(data)
+                await self._writer.drain()
+            except (ConnectionError, RuntimeError) as exc:
+                self._close(AgentExited("agent stdin closed", error=str(exc)))
+                raise self._closed_error(str(message.get("method", "reply"))) from exc
+
+    # -- inbound ------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                chunk = await self._reader.read(_CHUNK)
+                if not chunk:
+                    break
+                buffer += chunk
+                buffer = await self._drain_lines(buffer)
+                if len(buffer) > self._line_limit:
+                    raise LineTooLong(
+                        f"agent sent a line over {self._line_limit} bytes",
+                        limit=self._line_limit,
+                    )
+            self._close(AgentExited("agent closed its stdout"))
+        except (LineTooLong, ProtocolError) as exc:
+            self._close(exc)
+        except (ConnectionError, OSError) as exc:
+            self._close(AgentExited("agent stdout failed", error=str(exc)))
+
+    async def _drain_lines(self, buffer: bytearray) -> bytearray:
+        start = 0
+        while (end := buffer.find(b"\n", start)) != -1:
+            if end - start > self._line_limit:
+                raise LineTooLong(
+                    f"agent sent a line over {self._line_limit} bytes", limit=self._line_limit
+                )
+            line = bytes(buffer[start:end]).strip()
+            start = end + 1
+            if line:
+                await self._dispatch(line)
+        return buffer[start:]
+
+    async def _dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError as exc:
+            await self._malformed(line, f"not JSON: {exc}")
+            return
+        if not isinstance(message, dict):
+            await self._malformed(line, "not a JSON object")
+        elif "method" in message and isinstance(message["method"], str):
+            await self._inbound(message)
+        elif "id" in message and ("result" in message or "error" in message):
+            await self._reply(message, line)
+        else:
+            await self._malformed(line, "not a JSON-RPC request, notification or response")
+
+    async def _inbound(self, message: dict[str, Any]) -> None:
+        method, params = message["method"], message.get("params")
+        if "id" not in message:
+            if self._on_notification is not None:
+                await self._on_notification(method, params)
+            return
+        task = asyncio.create_task(self._answer(message["id"], method, params))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, request_id: Any, method: str, params: Any) -> None:
+        handler = self._handlers.get(method)
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+        if handler is None:
+            reply["error"] = RpcError(METHOD_NOT_FOUND, f'"Method not found": {method}').to_wire()
+        else:
+            try:
+                reply["result"] = await handler(params)
+            except RpcError as exc:
+                reply["error"] = exc.to_wire()
+        with contextlib.suppress(AgentExited, LineTooLong, ProtocolError):
+            await self._send(reply)
+
+    async def _reply(self, message: dict[str, Any], line: bytes) -> None:
+        future = self._pending.get(message["id"]) if isinstance(message["id"], int) else None
+        if future is None or future.done():
+            await self._malformed(line, "response to no pending request")
+            return
+        error = message.get("error")
+        if error is not None:
+            future.set_exception(_rpc_error(error))
+        else:
+            future.set_result(message.get("result"))
+
+    async def _malformed(self, line: bytes, reason: str) -> None:
+        if self._on_malformed is not None:
+            await self._on_malformed(line[:512].decode("utf-8", "replace"), reason)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def _close(self, reason: BaseException) -> None:
+        if not self.closed.done():
+            self.closed.set_result(reason)
+
+    async def aclose(self) -> None:
+        """Stop reading and cancel inbound handlers; the process is not touched here."""
+        self._close(AgentExited("connection closed by the client"))
+        tasks = [t for t in (self._reader_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _rpc_error(error: Any) -> RpcError:
+    if not isinstance(error, dict):
+        return RpcError(INTERNAL_ERROR, "malformed error object", error)
+    code = error.get("code")
+    return RpcError(
+        code if isinstance(code, int) else INTERNAL_ERROR,
+        str(error.get("message", "")),
+        error.get("data"),
+    )

@@ -1,0 +1,70 @@
+"""The ``acp-worker`` command line.
+
+Every sub-command handler has the signature ``handler(args, settings) -> int`` and
+raises :class:`worker.errors.WorkerError` for anticipated failures; ``main`` turns those
+into one readable line on stderr (or ``{"error": {...}}`` with ``--json``) and the
+error's exit code. No traceback for anticipated errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from worker.errors import EXIT_INVALID, WorkerError
+from worker.settings import Settings
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    """Let ``--json`` follow the sub-command too (``acp-worker run JOB.json --json``)."""
+    parser.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="acp-worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _registrars():
+        register(sub)
+    return parser
+
+
+def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
+    from worker import run_cli
+    from worker.packs import cli as packs_cli
+
+    return [run_cli.register, packs_cli.register]
+
+
+def _report(exc: WorkerError, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"error": exc.to_dict()}, ensure_ascii=False), file=sys.stderr)
+    else:
+        print(f"acp-worker: {exc.message} [{exc.code}]", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings()
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except WorkerError as exc:
+        _report(exc, as_json=args.json)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as exc:  # pydantic-settings: a bad ACPW_* variable
+        print(f"acp-worker: invalid settings: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

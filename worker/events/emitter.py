@@ -1,0 +1,112 @@
+"""Turns (type, data) into canonical events: numbering, time, redaction, size cap.
+
+The emitter owns the invariants every consumer relies on: ``seq`` starts at 1 and has no
+gaps within an attempt; every event is redacted before it leaves; an event over the size
+cap is replaced by a ``notice`` saying so (never silently truncated); exactly one
+``job.completed`` closes the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from worker.credentials.redact import Redactor
+from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
+from worker.events.sinks import EventSink
+
+
+def utc_timestamp(now: float | None = None) -> str:
+    moment = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class EventEmitter:
+    """Numbers, redacts, bounds and fans out the events of one job attempt."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        sinks: Sequence[EventSink],
+        redactor: Redactor | None = None,
+        max_bytes: int = 196 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self._sinks = list(sinks)
+        self._redactor = redactor or Redactor()
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._seq = 0
+        self.completed: Mapping[str, Any] | None = None
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    @property
+    def redactor(self) -> Redactor:
+        return self._redactor
+
+    async def emit(self, type_: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Emit one event and return it as sent (after redaction).
+
+        Raises:
+            RuntimeError: an event after ``job.completed`` (a bug, not an input error).
+        """
+        if self.completed is not None:
+            raise RuntimeError(f"event {type_!r} after job.completed")
+        event, line = self._serialize(type_, data, self._seq + 1)
+        if len(line.encode("utf-8")) > self._max_bytes:
+            notice = self._oversize_notice(type_, line)
+            event, line = self._serialize("notice", notice, self._seq + 1)
+        self._seq += 1
+        if self._redactor:
+            event = json.loads(line)  # the dict form must be as scrubbed as the line
+        for sink in self._sinks:
+            await sink.write(event, line)
+        if event["type"] == TERMINAL_TYPE:
+            self.completed = event
+        return event
+
+    def _serialize(
+        self, type_: str, data: Mapping[str, Any], seq: int
+    ) -> tuple[dict[str, Any], str]:
+        event = {
+            "v": EVENT_VERSION,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "seq": seq,
+            "ts": utc_timestamp(self._clock()),
+            "type": type_,
+            "data": data,
+        }
+        line = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+        return event, (self._redactor.scrub(line) if self._redactor else line)
+
+    def _oversize_notice(self, type_: str, line: str) -> dict[str, Any]:
+        size = len(line.encode("utf-8"))
+        return {
+            "level": "warning",
+            "code": "event_too_large",
+            "message": f"a {type_} event of {size} bytes exceeded the {self._max_bytes}-byte "
+            "cap and was not sent",
+            "details": {"type": type_, "bytes": size, "limit": self._max_bytes},
+        }
+
+    async def close(self) -> None:
+        """Flush every sink; the first failure is raised after all were tried."""
+        errors: list[BaseException] = []
+        for sink in self._sinks:
+            try:
+                await sink.close()
+            except Exception as exc:  # collected; the first is re-raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]

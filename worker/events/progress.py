@@ -1,0 +1,80 @@
+"""A human view of a job's events for a terminal (stderr), as an ``EventSink``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+
+def _short(digest: str) -> str:
+    return digest[:19] + "…" if len(digest) > 20 else digest
+
+
+_LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "job.accepted": lambda d: f"job accepted: pack {d['pack']} on backend {d['backend']}",
+    "pack.ready": lambda d: (
+        f"pack {d['name']} {d['version']} ({d['platform']}) verified: {d['files']} files, "
+        f"{_short(d['closure_digest'])} in {d['verify_ms']:.0f} ms"
+    ),
+    "sandbox.ready": lambda d: f"sandbox {d['sandbox_id']} ready ({d['backend']})",
+    "agent.initialized": lambda d: f"agent speaks ACP v{d['protocol_version']}",
+    "session.started": lambda d: f"session {d['session_id']}",
+    "session.titled": lambda d: f"title: {d['title']}",
+    "tool.started": lambda d: f"tool {d.get('kind') or '?'}: {d.get('title') or ''}",
+    "tool.completed": lambda d: f"tool done ({d['status']})",
+    "plan.updated": lambda d: f"plan r{d['revision']}: {len(d['entries'])} steps",
+    "mode.changed": lambda d: f"mode: {d['mode']}",
+    "notice": lambda d: f"{d['level']}: {d['message']}",
+    "provider.unmapped": lambda d: f"(kept unmapped: {d['kind']})",
+    "usage.reported": lambda d: "usage: " + ("reported" if d["available"] else "not reported by the agent"),
+}
+
+
+class ProgressSink:
+    """Readable progress lines; assistant text is streamed as it arrives."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._streaming: str | None = None
+
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        type_, data = event["type"], event["data"]
+        if type_ == "message.delta" and data.get("text"):
+            self._delta(data["role"], data["text"])
+            return
+        render = _LINES.get(type_)
+        if type_ == "job.completed":
+            self._line(_completed(data))
+        elif render is not None:
+            self._line(render(data))
+
+    def _delta(self, role: str, text: str) -> None:
+        if self._streaming != role:
+            self._end_stream()
+            self._stream.write("  " + ("thinking: " if role == "thought" else "agent: "))
+            self._streaming = role
+        self._stream.write(text)
+        self._stream.flush()
+
+    def _end_stream(self) -> None:
+        if self._streaming is not None:
+            self._stream.write("\n")
+            self._streaming = None
+
+    def _line(self, text: str) -> None:
+        self._end_stream()
+        self._stream.write(f"▸ {text}\n")
+        self._stream.flush()
+
+    async def close(self) -> None:
+        self._end_stream()
+        self._stream.flush()
+
+
+def _completed(data: Mapping[str, Any]) -> str:
+    text = f"job {data['status']}"
+    if data.get("stop_reason"):
+        text += f" ({data['stop_reason']})"
+    if data.get("error"):
+        text += f": {data['error']['message']} [{data['error']['code']}]"
+    return text + f" in {data['duration_ms']:.0f} ms"

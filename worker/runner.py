@@ -1,0 +1,401 @@
+"""The async core: run one job from a validated spec to exactly one ``job.completed``.
+
+    validate (caller) → job.accepted → credentials → pack verify → sandbox → agent
+    → initialize → session/new (+mode/model) → session/prompt → settle → teardown
+
+Every failure on the way becomes a typed error in the terminal event; the sandbox and
+the agent are torn down in ``finally`` blocks whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.acp.agent import AgentProcess
+from worker.acp.client import AcpClient
+from worker.acp.cursor import CursorDialect
+from worker.credentials.redact import Redactor
+from worker.credentials.resolve import resolve_credentials
+from worker.errors import (
+    EXIT_CANCELLED,
+    EXIT_SUCCEEDED,
+    EXIT_TIMED_OUT,
+    AgentError,
+    ModelUnavailable,
+    WorkerError,
+    WorkspaceUnavailable,
+)
+from worker.events.emitter import EventEmitter
+from worker.events.normalizer import Normalizer
+from worker.events.sinks import EventSink
+from worker.jobs.spec import JobSpec
+from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
+from worker.sandbox import base
+from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from worker.settings import Settings
+
+SUCCESS_STOPS = {"end_turn", "max_tokens", "max_turn_requests"}
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    status: str
+    stop_reason: str | None
+    error: WorkerError | None
+    exit_code: int
+
+
+@dataclass(slots=True)
+class _Phases:
+    start: float = field(default_factory=time.perf_counter)
+    marks: dict[str, float] = field(default_factory=dict)
+    _last: float = field(default_factory=time.perf_counter)
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.marks[name] = round((now - self._last) * 1000, 2)
+        self._last = now
+
+    def total_ms(self) -> float:
+        return round((time.perf_counter() - self.start) * 1000, 2)
+
+
+class _Stop(Exception):
+    """The turn was interrupted by cancel or timeout; carries the status."""
+
+    def __init__(self, status: str, stop_reason: str | None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.stop_reason = stop_reason
+
+
+async def run_job(
+    spec: JobSpec,
+    *,
+    settings: Settings,
+    backend: SandboxBackend,
+    sinks: Sequence[EventSink],
+    environ: Mapping[str, str],
+    base_dir: Path | None = None,
+    attempt: int = 1,
+    cancel: asyncio.Event | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> JobOutcome:
+    """Run ``spec`` once and return how it settled; events go to ``sinks``."""
+    redactor = Redactor()
+    emitter = EventEmitter(
+        job_id=spec.job_id,
+        attempt=attempt,
+        sinks=sinks,
+        redactor=redactor,
+        max_bytes=settings.event_max_bytes,
+    )
+    job = _Job(spec, settings, backend, emitter, environ, base_dir, attempt, labels or {})
+    try:
+        outcome = await job.run(cancel or asyncio.Event())
+    finally:
+        await emitter.close()
+    return outcome
+
+
+class _Job:
+    def __init__(
+        self,
+        spec: JobSpec,
+        settings: Settings,
+        backend: SandboxBackend,
+        emitter: EventEmitter,
+        environ: Mapping[str, str],
+        base_dir: Path | None,
+        attempt: int,
+        labels: Mapping[str, str],
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.backend = backend
+        self.emitter = emitter
+        self.environ = environ
+        self.base_dir = base_dir
+        self.attempt = attempt
+        self.labels = labels
+        self.phases = _Phases()
+        self.sandbox: Sandbox | None = None
+        self.agent: AgentProcess | None = None
+        self.normalizer = Normalizer(
+            workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes
+        )
+
+    async def run(self, cancel: asyncio.Event) -> JobOutcome:
+        await self._accepted()
+        try:
+            stop_reason = await self._execute(cancel)
+            outcome = _settled(stop_reason)
+        except _Stop as stop:
+            outcome = _interrupted(stop)
+        except WorkerError as exc:
+            outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
+        finally:
+            await self._teardown()
+        await self._complete(outcome)
+        return outcome
+
+    async def _accepted(self) -> None:
+        await self.emitter.emit(
+            "job.accepted",
+            {
+                "pack": self.spec.pack.name,
+                "platform": self.spec.pack.platform,
+                "backend": self.backend.name,
+                "labels": dict(self.spec.labels),
+            },
+        )
+        await self.emitter.emit("job.started", {"worker_id": self.settings.worker_id})
+
+    async def _execute(self, cancel: asyncio.Event) -> str:
+        deadline = time.monotonic() + self.spec.limits.timeout_s
+        declaration = load_declaration(self.settings, self.spec.pack.name)
+        credentials = resolve_credentials(
+            self.spec.credentials,
+            allowed=declaration.credentials,
+            environ=self.environ,
+            secrets_dir=self.settings.secrets_dir,
+            redactor=self.emitter.redactor,
+        )
+        self.phases.mark("credentials")
+        pack = await self._pack(declaration)
+        await self._sandbox(pack, self._workspace())
+        client = await self._launch(pack.launch_plan(credentials))
+        session_id = await self._session(client)
+        return await self._turn(client, session_id, cancel, deadline)
+
+    async def _pack(self, declaration: Any) -> PreparedPack:
+        pack = await asyncio.to_thread(
+            prepare_pack, self.settings, declaration, self.spec.pack.platform
+        )
+        self.phases.mark("pack_verify")
+        await self.emitter.emit("pack.ready", pack.event_data())
+        return pack
+
+    def _workspace(self) -> Path:
+        raw = Path(self.spec.workspace.path)
+        path = raw if raw.is_absolute() or self.base_dir is None else self.base_dir / raw
+        if not path.is_dir():
+            raise WorkspaceUnavailable(
+                f"workspace {self.spec.workspace.path!r} is not a directory", path=str(raw)
+            )
+        return path.resolve()
+
+    async def _sandbox(self, pack: PreparedPack, workspace: Path) -> None:
+        limits = self.spec.limits
+        spec = SandboxSpec(
+            job_id=self.spec.job_id,
+            attempt=self.attempt,
+            workspace=workspace,
+            pack_closure=pack.closure,
+            limits=base.ResourceLimits(
+                memory_bytes=limits.memory_mb * 1024 * 1024, cpus=limits.cpus, pids=limits.pids
+            ),
+            labels={
+                base.LABEL_JOB: self.spec.job_id,
+                base.LABEL_ATTEMPT: str(self.attempt),
+                base.LABEL_TOKEN: self.labels.get(base.LABEL_TOKEN, "0"),
+                base.LABEL_WORKER: self.settings.worker_id,
+            },
+            network=self.spec.network.mode,
+        )
+        self.sandbox = await self.backend.create(spec)
+        self.phases.mark("sandbox_create")
+        await self.emitter.emit(
+            "sandbox.ready", {"backend": self.backend.name, "sandbox_id": self.sandbox.sandbox_id}
+        )
+
+    async def _launch(self, plan: LaunchPlan) -> AcpClient:
+        assert self.sandbox is not None
+        settings = self.settings
+        process = await self.sandbox.spawn(
+            plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
+        )
+        self.agent = AgentProcess(
+            process,
+            line_limit=settings.acp_line_limit,
+            request_timeout=settings.acp_request_timeout,
+            stderr_limit=settings.stderr_buffer_bytes,
+            on_notification=self._notification,
+            on_malformed=self._malformed,
+        )
+        client = AcpClient(self.agent.connection, emit=self.emitter.emit)
+        if plan.dialect == "cursor":
+            CursorDialect(self.agent.connection, emit=self.emitter.emit)
+        self.agent.start()
+        self.phases.mark("agent_spawn")
+        return client
+
+    async def _session(self, client: AcpClient) -> str:
+        init = await client.initialize()
+        self.phases.mark("initialize")
+        await self.emitter.emit("agent.initialized", _initialized_data(init))
+        session = await client.new_session(base.WORKSPACE)
+        session_id = str(session["sessionId"])
+        self.phases.mark("session_new")
+        await self.emitter.emit("session.started", _session_data(session_id, session))
+        if self.spec.mode is not None:
+            await client.set_mode(session_id, self.spec.mode)
+        if self.spec.model is not None:
+            await self._select_model(client, session_id, session)
+        return session_id
+
+    async def _select_model(
+        self, client: AcpClient, session_id: str, session: Mapping[str, Any]
+    ) -> None:
+        model = self.spec.model
+        assert model is not None
+        if model.params:
+            raise ModelUnavailable(
+                "model parameters are not supported by this worker yet; name a variant id",
+                model=model.id,
+            )
+        available = _model_ids(session)
+        if model.id not in available:
+            raise ModelUnavailable(
+                f"model {model.id!r} is not offered by the agent", model=model.id,
+                available=sorted(available)[:50],
+            )
+        await client.set_model(session_id, model.id)
+        await self.emitter.emit("model.selected", {"model": model.id, "params": {}})
+
+    async def _turn(
+        self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
+    ) -> str:
+        prompt = asyncio.create_task(client.prompt(session_id, self.spec.prompt_blocks()))
+        cancelled = asyncio.create_task(cancel.wait())
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            await asyncio.wait({prompt, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if prompt.done():
+                stop = prompt.result()
+                self.phases.mark("turn")
+                return stop
+            status = "cancelled" if cancel.is_set() else "timed_out"
+            raise _Stop(status, await self._interrupt(client, session_id, prompt))
+        finally:
+            cancelled.cancel()
+            if not prompt.done():
+                prompt.cancel()
+            await asyncio.gather(prompt, cancelled, return_exceptions=True)
+
+    async def _interrupt(
+        self, client: AcpClient, session_id: str, prompt: asyncio.Task[str]
+    ) -> str | None:
+        """session/cancel, then wait the grace period for the agent's own stop reason."""
+        with contextlib.suppress(WorkerError):
+            await client.cancel(session_id)
+        try:
+            return await asyncio.wait_for(asyncio.shield(prompt), self.settings.cancel_grace)
+        except (TimeoutError, WorkerError):
+            return None
+
+    async def _notification(self, method: str, params: Any) -> None:
+        if method != "session/update":
+            await self.emitter.emit("provider.unmapped", self.normalizer.unmapped(method, params)[1])
+            return
+        for type_, data in self.normalizer.normalize(params):
+            await self.emitter.emit(type_, data)
+
+    async def _malformed(self, preview: str, reason: str) -> None:
+        await self.emitter.emit(
+            "notice",
+            {
+                "level": "warning",
+                "code": "acp_malformed_line",
+                "message": f"the agent wrote a line that is not JSON-RPC ({reason}); it was skipped",
+                "details": {"preview": preview},
+            },
+        )
+
+    def _with_stderr(self, exc: WorkerError) -> WorkerError:
+        if isinstance(exc, AgentError) and self.agent is not None:
+            exc.details.setdefault("stderr_preview", self.agent.stderr.preview())
+        return exc
+
+    async def _teardown(self) -> None:
+        if self.agent is not None:
+            await self.agent.shutdown(
+                eof_grace=self.settings.shutdown_eof_grace,
+                term_grace=self.settings.shutdown_term_grace,
+            )
+        if self.sandbox is not None:
+            await self.backend.destroy(self.sandbox.sandbox_id)
+        self.phases.mark("teardown")
+
+    async def _complete(self, outcome: JobOutcome) -> None:
+        if not self.normalizer.usage_seen:
+            await self.emitter.emit("usage.reported", {"available": False})
+        error = None
+        if outcome.error is not None:
+            error = outcome.error.to_dict()
+        await self.emitter.emit(
+            "job.completed",
+            {
+                "status": outcome.status,
+                "stop_reason": outcome.stop_reason,
+                "error": error,
+                "duration_ms": self.phases.total_ms(),
+                "timings_ms": dict(self.phases.marks),
+            },
+        )
+
+
+def _settled(stop_reason: str) -> JobOutcome:
+    if stop_reason in SUCCESS_STOPS:
+        return JobOutcome("succeeded", stop_reason, None, EXIT_SUCCEEDED)
+    if stop_reason == "cancelled":
+        error = AgentError("the agent cancelled the turn on its own", stop_reason=stop_reason)
+        return JobOutcome("failed", stop_reason, error, error.exit_code)
+    error = AgentError(f"the agent stopped with {stop_reason!r}", stop_reason=stop_reason)
+    return JobOutcome("failed", stop_reason, error, error.exit_code)
+
+
+def _interrupted(stop: _Stop) -> JobOutcome:
+    code = EXIT_CANCELLED if stop.status == "cancelled" else EXIT_TIMED_OUT
+    return JobOutcome(stop.status, stop.stop_reason, None, code)
+
+
+def _initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:
+    caps = init.get("agentCapabilities")
+    methods = init.get("authMethods")
+    info = init.get("agentInfo")
+    return {
+        "protocol_version": int(init["protocolVersion"]),
+        "agent_capabilities": dict(caps) if isinstance(caps, Mapping) else {},
+        "auth_methods": [m for m in methods if isinstance(m, Mapping)] if isinstance(methods, list) else [],
+        "agent_info": dict(info) if isinstance(info, Mapping) else None,
+    }
+
+
+def _session_data(session_id: str, session: Mapping[str, Any]) -> dict[str, Any]:
+    def mapping(key: str) -> dict[str, Any] | None:
+        value = session.get(key)
+        return dict(value) if isinstance(value, Mapping) else None
+
+    options = session.get("configOptions")
+    return {
+        "session_id": session_id,
+        "resumed": False,
+        "modes": mapping("modes"),
+        "models": mapping("models"),
+        "config_options": options if isinstance(options, list) else None,
+    }
+
+
+def _model_ids(session: Mapping[str, Any]) -> set[str]:
+    models = session.get("models")
+    listed = models.get("availableModels") if isinstance(models, Mapping) else None
+    return {
+        str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m
+    }
