@@ -1,0 +1,57 @@
+"""How an agent is started inside a sandbox: a fixed argv and a closed environment.
+
+The pack's launch contract (argv template, environment, accepted credential names) is
+all the worker needs. Nothing from the worker's own environment is inherited: the agent
+gets the base environment below (private HOME/XDG dirs), the pack's variables, and only
+the credentials the job bound and the pack accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from worker.sandbox.base import HOME, PACK_ROOT, WORKSPACE
+
+PLACEHOLDERS = {"{pack}": PACK_ROOT, "{home}": HOME, "{workspace}": WORKSPACE, "{tmp}": "/tmp"}
+
+BASE_ENV: Mapping[str, str] = {
+    "HOME": HOME,
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "XDG_CONFIG_HOME": f"{HOME}/.config",
+    "XDG_CACHE_HOME": f"{HOME}/.cache",
+    "XDG_DATA_HOME": f"{HOME}/.local/share",
+    "XDG_STATE_HOME": f"{HOME}/.local/state",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Exactly what runs: argv and the complete environment."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    dialect: str | None
+
+
+def expand(template: str) -> str:
+    """Replace the fixed sandbox placeholders (``{pack}``, ``{home}``, …)."""
+    for placeholder, value in PLACEHOLDERS.items():
+        template = template.replace(placeholder, value)
+    return template
+
+
+def launch_plan(
+    *,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    dialect: str | None,
+    credentials: Mapping[str, str],
+) -> LaunchPlan:
+    """The plan for one job: base env, then the pack's, then the bound credentials."""
+    full = dict(BASE_ENV)
+    full.update({name: expand(value) for name, value in env.items()})
+    full.update(credentials)
+    return LaunchPlan(argv=tuple(expand(a) for a in argv), env=full, dialect=dialect)
