@@ -1,0 +1,381 @@
+"""The ACP method router: what `agent acp` answers to each client message."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import ambient, catalog, scenario
+from .models import ModelError, ModelPicker
+from .player import Player
+from .rpc import (
+    RpcError,
+    Transport,
+    auth_required,
+    invalid_params,
+    method_not_found,
+    session_not_found,
+)
+from .sessions import Session, SessionStore, iso_now, replay_updates
+from .turn import Turn, TurnCancelled
+
+JSON = dict[str, Any]
+NO_REPLY = object()  # A handler that answers by itself (later, or before side effects).
+SCENARIO_PREFIX = "scenario:"
+INLINE_SHEBANG = "#!scenario"
+UNSUPPORTED = ("session/fork", "session/resume", "session/close")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    authenticated: bool
+    home: str | None
+    commands_delay: float
+    chunk_delay: float
+    exit_delay: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(
+            authenticated=bool(env.get("CURSOR_API_KEY") or env.get("CURSOR_AUTH_TOKEN")),
+            home=env.get("HOME") or None,
+            commands_delay=_float(env.get("CURSOR_EMULATOR_COMMANDS_DELAY"), 0.05),
+            chunk_delay=_float(env.get("CURSOR_EMULATOR_CHUNK_DELAY"), 0.002),
+            exit_delay=_float(env.get("CURSOR_EMULATOR_EXIT_DELAY"), 0.0),
+        )
+
+
+def _float(value: str | None, default: float) -> float:
+    try:
+        return max(0.0, float(value)) if value else default
+    except ValueError:
+        return default
+
+
+def zod_error(path: str, message: str) -> RpcError:
+    # Schema failures carry an issue array as `data` (FACTS §12).
+    return RpcError(
+        -32602, "Invalid params", [{"path": [path] if path else [], "message": message}]
+    )
+
+
+class Agent:
+    def __init__(self, transport: Transport, settings: Settings) -> None:
+        self.transport = transport
+        self.settings = settings
+        self.picker = ModelPicker()
+        self.store = SessionStore(settings.home)
+        self.subagents = False
+        self.chunk_delay = settings.chunk_delay
+        self.home = settings.home
+        self.ignore_sigterm = False
+        self._methods: dict[str, Callable[[Any, JSON], Any]] = {
+            "initialize": self.initialize,
+            "authenticate": self.authenticate,
+            "session/new": self.session_new,
+            "session/load": self.session_load,
+            "session/list": self.session_list,
+            "session/set_mode": self.set_mode,
+            "session/set_config_option": self.set_config_option,
+            "session/set_model": self.set_model,
+            "session/prompt": self.prompt,
+            "cursor/list_available_models": self.list_models,
+        }
+
+    # --- message dispatch ---------------------------------------------------------------
+
+    def handle_line(self, raw: bytes) -> None:
+        """One input line. Anything malformed is dropped without a word (FACTS §3)."""
+        try:
+            msg = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return
+        if not isinstance(msg, dict):
+            return
+        method = msg.get("method")
+        if isinstance(method, str):
+            if "id" in msg:
+                self.handle_request(msg["id"], method, msg.get("params"))
+            else:
+                self.handle_notification(method, msg.get("params"))
+        elif "id" in msg and ("result" in msg or "error" in msg):
+            self.transport.deliver(msg)
+
+    def handle_request(self, request_id: Any, method: str, params: Any) -> None:
+        handler = self._methods.get(method)
+        try:
+            if handler is None:
+                raise method_not_found(method)
+            if params is None:
+                params = {}
+            if not isinstance(params, dict):
+                raise zod_error("", "Expected object, received " + type(params).__name__)
+            result = handler(request_id, params)
+        except RpcError as err:
+            self.transport.respond_error(request_id, err)
+            return
+        except Exception as exc:  # An emulator bug must answer, never kill the agent.
+            self.transport.respond_error(
+                request_id, RpcError(-32603, "Internal error", {"details": repr(exc)})
+            )
+            return
+        if result is not NO_REPLY:
+            self.transport.respond(request_id, result)
+
+    def handle_notification(self, method: str, params: Any) -> None:
+        if method == "session/cancel" and isinstance(params, dict):
+            session = self.store.get_live(params.get("sessionId"))
+            if session is not None:
+                with session.lock:
+                    turn = session.active
+                if turn is not None:
+                    turn.cancel()
+
+    def emit(self, session: Session, update: JSON) -> None:
+        session.record(update)
+        self.transport.notify("session/update", {"sessionId": session.session_id, "update": update})
+
+    def set_ignore_sigterm(self) -> None:
+        self.ignore_sigterm = True
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def require_auth(self) -> None:
+        if not self.settings.authenticated:
+            raise auth_required()
+
+    def live_session(self, params: JSON) -> Session:
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str):
+            raise zod_error("sessionId", "Required")
+        session = self.store.get_live(session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        return session
+
+    def config_options(self, session: Session) -> list[JSON]:
+        modes = catalog.select_option(
+            "mode",
+            "Mode",
+            "mode",
+            session.mode,
+            [{"value": m["id"], "name": m["name"]} for m in catalog.MODES],
+        )
+        return [modes, *self.picker.config_options()]
+
+    def session_state(self, session: Session) -> JSON:
+        return {
+            "modes": catalog.modes_state(session.mode),
+            "models": self.picker.models_state(),
+            "configOptions": self.config_options(session),
+        }
+
+    # --- methods ------------------------------------------------------------------------
+
+    def initialize(self, _rid: Any, params: JSON) -> JSON:
+        caps = params.get("clientCapabilities")
+        meta = caps.get("_meta") if isinstance(caps, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        self.subagents = catalog.js_truthy(meta.get("subagents"))
+        self.picker.configure(catalog.js_truthy(meta.get("parameterizedModelPicker")))
+        return catalog.initialize_result(caps)
+
+    def authenticate(self, _rid: Any, params: JSON) -> JSON:
+        if params.get("methodId") != "cursor_login":
+            raise invalid_params(f"Unknown auth method: {params.get('methodId')}")
+        self.require_auth()
+        return {}
+
+    def session_new(self, rid: Any, params: JSON) -> Any:
+        self.require_auth()
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise zod_error("cwd", "Expected an absolute path")
+        if not isinstance(params.get("mcpServers", []), list):
+            raise zod_error("mcpServers", "Expected array")
+        session = Session(session_id=str(uuid.uuid4()), cwd=cwd)
+        self.store.add(session)
+        ambient.run_ambient_config(cwd)
+        self.transport.respond(
+            rid, {"sessionId": session.session_id, **self.session_state(session)}
+        )
+        # Pushed once, a little after the result (FACTS §7).
+        timer = threading.Timer(self.settings.commands_delay, self.push_commands, (session,))
+        timer.daemon = True
+        timer.start()
+        return NO_REPLY
+
+    def push_commands(self, session: Session) -> None:
+        update = {
+            "sessionUpdate": "available_commands_update",
+            "availableCommands": [dict(c) for c in catalog.AVAILABLE_COMMANDS],
+        }
+        self.transport.notify("session/update", {"sessionId": session.session_id, "update": update})
+
+    def session_load(self, _rid: Any, params: JSON) -> JSON:
+        self.require_auth()
+        session = self.store.find(params.get("sessionId"))
+        if session is None:
+            raise session_not_found(params.get("sessionId"))
+        cwd = params.get("cwd")
+        if isinstance(cwd, str) and cwd:
+            session.cwd = cwd  # A different cwd silently rebinds the session (FACTS §3).
+        for update in replay_updates(session.turns):
+            self.transport.notify(
+                "session/update", {"sessionId": session.session_id, "update": update}
+            )
+        return self.session_state(session)
+
+    def session_list(self, _rid: Any, params: JSON) -> JSON:
+        self.require_auth()
+        if "cursor" in params:
+            raise zod_error("cursor", "Unrecognized key: cursor")
+        cwd = params.get("cwd")
+        if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
+            raise zod_error("cwd", "Expected an absolute path")
+        return {"sessions": self.store.list_sessions()}
+
+    def set_mode(self, _rid: Any, params: JSON) -> JSON:
+        session = self.live_session(params)
+        self.apply_mode(session, params.get("modeId"))
+        return {}
+
+    def apply_mode(self, session: Session, requested: Any) -> None:
+        mode = (
+            catalog.MODE_ALIASES.get(requested, requested) if isinstance(requested, str) else None
+        )
+        if mode not in catalog.MODE_IDS:
+            valid = ", ".join(catalog.MODE_IDS)
+            raise RpcError(
+                -32603,
+                "Internal error",
+                {"details": f"Invalid mode ID: {requested}. Valid modes: {valid}"},
+            )
+        session.mode = mode
+        # The update goes out before the result, in the same millisecond (FACTS §4).
+        self.transport.notify(
+            "session/update",
+            {
+                "sessionId": session.session_id,
+                "update": {"sessionUpdate": "current_mode_update", "currentModeId": mode},
+            },
+        )
+
+    def set_config_option(self, _rid: Any, params: JSON) -> JSON:
+        session = self.live_session(params)
+        config_id, value = params.get("configId"), params.get("value")
+        try:
+            if config_id == "mode":
+                self.apply_mode(session, value)
+            elif config_id == "model":
+                self.picker.select(value)
+            elif not self.picker.set_param(str(config_id), value):
+                raise invalid_params(f"Unknown config option: {config_id}")
+        except ModelError as exc:
+            raise invalid_params(str(exc)) from None
+        return {"configOptions": self.config_options(session)}
+
+    def set_model(self, _rid: Any, params: JSON) -> JSON:
+        self.live_session(params)
+        try:
+            self.picker.select(params.get("modelId"))
+        except ModelError as exc:
+            raise invalid_params(str(exc)) from None
+        return {}
+
+    def list_models(self, _rid: Any, _params: JSON) -> JSON:
+        self.require_auth()
+        return self.picker.list_available_models()
+
+    def prompt(self, rid: Any, params: JSON) -> Any:
+        session = self.live_session(params)
+        blocks = params.get("prompt")
+        if not isinstance(blocks, list):
+            raise zod_error("prompt", "Expected array")
+        text = prompt_text(blocks)
+        turn = Turn({"prompt": text, "cwd": session.cwd, "sessionId": session.session_id})
+        # Swap the active turn here, in the reader loop, so two prompts sent back to back
+        # cancel in arrival order (FACTS §6: the new prompt cancels the running one).
+        with session.lock:
+            previous = session.active_thread
+            if session.active is not None:
+                session.active.cancel()
+            thread = threading.Thread(
+                target=self.run_turn, args=(rid, session, blocks, turn, previous), daemon=True
+            )
+            session.active, session.active_thread = turn, thread
+        thread.start()
+        return NO_REPLY
+
+    # --- the turn -----------------------------------------------------------------------
+
+    def run_turn(
+        self,
+        rid: Any,
+        session: Session,
+        blocks: list[Any],
+        turn: Turn,
+        previous: threading.Thread | None,
+    ) -> None:
+        if previous is not None:
+            previous.join(timeout=5)  # The cancelled turn answers before this one starts.
+        try:
+            reason = self.play_turn(session, turn, blocks, prompt_text(blocks))
+        except TurnCancelled:
+            reason = "cancelled"
+        except Exception as exc:  # The prompt is answered whatever happens.
+            self.finish_turn(session, turn)
+            self.transport.respond_error(
+                rid, RpcError(-32603, "Internal error", {"details": repr(exc)})
+            )
+            return
+        self.finish_turn(session, turn)
+        self.transport.respond(rid, {"stopReason": reason})
+
+    def play_turn(self, session: Session, turn: Turn, blocks: list[Any], text: str) -> str:
+        session.turns.append([])
+        for block in blocks:
+            # Never echoed live; kept so load can replay it (FACTS §3).
+            if isinstance(block, dict) and block.get("type") == "text":
+                session.record({"sessionUpdate": "user_message_chunk", "content": dict(block)})
+        ambient.run_ambient_config(session.cwd)
+        player = Player(self, session, turn)
+        if session.title is None:
+            player.do_title(make_title(text))
+        try:
+            steps = choose_scenario(text)
+        except scenario.ScenarioError as exc:
+            player.do_error_text(f"Scenario error: {exc}")
+            return "cancelled" if turn.cancelled else "end_turn"
+        return player.play(steps)
+
+    def finish_turn(self, session: Session, turn: Turn) -> None:
+        session.updated_at = iso_now()
+        self.store.persist(session)
+        with session.lock:
+            if session.active is turn:
+                session.active, session.active_thread = None, None
+
+
+def prompt_text(blocks: list[Any]) -> str:
+    parts = [b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
+    return "\n".join(p for p in parts if isinstance(p, str))
+
+
+def make_title(text: str) -> str:
+    words = text.replace(INLINE_SHEBANG, "").split()
+    return " ".join(words[:6])[:60] or "New chat"
+
+
+def choose_scenario(text: str) -> list[scenario.Step]:
+    stripped = text.strip()
+    first_line, _, rest = text.lstrip().partition("\n")
+    if first_line.strip() == INLINE_SHEBANG:
+        return scenario.parse(rest)
+    if stripped.startswith(SCENARIO_PREFIX) and "\n" not in stripped:
+        return scenario.load_named(stripped[len(SCENARIO_PREFIX) :].strip())
+    return scenario.load_named("default")

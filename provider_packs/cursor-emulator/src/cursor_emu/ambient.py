@@ -1,0 +1,51 @@
+"""Ambient project config "execution".
+
+The real binary still loads project MCP servers and Cursor/Claude hooks even with
+--disable-project-configs (seed 000). We emulate "running" them by appending the config's
+relative path to a marker file, so tests can prove that admission refused the workspace or
+that the sandbox masked the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MARKER = ".cursor-emulator-hook-ran"
+# Present at all -> executed.
+ALWAYS_RUN = (".cursor/hooks.json", ".cursor/mcp.json", ".mcp.json")
+# Executed only when their JSON has one of these top-level keys.
+CLAUDE_SETTINGS = (".claude/settings.json", ".claude/settings.local.json")
+CLAUDE_KEYS = ("hooks", "plugins")
+
+
+def run_ambient_config(cwd: str) -> list[str]:
+    """Find executable config under `cwd`, record each in the marker, return what ran."""
+    ran = [rel for rel in ALWAYS_RUN if _is_file(Path(cwd, rel))]
+    ran += [rel for rel in CLAUDE_SETTINGS if _claude_executes(Path(cwd, rel))]
+    if ran:
+        _append_marker(Path(cwd, MARKER), ran)
+    return ran
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _claude_executes(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and any(key in data for key in CLAUDE_KEYS)
+
+
+def _append_marker(marker: Path, ran: list[str]) -> None:
+    try:
+        with marker.open("a", encoding="utf-8") as fh:
+            fh.writelines(f"{rel}\n" for rel in ran)
+    except OSError:
+        pass  # A read-only workspace: the "hook" still ran, we just cannot prove it.
