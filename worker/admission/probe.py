@@ -1,0 +1,103 @@
+"""Filesystem probes that never follow a symbolic link and bound what they read.
+
+Everything below a level directory is reached through ``*at`` calls on an open directory
+descriptor (``fstatat(AT_SYMLINK_NOFOLLOW)``, ``openat(O_NOFOLLOW)``), so a component
+swapped for a symlink between two calls is seen, not followed.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import stat
+from pathlib import Path
+
+# O_PATH: a directory is only ever used as the base of *at calls, which needs search (x)
+# permission, not read; a 0711 parent must not turn into a spurious refusal.
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CHUNK = 64 * 1024
+
+
+class Kind(enum.Enum):
+    MISSING = "missing"
+    SYMLINK = "symlink"
+    DIR = "dir"
+    FILE = "file"
+    OTHER = "other"  # FIFO, socket, device
+
+
+class SymlinkRace(OSError):
+    """A path checked as a non-link was a symlink when opened."""
+
+
+class NotRegular(OSError):
+    """A path checked as a regular file was something else when opened."""
+
+
+class TooLarge(OSError):
+    """A file is larger than the read bound."""
+
+
+def classify(dir_fd: int, name: str) -> Kind:
+    """The kind of ``name`` in ``dir_fd`` without following it; OSError if unknowable."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return Kind.MISSING
+    return kind_of(st.st_mode)
+
+
+def kind_of(mode: int) -> Kind:
+    if stat.S_ISLNK(mode):
+        return Kind.SYMLINK
+    if stat.S_ISDIR(mode):
+        return Kind.DIR
+    return Kind.FILE if stat.S_ISREG(mode) else Kind.OTHER
+
+
+def open_dir(path: Path | str, *, dir_fd: int | None = None) -> int:
+    """Open a directory (the caller closes it); below ``dir_fd`` a link is never followed."""
+    flags = _DIR_FLAGS if dir_fd is None else _DIR_FLAGS | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _translate(exc) from exc
+
+
+def read_bounded(dir_fd: int, name: str, limit: int) -> bytes:
+    """Read a regular file of at most ``limit`` bytes, never following a link."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _translate(exc) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", name)
+        if st.st_size > limit:
+            raise TooLarge(errno.EFBIG, f"{st.st_size} bytes", name)
+        return _read_upto(fd, limit, name)
+    finally:
+        os.close(fd)
+
+
+def _read_upto(fd: int, limit: int, name: str) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := os.read(fd, _CHUNK):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:  # grew after fstat
+            raise TooLarge(errno.EFBIG, f"more than {limit} bytes", name)
+    return b"".join(chunks)
+
+
+def _translate(exc: OSError) -> OSError:
+    # O_NOFOLLOW on a symlink fails with ELOOP; O_DIRECTORY on a non-directory with ENOTDIR.
+    if exc.errno == errno.ELOOP:
+        return SymlinkRace(exc.errno, "is a symbolic link", exc.filename)
+    if exc.errno == errno.ENOTDIR:
+        return NotRegular(exc.errno, "not a directory", exc.filename)
+    return exc
