@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs demo test unit integration lint fmt bench clean
+.PHONY: bootstrap packs lock-packs demo test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -11,6 +11,10 @@ bootstrap:
 # Rebuild pack archives deterministically from source (digests are pinned in pack.json).
 packs: bootstrap
 	@$(PY) $(PACKS)/build.py
+
+# After editing the emulator's source: rebuild and re-pin (commit pack.json and lock/).
+lock-packs: packs
+	@$(VENV)/bin/acp-worker pack lock $(PACKS)/dist/cursor-emulator-linux.tar --pack cursor-emulator --platform any
 
 demo: packs
 	@$(VENV)/bin/acp-worker run examples/hello.json

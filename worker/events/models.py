@@ -52,12 +52,12 @@ class JobStarted(_Data):
 class PackReady(_Data):
     name: str
     version: str
+    provider: str
     platform: str
     closure_digest: str
     files: int
     bytes: int
-    verify_ms: float
-    materialized: bool = Field(description="True when this run extracted the closure.")
+    verify_ms: float = Field(description="Time to re-verify the closure before this launch.")
 
 
 class SandboxReady(_Data):

@@ -210,6 +210,13 @@ class Agent:
         return NO_REPLY
 
     def push_commands(self, session: Session) -> None:
+        """Send the command list once: after the timer, or before the first turn's output
+        when a prompt arrives sooner (the real agent's ~0.7 s push precedes its ~0.9 s
+        title), so the stream order never depends on a race."""
+        with session.lock:
+            if session.commands_pushed:
+                return
+            session.commands_pushed = True
         update = {
             "sessionUpdate": "available_commands_update",
             "availableCommands": [dict(c) for c in catalog.AVAILABLE_COMMANDS],
@@ -297,6 +304,7 @@ class Agent:
         if not isinstance(blocks, list):
             raise zod_error("prompt", "Expected array")
         text = prompt_text(blocks)
+        self.push_commands(session)
         turn = Turn({"prompt": text, "cwd": session.cwd, "sessionId": session.session_id})
         # Swap the active turn here, in the reader loop, so two prompts sent back to back
         # cancel in arrival order (FACTS §6: the new prompt cancels the running one).

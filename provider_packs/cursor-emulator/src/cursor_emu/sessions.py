@@ -37,6 +37,8 @@ class Session:
     # The running turn (a player.Turn) and its thread; guarded by `lock`.
     active: Any = None
     active_thread: threading.Thread | None = None
+    # available_commands_update goes out once per session (see Agent.push_commands).
+    commands_pushed: bool = False
 
     def record(self, update: JSON) -> None:
         if self.turns:

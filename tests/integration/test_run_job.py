@@ -1,0 +1,246 @@
+"""`acp-worker run` end to end: real bubblewrap, the real emulator pack, real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import redis
+
+from worker import keys
+from worker.events.schema import event_schema
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+SECRET = "emulator-test-secret-6f1d2c9a"
+
+
+def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Path:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    (workspace / "README.md").write_text("# hello\n")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(exist_ok=True)
+    (secrets / "key").write_text(SECRET + "\n")
+    job = {
+        "v": 1,
+        "job_id": f"it-{tmp_path.name[-20:]}".replace("_", "-"),
+        "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": "ws"},
+        "prompt": prompt,
+        "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 30, "memory_mb": 512, "pids": 128},
+    }
+    job.update(overrides)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    return path
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
+    env.update({"ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SHUTDOWN_EOF_GRACE": "1"})
+    env.update(extra)
+    return env
+
+
+def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=env or _env(tmp_path), cwd=REPO,
+    )
+
+
+def _events(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def _check_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
+    validator = jsonschema.Draft202012Validator(event_schema())
+    for event in events:
+        errors = list(validator.iter_errors(event))
+        assert not errors, f"{event['type']}: {errors[0].message}"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    terminal = [e for e in events if e["type"] == "job.completed"]
+    assert len(terminal) == 1
+    assert events[-1]["type"] == "job.completed"
+    return terminal[0]["data"]
+
+
+def _no_process_left(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def test_hello_end_to_end_json_and_redis(tmp_path: Path, redis_url: str) -> None:
+    job = _job(tmp_path, "scenario: hello")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--redis", redis_url)
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    done = _check_stream(events)
+    assert done["status"] == "succeeded"
+    assert done["stop_reason"] == "end_turn"
+    types = [e["type"] for e in events]
+    for expected in ("job.accepted", "pack.ready", "sandbox.ready", "agent.initialized",
+                     "session.started", "message.delta", "tool.started", "tool.completed"):
+        assert expected in types
+    usage = next(e for e in events if e["type"] == "usage.reported")
+    assert usage["data"] == {"available": False}
+    text = "".join(e["data"]["text"] for e in events if e["type"] == "message.delta" and e["data"]["role"] == "assistant")
+    assert "Hello" in text
+    client = redis.Redis.from_url(redis_url)
+    stored = [json.loads(f[b"event"]) for _, f in client.xrange(keys.events(events[0]["job_id"]))]
+    assert stored == events
+    assert "job succeeded" in result.stderr  # the human progress view
+
+
+def test_hello_matches_golden(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello", job_id="golden-hello")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    got = [_normalized(e) for e in _events(result.stdout)]
+    golden = GOLDEN / "hello.jsonl"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in got))
+    want = [json.loads(line) for line in golden.read_text().splitlines()]
+    assert got == want
+
+
+def _normalized(event: dict[str, Any]) -> dict[str, Any]:
+    text = json.dumps(event)
+    text = re.sub(r'"ts": "[^"]+"', '"ts": "<ts>"', text)
+    text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<uuid>", text)
+    text = re.sub(r"fc_[0-9a-f]+", "fc_<hex>", text)
+    text = re.sub(r"acpw-golden-hello-1-[0-9a-f]+", "<sandbox>", text)
+    out = json.loads(text)
+    data = out["data"]
+    for key in ("duration_ms", "verify_ms"):
+        if key in data:
+            data[key] = 0
+    if "timings_ms" in data:
+        data["timings_ms"] = sorted(data["timings_ms"])
+    if out["type"] == "job.started":
+        data["worker_id"] = "<worker>"
+    return out
+
+
+def test_tampered_cached_closure_is_refused(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello")
+    first = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert first.returncode == 0, first.stderr
+    target = next((tmp_path / "cache" / "closures").glob("*/cursor_emulator.py"))
+    target.chmod(0o644)
+    data = bytearray(target.read_bytes())
+    data[-2] ^= 0x01  # one byte
+    target.write_bytes(bytes(data))
+    target.chmod(0o555)
+    second = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert second.returncode == 3
+    done = _check_stream(_events(second.stdout))
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "digest_mismatch"
+    assert "sandbox.ready" not in [e["type"] for e in _events(second.stdout)]
+
+
+def test_agent_crash_mid_turn_fails_with_agent_exited(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: crash")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 1
+    done = _check_stream(_events(result.stdout))
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "agent_exited"
+    assert "stderr_preview" in done["error"]["details"]
+    assert _no_process_left("cursor_emulator.py") == []
+
+
+def test_garbage_on_stdout_is_a_notice_not_a_crash(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "run", str(_job(tmp_path, "scenario: garbage")), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    notices = [e["data"] for e in events if e["type"] == "notice"]
+    assert any(n["code"] == "acp_malformed_line" and "not JSON" in n["message"] for n in notices)
+    assert _check_stream(events)["status"] == "succeeded"
+
+
+def test_missing_credentials_fail_with_auth_required(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello", credentials={})
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 1
+    done = _check_stream(_events(result.stdout))
+    assert done["error"]["code"] == "auth_required"
+
+
+def test_secret_never_leaves_the_worker(tmp_path: Path) -> None:
+    script = "#!scenario\nexec echo key=$CURSOR_API_KEY\nsay {{exitCode}}\nstderr $CURSOR_API_KEY\n"
+    result = run_cli(tmp_path, "run", str(_job(tmp_path, script)), "--json", "--events-out", str(tmp_path / "ev.jsonl"))
+    assert result.returncode == 0, result.stderr
+    outputs = result.stdout + result.stderr + (tmp_path / "ev.jsonl").read_text()
+    assert "key=[REDACTED]" in outputs  # the agent did see it, and we scrubbed it
+    assert SECRET not in outputs
+
+
+def test_timeout_settles_timed_out(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hang", limits={"timeout_s": 1.5, "memory_mb": 512, "pids": 128})
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 5, result.stderr
+    done = _check_stream(_events(result.stdout))
+    assert done["status"] == "timed_out"
+    assert done["stop_reason"] == "cancelled"  # the emulator honoured session/cancel
+
+
+def test_sigint_cancels_the_job(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hang")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), cwd=REPO,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the turn is running
+        if '"Working' in line or '"message.delta"' in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 4
+    done = _events(out)[-1]["data"]
+    assert done["status"] == "cancelled"
+    assert _no_process_left("cursor_emulator.py") == []
+
+
+def test_invalid_job_is_exit_2_with_one_line(tmp_path: Path) -> None:
+    job = tmp_path / "bad.json"
+    job.write_text(json.dumps({"v": 1, "job_id": "x", "pack": {"name": "cursor-emulator"},
+                               "workspace": {"kind": "local", "path": "ws"}, "prompt": "p", "limitz": {}}))
+    result = run_cli(tmp_path, "run", str(job), "--json")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert json.loads(line)["error"]["code"] == "invalid_job_spec"
+    assert "limitz" in line
+
+
+def test_unknown_credential_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello", credentials={"OPENAI_API_KEY": "file:key"})
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 3
+    events = _events(result.stdout)
+    assert _check_stream(events)["error"]["code"] == "credential_refused"
+    assert "sandbox.ready" not in [e["type"] for e in events]
+    assert not (tmp_path / "cache").exists()
