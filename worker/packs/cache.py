@@ -1,0 +1,213 @@
+"""The content-addressed closure cache: ``<cache_dir>/closures/<closure-hex>/``.
+
+A closure appears at its final path only complete, verified and read-only: it is
+extracted into ``<cache_dir>/tmp/<hex>.<random>/``, checked file by file against the
+lock, sealed (files 0444/0555, directories 0555) and renamed into place in one
+``rename``. A crash leaves at most a stale temporary folder, removed by the next
+materialization of the same digest. A per-digest ``flock`` on
+``<cache_dir>/locks/<hex>.lock`` makes concurrent materializers extract once; the others
+wait, then verify and reuse the result.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from worker.errors import DigestMismatch
+from worker.packs.archive import DEFAULT_LIMITS, ExtractLimits, extract_verified
+from worker.packs.closure import ClosureLock, FileEntry, closure_digest, sort_entries
+from worker.packs.manifest import Pack, PlatformTarget
+from worker.packs.verify import verify_closure
+
+# Sealed closures are world-readable on purpose: sandboxes bind them read-only and may
+# run the agent as another uid.
+_SEALED_DIR = 0o555
+_SEALED_EXEC = 0o555
+_SEALED_FILE = 0o444
+
+
+def closure_path(cache_dir: Path, digest: str) -> Path:
+    """Where the closure with *digest* (``sha256:<hex>``) lives in *cache_dir*."""
+    return cache_dir / "closures" / digest.removeprefix("sha256:")
+
+
+def materialize(
+    pack: Pack,
+    cache_dir: Path,
+    *,
+    platform: str | None = None,
+    verify_existing: bool = True,
+    limits: ExtractLimits = DEFAULT_LIMITS,
+) -> Path:
+    """The verified closure directory of *pack* for *platform*, extracting it if needed.
+
+    An existing closure is verified (unless *verify_existing* is false, for callers that
+    verify it themselves) and reused; a tampered one is refused, not repaired.
+
+    Raises InvalidInput (bad platform, missing or malformed lock, unreadable archive),
+    PlatformUnsupported, DigestMismatch (archive, lock or closure differs from the pins)
+    or ArchiveRefused (an entry the extractor refuses).
+    """
+    target = pack.for_platform(platform)
+    lock = pack.read_lock(target)
+    final = closure_path(cache_dir, lock.closure_digest)
+    if not _published(final):
+        with _digest_lock(cache_dir, final.name):
+            if not _published(final):
+                _build(pack, target, lock, final, limits)
+                return final
+    if verify_existing:
+        verify_closure(final, lock)
+    return final
+
+
+def _published(final: Path) -> bool:
+    try:
+        mode = final.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        raise DigestMismatch(
+            f"cache entry {final} is not a directory",
+            path=str(final),
+            expected="directory",
+            actual=stat.filemode(mode),
+        )
+    return True
+
+
+@contextmanager
+def _digest_lock(cache_dir: Path, hex_digest: str) -> Iterator[None]:
+    locks = cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(locks / f"{hex_digest}.lock", flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def _build(
+    pack: Pack, target: PlatformTarget, lock: ClosureLock, final: Path, limits: ExtractLimits
+) -> None:
+    """Extract, check, seal and publish; called with the digest lock held."""
+    tmp_root = final.parent.parent / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    _remove_stale(tmp_root, final.name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=tmp_root))
+    try:
+        archive = target.pin.archive
+        entries = extract_verified(
+            pack.archive_path(target), tmp,
+            sha256=archive.sha256, size=archive.size, fmt=archive.format, limits=limits,
+        )  # fmt: skip
+        check_inventory(tmp, entries, lock)
+        _seal(tmp)
+        _publish(tmp, final, lock)
+    finally:
+        if tmp.exists():
+            remove_tree(tmp)
+
+
+def check_inventory(root: Path, entries: list[FileEntry], lock: ClosureLock) -> None:
+    """Compare what extraction wrote (hashed as written) with the lock.
+
+    Raises DigestMismatch naming the first missing, extra or differing file.
+    """
+    written = {entry.path: entry for entry in entries}
+    for expected in lock.files:
+        actual = written.pop(expected.path, None)
+        if actual != expected:
+            _inventory_mismatch(root, expected.path, expected, actual)
+    for path in sorted(written):
+        _inventory_mismatch(root, path, None, written[path])
+    digest = closure_digest(sort_entries(entries))
+    if digest != lock.closure_digest:  # unreachable when the files agree; kept as the pin
+        raise DigestMismatch(
+            f"closure {root} hashes to {digest}",
+            path=str(root),
+            expected=lock.closure_digest,
+            actual=digest,
+        )
+
+
+def _inventory_mismatch(
+    root: Path, path: str, expected: FileEntry | None, actual: FileEntry | None
+) -> None:
+    if actual is None:
+        what = "missing file"
+    elif expected is None:
+        what = "unexpected file"
+    else:
+        what = next(
+            f"{name} differs"
+            for name in ("size", "sha256", "mode")
+            if getattr(expected, name) != getattr(actual, name)
+        )
+    raise DigestMismatch(
+        f"archive does not match its lock: {path}: {what}",
+        path=str(root / path),
+        file=path,
+        problem=what,
+        expected=_describe(expected),
+        actual=_describe(actual),
+    )
+
+
+def _describe(entry: FileEntry | None) -> str:
+    return "absent" if entry is None else f"{entry.mode} {entry.size} {entry.sha256}"
+
+
+def _seal(root: Path) -> None:
+    """Files 0444/0555 and directories below *root* 0555 (deepest first).
+
+    The root itself stays writable until it is renamed: moving a directory to another
+    parent updates its ``..`` entry, which needs write permission on it. The tree is our
+    own fresh extraction, which never contains a symlink, so chmod follows none.
+    """
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            executable = os.lstat(path).st_mode & 0o111
+            os.chmod(path, _SEALED_EXEC if executable else _SEALED_FILE)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), _SEALED_DIR)
+
+
+def _publish(tmp: Path, final: Path, lock: ClosureLock) -> None:
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        verify_closure(final, lock)  # another process won the race: keep theirs if sound
+        return
+    os.chmod(final, _SEALED_DIR)
+
+
+def _remove_stale(tmp_root: Path, hex_digest: str) -> None:
+    """Remove leftovers of crashed extractions of this digest (we hold its lock)."""
+    for entry in tmp_root.iterdir():
+        if entry.name.startswith(f"{hex_digest}."):
+            remove_tree(entry)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete *path* even when it is a sealed (read-only) closure."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    for dirpath, _dirnames, _filenames in os.walk(path):
+        os.chmod(dirpath, 0o700)
+    shutil.rmtree(path)

@@ -1,0 +1,122 @@
+"""``acp-worker pack …``: lock, verify and materialize provider packs.
+
+``PACK`` is a pack name in ``settings.packs_dir`` or a path to a pack folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from worker.cli import add_json_flag
+from worker.packs.cache import materialize
+from worker.packs.lock import lock_archive
+from worker.packs.manifest import Pack, load_pack, load_pack_dir
+from worker.packs.names import PACK_NAME_RE, PLATFORMS
+from worker.packs.verify import verify_closure
+from worker.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``pack lock|verify|materialize`` to the ``acp-worker`` parser."""
+    pack = sub.add_parser("pack", help="lock, verify or materialize a provider pack")
+    add_json_flag(pack)
+    actions = pack.add_subparsers(dest="pack_command", required=True, metavar="ACTION")
+    _add_lock(actions)
+    _add_verify(actions)
+    _add_materialize(actions)
+
+
+def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lock = actions.add_parser("lock", help="inventory an archive and pin it in the pack")
+    lock.add_argument("archive", type=Path, metavar="ARCHIVE", help="tar or tar.gz archive")
+    lock.add_argument("--pack", required=True, metavar="NAME", help="pack name or folder")
+    lock.add_argument("--platform", required=True, choices=PLATFORMS)
+    add_json_flag(lock)
+    lock.set_defaults(handler=lock_command)
+
+
+def _add_verify(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    verify = actions.add_parser("verify", help="materialize if needed, then verify")
+    verify.add_argument("pack", metavar="PACK", help="pack name or folder")
+    verify.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
+    verify.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
+    add_json_flag(verify)
+    verify.set_defaults(handler=verify_command)
+
+
+def _add_materialize(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mat = actions.add_parser("materialize", help="print the verified closure's path")
+    mat.add_argument("pack", metavar="PACK", help="pack name or folder")
+    mat.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
+    mat.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
+    add_json_flag(mat)
+    mat.set_defaults(handler=materialize_command)
+
+
+def resolve_pack(ref: str, settings: Settings) -> Pack:
+    """A pack by name in ``settings.packs_dir``, or by folder path.
+
+    Raises PackNotFound or InvalidInput (see ``load_pack``).
+    """
+    if PACK_NAME_RE.fullmatch(ref):
+        return load_pack(settings.packs_dir, ref)
+    return load_pack_dir(Path(ref))
+
+
+def _pack_dir(ref: str, settings: Settings) -> Path:
+    return settings.packs_dir / ref if PACK_NAME_RE.fullmatch(ref) else Path(ref)
+
+
+def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else text)
+
+
+def lock_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack lock ARCHIVE --pack NAME --platform P``."""
+    pack_dir = _pack_dir(args.pack, settings)
+    result = lock_archive(
+        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform
+    )
+    data = {
+        "pack": result.pack,
+        "platform": result.platform,
+        "files": result.files,
+        "bytes": result.bytes,
+        "closure_digest": result.closure_digest,
+        "archive_sha256": result.archive_sha256,
+        "lock": str(result.lock_path),
+    }
+    text = (
+        f"locked {result.pack} for {result.platform}: {result.files} files, "
+        f"{result.bytes} bytes, closure {result.closure_digest}"
+    )
+    _emit(args, data, text)
+    return 0
+
+
+def verify_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack verify PACK [--platform P] [--cache DIR]``."""
+    pack = resolve_pack(args.pack, settings)
+    cache = args.cache or settings.cache_dir
+    path = materialize(pack, cache, platform=args.platform, verify_existing=False)
+    stats = verify_closure(path, pack.read_lock(pack.for_platform(args.platform)))
+    data = {
+        "closure": str(path),
+        "files": stats.files,
+        "bytes": stats.bytes,
+        "seconds": round(stats.seconds, 3),
+    }
+    text = f"{path}\nverified {stats.files} files, {stats.bytes} bytes in {stats.seconds:.3f} s"
+    _emit(args, data, text)
+    return 0
+
+
+def materialize_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack materialize PACK [--platform P] [--cache DIR]``: the closure path on stdout."""
+    pack = resolve_pack(args.pack, settings)
+    path = materialize(pack, args.cache or settings.cache_dir, platform=args.platform)
+    _emit(args, {"closure": str(path)}, str(path))
+    return 0

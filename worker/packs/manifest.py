@@ -1,0 +1,264 @@
+"""The pack manifest ``provider_packs/<name>/pack.json`` and loading a pack.
+
+The manifest is hand-written (name, provider, launch) except ``platforms``, whose pins
+``acp-worker pack lock`` fills in. Example::
+
+    {"schema": 1, "name": "cursor-emulator", "version": "0.1.0",
+     "provider": "cursor", "dialect": "cursor",
+     "launch": {"argv": ["/usr/bin/python3", "{pack}/cursor_emulator.py", "acp"],
+                "env": {"PYTHONDONTWRITEBYTECODE": "1"},
+                "credentials": ["CURSOR_API_KEY", "CURSOR_AUTH_SLUG"]},
+     "platforms": {"any": {
+        "archive": {"source": "dist/cursor-emulator-linux.tar", "sha256": "<hex>",
+                    "size": 12345, "format": "tar"},
+        "closure": {"digest": "sha256:<hex>", "files": 7, "bytes": 40000}}}}
+
+``{pack}`` in ``launch.argv`` stands for the verified closure directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from worker.errors import DigestMismatch, InvalidInput, PackNotFound, PlatformUnsupported
+from worker.packs._io import invalid_input, read_json
+from worker.packs.closure import ClosureLock, read_lock
+from worker.packs.names import (
+    ANY,
+    CLOSURE_DIGEST,
+    SHA256_HEX,
+    Platform,
+    check_pack_name,
+    check_platform,
+    current_platform,
+    path_problem,
+)
+
+MANIFEST = "pack.json"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_SLUG = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class LocalSource(_Strict):
+    """An archive file inside the pack folder; in JSON simply its relative path.
+
+    HTTPS and S3 sources join as further ``kind``s of a discriminated union; the bare
+    string form stays the local one.
+    """
+
+    kind: Literal["local"] = "local"
+    path: str = Field(description="POSIX path relative to the pack folder.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"kind": "local", "path": data} if isinstance(data, str) else data
+
+    @field_validator("path")
+    @classmethod
+    def _inside_pack(cls, value: str) -> str:
+        problem = path_problem(value)
+        if problem:
+            raise ValueError(f"archive source must be a path inside the pack folder: {problem}")
+        return value
+
+    @model_serializer
+    def _as_string(self) -> str:
+        return self.path
+
+    def resolve(self, pack_dir: Path) -> Path:
+        """The archive's path on this host."""
+        return pack_dir.joinpath(*PurePosixPath(self.path).parts)
+
+
+ArchiveSource = LocalSource
+
+
+class ArchivePin(_Strict):
+    """Where the vendor archive comes from and the bytes it must be."""
+
+    source: ArchiveSource
+    sha256: Annotated[str, Field(pattern=SHA256_HEX)]
+    size: int = Field(ge=0)
+    format: Literal["tar", "tar.gz", "tgz"]
+
+
+class ClosurePin(_Strict):
+    """The extracted closure: its digest (see ``closure_digest``), file count and bytes."""
+
+    digest: Annotated[str, Field(pattern=CLOSURE_DIGEST)]
+    files: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+
+    @property
+    def hex(self) -> str:
+        """The digest without its ``sha256:`` prefix (names the cache folder)."""
+        return self.digest.removeprefix("sha256:")
+
+
+class PlatformPin(_Strict):
+    """The pins of one platform."""
+
+    archive: ArchivePin
+    closure: ClosurePin
+
+
+class Launch(_Strict):
+    """How the agent starts: fixed argv, fixed env, the credentials it may receive."""
+
+    argv: list[str] = Field(min_length=1, description="`{pack}` = the closure directory.")
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(default_factory=dict)
+    credentials: list[Annotated[str, Field(pattern=_ENV_NAME)]] = Field(default_factory=list)
+
+    def render_argv(self, closure: Path) -> list[str]:
+        """argv with ``{pack}`` replaced by *closure*."""
+        return [arg.replace("{pack}", str(closure)) for arg in self.argv]
+
+
+class PackManifest(_Strict):
+    """``pack.json``."""
+
+    schema_version: Literal[1] = Field(alias="schema")
+    name: Annotated[str, Field(pattern=_SLUG)]
+    version: str = Field(min_length=1, max_length=128)
+    provider: Annotated[str, Field(pattern=_SLUG)]
+    dialect: Annotated[str, Field(pattern=_SLUG)]
+    launch: Launch
+    platforms: dict[Platform, PlatformPin] = Field(default_factory=dict)
+
+
+def parse_manifest(data: object, *, path: Path | str) -> PackManifest:
+    """Validate manifest JSON; raises InvalidInput naming the offending field."""
+    try:
+        return PackManifest.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_input(exc, path=path) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformTarget:
+    """The platform entry a pack resolved to (``any`` when no exact build exists)."""
+
+    platform: Platform
+    pin: PlatformPin
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """A loaded pack: its manifest and its folder."""
+
+    manifest: PackManifest
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The pack's name (equal to its folder name)."""
+        return self.manifest.name
+
+    @property
+    def credentials(self) -> tuple[str, ...]:
+        """Credential names the pack accepts (``launch.credentials``)."""
+        return tuple(self.manifest.launch.credentials)
+
+    def for_platform(self, platform: str | None = None) -> PlatformTarget:
+        """The entry for *platform* (default: this host's), else the ``any`` entry.
+
+        Raises InvalidInput for an unknown platform name, PlatformUnsupported when the
+        pack has neither the platform nor ``any``.
+        """
+        wanted = check_platform(platform) if platform is not None else _host_platform()
+        pins = self.manifest.platforms
+        for key in (wanted, ANY):
+            if key is not None and key in pins:
+                return PlatformTarget(key, pins[key])
+        raise PlatformUnsupported(
+            f"pack {self.name!r} has no build for {wanted or 'this host'}",
+            pack=self.name,
+            platform=wanted,
+            available=sorted(pins),
+        )
+
+    def archive_path(self, target: PlatformTarget) -> Path:
+        """Where *target*'s archive lives on this host."""
+        return target.pin.archive.source.resolve(self.path)
+
+    def read_lock(self, target: PlatformTarget) -> ClosureLock:
+        """*target*'s lock file, checked against the manifest's pins.
+
+        Raises InvalidInput (missing or malformed lock) or DigestMismatch (the lock and
+        the manifest disagree).
+        """
+        path = self.path / "lock" / f"{target.platform}.json"
+        lock = read_lock(path)
+        _check_agrees(lock, self.name, target, path)
+        return lock
+
+
+def _host_platform() -> Platform | None:
+    try:
+        return current_platform()
+    except PlatformUnsupported:
+        return None
+
+
+def _check_agrees(lock: ClosureLock, name: str, target: PlatformTarget, path: Path) -> None:
+    if (lock.pack, lock.platform) != (name, target.platform):
+        raise InvalidInput(
+            f"{path} is the lock of {lock.pack}/{lock.platform}, not {name}/{target.platform}",
+            path=str(path),
+            field="pack",
+        )
+    pin = target.pin
+    expected = (pin.archive.sha256, pin.closure.digest, pin.closure.files, pin.closure.bytes)
+    actual = (lock.archive_sha256, lock.closure_digest, len(lock.files), lock.total_bytes)
+    if expected != actual:
+        raise DigestMismatch(
+            f"{path} does not match the pins in {MANIFEST}",
+            path=str(path),
+            expected=list(expected),
+            actual=list(actual),
+        )
+
+
+def load_pack(packs_dir: Path, name: str) -> Pack:
+    """The pack *name* in *packs_dir*.
+
+    Raises PackNotFound (no such pack; an invalid name is also InvalidInput) or
+    InvalidInput (malformed manifest, naming the field).
+    """
+    check_pack_name(name)
+    return load_pack_dir(packs_dir / name)
+
+
+def load_pack_dir(path: Path) -> Pack:
+    """The pack in folder *path*; its manifest's name must equal the folder name.
+
+    Raises PackNotFound (no ``pack.json`` there) or InvalidInput (malformed manifest).
+    """
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise PackNotFound(f"no pack at {path} (missing {MANIFEST})", path=str(path))
+    manifest = parse_manifest(read_json(manifest_path), path=manifest_path)
+    if manifest.name != path.name:
+        raise InvalidInput(
+            f"{manifest_path}: name {manifest.name!r} differs from its folder {path.name!r}",
+            path=str(manifest_path),
+            field="name",
+        )
+    return Pack(manifest, path)

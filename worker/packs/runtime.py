@@ -1,0 +1,71 @@
+"""The runner's seam to packs: resolve a declaration, prepare a verified closure.
+
+``prepare_pack`` runs before every launch (in a thread: it is blocking I/O). It
+materializes the closure when the cache lacks it and always re-verifies it, so the agent
+starts only from bytes that match the pins at that moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.launch import LaunchPlan, launch_plan
+from worker.packs.cache import materialize
+from worker.packs.manifest import Pack, PlatformTarget, load_pack
+from worker.packs.verify import VerifyStats, verify_closure
+from worker.settings import Settings
+
+__all__ = ["LaunchPlan", "PreparedPack", "load_declaration", "prepare_pack"]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPack:
+    """A pack whose closure was verified for this launch."""
+
+    pack: Pack
+    target: PlatformTarget
+    closure: Path
+    stats: VerifyStats
+
+    def launch_plan(self, credentials: Mapping[str, str]) -> LaunchPlan:
+        """The fixed argv and closed environment, with the bound *credentials*."""
+        launch = self.pack.manifest.launch
+        return launch_plan(
+            argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
+            credentials=credentials,
+        )  # fmt: skip
+
+    def event_data(self) -> dict[str, Any]:
+        """The ``pack.ready`` event's data."""
+        return {
+            "name": self.pack.name,
+            "version": self.pack.manifest.version,
+            "provider": self.pack.manifest.provider,
+            "platform": self.target.platform,
+            "closure_digest": self.target.pin.closure.digest,
+            "files": self.stats.files,
+            "bytes": self.stats.bytes,
+            "verify_ms": round(self.stats.seconds * 1000, 1),
+        }
+
+
+def load_declaration(settings: Settings, name: str) -> Pack:
+    """The pack *name* in ``settings.packs_dir``; ``.credentials`` lists what it accepts.
+
+    Raises PackNotFound or InvalidInput.
+    """
+    return load_pack(settings.packs_dir, name)
+
+
+def prepare_pack(settings: Settings, pack: Pack, platform: str | None = None) -> PreparedPack:
+    """Materialize (if needed) and verify *pack*'s closure for *platform*.
+
+    Raises InvalidInput, PlatformUnsupported, DigestMismatch or ArchiveRefused.
+    """
+    target = pack.for_platform(platform)
+    closure = materialize(pack, settings.cache_dir, platform=platform, verify_existing=False)
+    stats = verify_closure(closure, pack.read_lock(target))
+    return PreparedPack(pack, target, closure, stats)
