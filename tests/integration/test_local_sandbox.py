@@ -1,0 +1,300 @@
+"""The local backend's lifecycle against real bubblewrap and real cgroupfs.
+
+The contract tests at the top run over every backend that can run here: the local one
+and the in-package fake (which must behave the same at the seam, minus isolation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from worker.errors import SandboxError
+from worker.sandbox.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_WORKER,
+    ReadOnlyMount,
+    ResourceLimits,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+)
+from worker.sandbox.fake import FakeBackend
+from worker.sandbox.local import LocalBackend, LocalSandbox
+from worker.settings import Settings
+
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
+
+
+def _spec(tmp_path: Path, **overrides: object) -> SandboxSpec:
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "pack").mkdir(exist_ok=True)
+    (tmp_path / "pack" / "agent.txt").write_text("pack-file")
+    fields: dict[str, object] = {
+        "job_id": "job/7 ünïcode",
+        "attempt": 2,
+        "workspace": tmp_path / "ws",
+        "pack_closure": tmp_path / "pack",
+        "limits": LIMITS,
+        "labels": {"acpw.token": "17", "team": "a"},
+    }
+    fields.update(overrides)
+    return SandboxSpec(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Building the shared /etc copies a few hundred entries: once per module, not per test.
+    return tmp_path_factory.mktemp("etc") / "etc"
+
+
+def _local(tmp_path: Path, etc: Path, **settings: object) -> LocalBackend:
+    conf = Settings(cgroup_parent="acpw-test", worker_id="w-1", **settings)  # type: ignore[arg-type]
+    return LocalBackend(conf, state_dir=tmp_path / "state", etc_dir=etc)
+
+
+async def _output(box: Sandbox, argv: list[str], **kw: object) -> tuple[int, bytes, bytes]:
+    proc = await box.spawn(argv, env=ENV, **kw)  # type: ignore[arg-type]
+    out, err = await asyncio.wait_for(
+        asyncio.gather(proc.stdout.read(), proc.stderr.read()), timeout=20
+    )
+    return await proc.wait(), out, err
+
+
+# --- contract, over every backend -----------------------------------------------------
+
+
+@pytest.fixture(params=["local", "fake"])
+async def made(
+    request: pytest.FixtureRequest, tmp_path: Path, etc: Path
+) -> AsyncIterator[tuple[SandboxBackend, Sandbox]]:
+    backend: SandboxBackend = _local(tmp_path, etc) if request.param == "local" else FakeBackend()
+    box = await backend.create(_spec(tmp_path))
+    try:
+        yield backend, box
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_stdin_to_stdout_roundtrip(made: tuple[SandboxBackend, Sandbox]) -> None:
+    _, box = made
+    proc = await box.spawn(["/bin/cat"], env=ENV)
+    proc.stdin.write(b"hello\n")
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"hello\n"
+    proc.stdin.close()
+    assert await proc.wait() == 0
+    assert proc.returncode == 0
+
+
+async def test_env_is_exact_and_cwd_is_the_workspace(
+    made: tuple[SandboxBackend, Sandbox], tmp_path: Path
+) -> None:
+    _, box = made
+    rc, out, _ = await _output(box, ["/bin/sh", "-c", "echo $LANG:$HOME:$USER; echo x > here"])
+    assert rc == 0
+    assert out == b"C.UTF-8::\n"
+    assert (tmp_path / "ws" / "here").read_text() == "x\n"
+
+
+async def test_list_by_labels_and_destroy(made: tuple[SandboxBackend, Sandbox]) -> None:
+    backend, box = made
+    found = await backend.list({"team": "a", LABEL_JOB: "job/7 ünïcode", LABEL_ATTEMPT: "2"})
+    assert [i.sandbox_id for i in found] == [box.sandbox_id]
+    assert found[0].backend == backend.name
+    assert await backend.list({"team": "b"}) == []
+    proc = await box.spawn(["/bin/sh", "-c", "echo up; exec sleep 60"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    await backend.destroy(box.sandbox_id)
+    assert await asyncio.wait_for(proc.wait(), 5) == -signal.SIGKILL
+    assert await backend.list({}) == []
+    await backend.destroy(box.sandbox_id)  # idempotent
+
+
+async def test_terminate_gives_the_program_grace(made: tuple[SandboxBackend, Sandbox]) -> None:
+    _, box = made
+    script = "trap 'echo bye; exit 3' TERM; echo up; while :; do sleep 0.05; done"
+    proc = await box.spawn(["/bin/sh", "-c", script], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    proc.terminate()
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"bye\n"
+    assert await asyncio.wait_for(proc.wait(), 10) == 3
+    proc.terminate()  # idempotent after exit
+    proc.kill()
+
+
+async def test_kill_ends_the_process(made: tuple[SandboxBackend, Sandbox]) -> None:
+    _, box = made
+    proc = await box.spawn(["/bin/sh", "-c", "trap '' TERM; echo up; sleep 60"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    proc.kill()
+    assert await asyncio.wait_for(proc.wait(), 10) != 0
+
+
+async def test_stdout_limit_bounds_one_line(made: tuple[SandboxBackend, Sandbox]) -> None:
+    _, box = made
+    proc = await box.spawn(
+        ["/bin/sh", "-c", "head -c 5000 /dev/zero | tr '\\0' a; echo"], env=ENV, stdout_limit=1024
+    )
+    with pytest.raises(ValueError, match="limit"):
+        await asyncio.wait_for(proc.stdout.readline(), 10)
+    proc.kill()
+    await proc.wait()
+
+
+# --- local specifics ------------------------------------------------------------------
+
+
+@pytest.fixture
+async def local_box(tmp_path: Path, etc: Path) -> AsyncIterator[tuple[LocalBackend, LocalSandbox]]:
+    backend = _local(tmp_path, etc)
+    box = await backend.create(_spec(tmp_path))
+    try:
+        yield backend, box
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_cgroups_carry_the_limits(local_box: tuple[LocalBackend, LocalSandbox]) -> None:
+    _, box = local_box
+    memory, pids, cpu = box.cgroups.paths
+    assert memory == Path("/sys/fs/cgroup/memory/acpw-test") / box.sandbox_id
+    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(200 << 20)
+    assert (memory / "memory.memsw.limit_in_bytes").read_text().strip() == str(200 << 20)
+    assert (memory / "memory.swappiness").read_text().strip() == "0"
+    assert (pids / "pids.max").read_text().strip() == "50"
+    assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+
+
+async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, LocalSandbox]) -> None:
+    backend, box = local_box
+    proc = await box.spawn(["/bin/sh", "-c", "echo up; sleep 60"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    for path in box.cgroups.paths:
+        assert proc.pid in {int(p) for p in (path / "cgroup.procs").read_text().split()}
+    status = await backend.status(box.sandbox_id)
+    assert status is not None
+    assert proc.pid in status.pids
+    assert len(status.pids) >= 3  # bwrap, its pid-1 init, sh (+ sleep)
+    record = backend.store.read(box.sandbox_id)
+    assert record is not None
+    assert proc.pid in record.pids
+    proc.kill()
+    await proc.wait()
+
+
+async def test_labels_and_id(local_box: tuple[LocalBackend, LocalSandbox]) -> None:
+    backend, box = local_box
+    assert box.sandbox_id.startswith("acpw-job-7-n-code-2-")
+    [info] = await backend.list({})
+    assert info.labels == {
+        LABEL_JOB: "job/7 ünïcode",
+        LABEL_ATTEMPT: "2",
+        LABEL_WORKER: "w-1",
+        "acpw.token": "17",
+        "team": "a",
+    }
+
+
+async def test_pack_and_extra_mounts_are_read_only(tmp_path: Path, etc: Path) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "e.txt").write_text("extra-file")
+    backend = _local(tmp_path, etc)
+    box = await backend.create(
+        _spec(tmp_path, extra_mounts=(ReadOnlyMount(source=extra, target="/opt/extra"),))
+    )
+    try:
+        script = "cat /opt/acp-pack/agent.txt /opt/extra/e.txt; touch /opt/extra/n 2>&1 || true"
+        rc, out, _ = await _output(box, ["/bin/sh", "-c", script])
+        assert rc == 0
+        assert out.startswith(b"pack-fileextra-file")
+        assert b"Read-only file system" in out
+        assert not (extra / "n").exists()
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_credentials_never_on_a_command_line(
+    local_box: tuple[LocalBackend, LocalSandbox],
+) -> None:
+    _, box = local_box
+    secret = "sk-canary-6b1f0c"
+    proc = await box.spawn(
+        ["/bin/sh", "-c", "echo up; cat /proc/1/cmdline; sleep 60"],
+        env={**ENV, "API_KEY": secret},
+    )
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    init_cmdline = await asyncio.wait_for(proc.stdout.read(200), 10)
+    host_cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    assert secret.encode() not in host_cmdline
+    assert secret.encode() not in init_cmdline
+    assert str(box.spec.workspace).encode() not in init_cmdline  # no host paths either
+    proc.kill()
+    await proc.wait()
+
+
+async def test_spawn_after_destroy_fails_visibly(
+    local_box: tuple[LocalBackend, LocalSandbox],
+) -> None:
+    backend, box = local_box
+    await backend.destroy(box.sandbox_id)
+    rc, out, err = await _output(box, ["/bin/echo", "ran"])
+    assert rc == 125  # the wrapper could not join the cgroup, so nothing ran
+    assert out == b""
+    assert b"cannot join cgroup" in err
+
+
+async def test_create_refuses_bad_specs(tmp_path: Path, etc: Path) -> None:
+    backend = _local(tmp_path, etc)
+    with pytest.raises(SandboxError, match="network"):
+        await backend.create(_spec(tmp_path, network="allowlist"))
+    with pytest.raises(SandboxError, match="workspace") as info:
+        await backend.create(_spec(tmp_path, workspace=tmp_path / "missing"))
+    assert info.value.code == "sandbox_failed"
+    assert await backend.list({}) == []
+
+
+async def test_create_without_cgroup_controllers_cleans_up(tmp_path: Path, etc: Path) -> None:
+    # This host's unified hierarchy exists but has no controllers (all are on v1).
+    backend = _local(tmp_path, etc, cgroup_root=Path("/sys/fs/cgroup/unified"))
+    with pytest.raises(SandboxError, match="controllers") as info:
+        await backend.create(_spec(tmp_path))
+    assert info.value.details["action"] == "create"
+    assert await backend.list({}) == []
+    assert not Path("/sys/fs/cgroup/unified/acpw-test").exists()
+
+
+async def test_destroy_refuses_foreign_ids(tmp_path: Path, etc: Path) -> None:
+    backend = _local(tmp_path, etc)
+    with pytest.raises(SandboxError):
+        await backend.destroy("../../etc")
+    await backend.destroy("acpw-never-made-1-00000000")  # unknown: nothing to do
+    assert await backend.status("acpw-never-made-1-00000000") is None
+
+
+async def test_spawn_refuses_bad_arguments(local_box: tuple[LocalBackend, LocalSandbox]) -> None:
+    _, box = local_box
+    with pytest.raises(SandboxError):
+        await box.spawn([], env=ENV)
+    with pytest.raises(SandboxError):
+        await box.spawn(["/bin/true"], env=ENV, cwd="relative")
+    with pytest.raises(SandboxError):
+        await box.spawn(["/bin/true"], env={"A=B": "c"})
+    with pytest.raises(SandboxError):
+        await box.spawn(["/bin/echo", "a\0b"], env=ENV)
+
+
+async def test_missing_bwrap_is_a_sandbox_error(tmp_path: Path, etc: Path) -> None:
+    backend = _local(tmp_path, etc, bwrap="/nonexistent/bwrap")
+    with pytest.raises(SandboxError, match="bubblewrap"):
+        await backend.create(_spec(tmp_path))
+    assert os.path.exists("/usr/bin/bwrap")  # the real one is there; only the setting is bad

@@ -1,0 +1,55 @@
+"""What the cgroup drivers write for given limits, and where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from worker.sandbox.base import ResourceLimits
+from worker.sandbox.cgroups import CgroupSet, CgroupV1, CgroupV2, v1_writes, v2_writes
+
+LIMITS = ResourceLimits(memory_bytes=512 << 20, cpus=1.5, pids=128)
+
+
+def test_v1_memory_then_memsw_and_no_swap() -> None:
+    writes = v1_writes(LIMITS)
+    assert writes["memory"] == [
+        ("memory.limit_in_bytes", str(512 << 20)),
+        ("memory.memsw.limit_in_bytes?", str(512 << 20)),
+        ("memory.swappiness", "0"),
+    ]
+    assert writes["pids"] == [("pids.max", "128")]
+    assert writes["cpu"] == [("cpu.cfs_period_us", "100000"), ("cpu.cfs_quota_us", "150000")]
+
+
+def test_v1_no_cpu_limit_and_tiny_quota() -> None:
+    assert v1_writes(ResourceLimits(1, 0, 1))["cpu"][1] == ("cpu.cfs_quota_us", "-1")
+    assert v1_writes(ResourceLimits(1, 0.001, 1))["cpu"][1] == ("cpu.cfs_quota_us", "1000")
+
+
+def test_v2_writes() -> None:
+    assert v2_writes(LIMITS) == [
+        ("memory.max", str(512 << 20)),
+        ("memory.swap.max?", "0"),
+        ("pids.max", "128"),
+        ("cpu.max", "150000 100000"),
+    ]
+    assert v2_writes(ResourceLimits(1, 0, 1))[-1] == ("cpu.max", "max 100000")
+
+
+def test_plans() -> None:
+    v1 = CgroupV1(Path("/cg"), "acpw").plan("s1")
+    assert v1.paths == (
+        Path("/cg/memory/acpw/s1"),
+        Path("/cg/pids/acpw/s1"),
+        Path("/cg/cpu/acpw/s1"),
+    )
+    assert v1.oom_file == Path("/cg/memory/acpw/s1/memory.oom_control")
+    v2 = CgroupV2(Path("/cg"), "acpw").plan("s1")
+    assert v2.paths == (Path("/cg/acpw/s1"),)
+    assert v2.oom_file == Path("/cg/acpw/s1/memory.events")
+    assert v2.procs_files == (Path("/cg/acpw/s1/cgroup.procs"),)
+
+
+def test_set_round_trips_through_json() -> None:
+    cgs = CgroupV1(Path("/cg"), "acpw").plan("s1")
+    assert CgroupSet.from_json(cgs.to_json()) == cgs

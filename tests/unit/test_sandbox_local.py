@@ -1,0 +1,159 @@
+"""The local backend's pure parts: bwrap options, wrapper, ids, labels, records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.errors import SandboxError
+from worker.sandbox.base import ReadOnlyMount, ResourceLimits, SandboxSpec
+from worker.sandbox.cgroups import CgroupSet
+from worker.sandbox.local import (
+    HostLayout,
+    SandboxRecord,
+    _check_id,
+    build_bwrap_options,
+    bwrap_command,
+    make_sandbox_id,
+    sandbox_labels,
+    wrapper_argv,
+)
+
+LAYOUT = HostLayout(
+    root_links=(("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")),
+    root_dirs=("sbin",),
+)
+SPEC = SandboxSpec(
+    job_id="j1",
+    attempt=1,
+    workspace=Path("/srv/ws"),
+    pack_closure=Path("/cache/pack"),
+    limits=ResourceLimits(memory_bytes=1 << 30, cpus=1.0, pids=256),
+    labels={"acpw.job": "spoofed", "team": "a"},
+    extra_mounts=(ReadOnlyMount(source=Path("/srv/extra"), target="/opt/extra"),),
+)
+
+
+def _options(env: dict[str, str] | None = None) -> list[str]:
+    return build_bwrap_options(
+        layout=LAYOUT,
+        spec=SPEC,
+        etc_dir=Path("/run/s/x.etc"),
+        env=env or {"PATH": "/usr/bin", "TOKEN": "a b"},
+        cwd="/workspace",
+        seccomp_fd=7,
+    )
+
+
+def _pairs(args: list[str], flag: str, arity: int) -> list[tuple[str, ...]]:
+    return [tuple(args[i + 1 : i + 1 + arity]) for i, a in enumerate(args) if a == flag]
+
+
+def test_isolation_flags_come_first() -> None:
+    args = _options()
+    assert args[:14] == [
+        "--unshare-all", "--unshare-user", "--disable-userns",
+        "--uid", "1000", "--gid", "1000", "--hostname", "acpw",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+    ]  # fmt: skip
+    assert "--share-net" not in args
+
+
+def test_env_is_set_one_by_one_after_clearenv() -> None:
+    args = _options()
+    assert _pairs(args, "--setenv", 2) == [("PATH", "/usr/bin"), ("TOKEN", "a b")]
+    assert args.index("--clearenv") < args.index("--setenv")
+
+
+def test_mounts() -> None:
+    args = _options()
+    assert _pairs(args, "--ro-bind", 2) == [
+        ("/usr", "/usr"),
+        ("/sbin", "/sbin"),
+        ("/run/s/x.etc", "/etc"),
+        ("/cache/pack", "/opt/acp-pack"),
+        ("/srv/extra", "/opt/extra"),
+    ]
+    assert _pairs(args, "--symlink", 2) == [
+        ("usr/bin", "/bin"),
+        ("usr/lib", "/lib"),
+        ("usr/lib64", "/lib64"),
+    ]
+    assert _pairs(args, "--bind", 2) == [("/srv/ws", "/workspace")]
+    assert _pairs(args, "--tmpfs", 1) == [("/tmp",), ("/home/agent",)]
+    assert _pairs(args, "--proc", 1) == [("/proc",)]
+    assert _pairs(args, "--dev", 1) == [("/dev",)]
+    assert not any(a.startswith("/etc/") for a in args)  # nothing of the host's /etc
+
+
+def test_root_frozen_then_chdir_and_seccomp_last() -> None:
+    args = _options()
+    assert args[-6:] == ["--remount-ro", "/", "--chdir", "/workspace", "--seccomp", "7"]
+    assert args.index("--remount-ro") > max(i for i, a in enumerate(args) if a == "--ro-bind")
+
+
+def test_command_keeps_options_off_the_command_line() -> None:
+    assert bwrap_command("/usr/bin/bwrap", 9, ["node", "agent.js"]) == [
+        "/usr/bin/bwrap", "--args", "9", "--", "node", "agent.js",
+    ]  # fmt: skip
+
+
+def test_wrapper_joins_every_cgroup_then_execs() -> None:
+    files = [Path("/cg/memory/x/cgroup.procs"), Path("/cg/pids/x/cgroup.procs")]
+    argv = wrapper_argv(files, ["/usr/bin/bwrap", "--args", "9"])
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert 'exec "$@"' in argv[2]
+    assert argv[3:] == ["acpw-join", "2", *map(str, files), "/usr/bin/bwrap", "--args", "9"]
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        ("abc", "acpw-abc-3-"),
+        ("a/b c", "acpw-a-b-c-3-"),
+        ("../..", "acpw-job-3-"),
+        ("é", "acpw-job-3-"),
+    ],
+)
+def test_sandbox_ids_are_safe(job: str, expected: str) -> None:
+    sandbox_id = make_sandbox_id(job, 3)
+    assert sandbox_id.startswith(expected)
+    assert len(sandbox_id) == len(expected) + 8
+    _check_id(sandbox_id)  # accepted as a local id
+
+
+def test_ids_are_unique_and_bounded() -> None:
+    assert make_sandbox_id("j", 1) != make_sandbox_id("j", 1)
+    assert len(make_sandbox_id("x" * 500, 1)) < 100
+
+
+@pytest.mark.parametrize("bad", ["", "acpw-", "../acpw-x", "acpw-a/b", "other-1"])
+def test_foreign_ids_are_refused(bad: str) -> None:
+    with pytest.raises(SandboxError):
+        _check_id(bad)
+
+
+def test_labels_job_and_attempt_are_truthful() -> None:
+    assert sandbox_labels(SPEC, "w9") == {
+        "acpw.job": "j1",
+        "acpw.attempt": "1",
+        "acpw.worker": "w9",
+        "team": "a",
+    }
+
+
+def test_record_round_trips_through_json() -> None:
+    cgs = CgroupSet(1, (Path("/cg/memory/x"), Path("/cg/pids/x")), Path("/cg/memory/x/oom"))
+    record = SandboxRecord(
+        sandbox_id="acpw-j-1-00",
+        labels={"a": "b"},
+        cgroups=cgs,
+        etc_dir=Path("/run/x.etc"),
+        workspace=Path("/ws"),
+        pack_closure=Path("/pack"),
+        pids=(10, 11),
+        created_at=5.0,
+    )
+    assert SandboxRecord.from_json(record.to_json()) == record
+    assert record.to_json()["backend"] == "local"
