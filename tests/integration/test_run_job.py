@@ -136,7 +136,7 @@ def _normalized(event: dict[str, Any]) -> dict[str, Any]:
         if key in data:
             data[key] = 0
     if "timings_ms" in data:
-        data["timings_ms"] = sorted(data["timings_ms"])
+        data["timings_ms"] = dict.fromkeys(sorted(data["timings_ms"]), 0)
     if out["type"] == "job.started":
         data["worker_id"] = "<worker>"
     return out
