@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, pre
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
+from worker.workspace.stage import remove_staged, stage_local
 
 SUCCESS_STOPS = {"end_turn", "max_tokens", "max_turn_requests"}
 
@@ -127,6 +130,7 @@ class _Job:
         self.phases = _Phases()
         self.sandbox: Sandbox | None = None
         self.agent: AgentProcess | None = None
+        self.staged: Path | None = None
         self.normalizer = Normalizer(
             workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes
         )
@@ -169,7 +173,7 @@ class _Job:
         )
         self.phases.mark("credentials")
         pack = await self._pack(declaration)
-        await self._sandbox(pack, self._workspace())
+        await self._sandbox(pack, await self._workspace())
         client = await self._launch(pack.launch_plan(credentials))
         session_id = await self._session(client)
         return await self._turn(client, session_id, cancel, deadline)
@@ -182,14 +186,23 @@ class _Job:
         await self.emitter.emit("pack.ready", pack.event_data())
         return pack
 
-    def _workspace(self) -> Path:
+    async def _workspace(self) -> Path:
         raw = Path(self.spec.workspace.path)
-        path = raw if raw.is_absolute() or self.base_dir is None else self.base_dir / raw
-        if not path.is_dir():
+        source = raw if raw.is_absolute() or self.base_dir is None else self.base_dir / raw
+        if not source.is_dir():
             raise WorkspaceUnavailable(
                 f"workspace {self.spec.workspace.path!r} is not a directory", path=str(raw)
             )
-        return path.resolve()
+        self.settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        dest = self.settings.work_dir / f"{self.spec.job_id}-{self.attempt}-{secrets.token_hex(4)}"
+        self.staged = dest
+        staged = await asyncio.to_thread(
+            stage_local, source.resolve(), dest, owner=sandbox_owner(self.settings)
+        )
+        self.phases.mark("workspace")
+        if staged.skipped:
+            await self.emitter.emit("notice", _skipped_notice(staged.skipped))
+        return staged.path
 
     async def _sandbox(self, pack: PreparedPack, workspace: Path) -> None:
         limits = self.spec.limits
@@ -331,6 +344,8 @@ class _Job:
             )
         if self.sandbox is not None:
             await self.backend.destroy(self.sandbox.sandbox_id)
+        if self.staged is not None:
+            await asyncio.to_thread(remove_staged, self.staged)
         self.phases.mark("teardown")
 
     async def _complete(self, outcome: JobOutcome) -> None:
@@ -349,6 +364,20 @@ class _Job:
                 "timings_ms": dict(self.phases.marks),
             },
         )
+
+
+def _skipped_notice(skipped: Sequence[str]) -> dict[str, Any]:
+    return {
+        "level": "warning",
+        "code": "workspace_special_files_skipped",
+        "message": f"{len(skipped)} socket/FIFO/device entries of the workspace were not copied",
+        "details": {"paths": list(skipped[:50])},
+    }
+
+
+def sandbox_owner(settings: Settings) -> tuple[int, int]:
+    """Who owns files the sandbox writes (placeholder until the backend exposes it)."""
+    return os.getuid(), os.getgid()
 
 
 def _settled(stop_reason: str) -> JobOutcome:

@@ -48,7 +48,11 @@ def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Path:
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
-    env.update({"ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SHUTDOWN_EOF_GRACE": "1"})
+    env.update({
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"),
+        "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_SHUTDOWN_EOF_GRACE": "1",
+    })
     env.update(extra)
     return env
 
@@ -244,3 +248,15 @@ def test_unknown_credential_is_refused_before_anything_starts(tmp_path: Path) ->
     assert _check_stream(events)["error"]["code"] == "credential_refused"
     assert "sandbox.ready" not in [e["type"] for e in events]
     assert not (tmp_path / "cache").exists()
+
+
+def test_agent_works_on_a_private_copy_that_is_removed(tmp_path: Path) -> None:
+    script = "#!scenario\nwrite README.md changed by the agent\nwrite new.txt hi\n"
+    job = _job(tmp_path, script)
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    assert any(e["type"] == "tool.completed" and e["data"]["diffs"] for e in events)
+    assert (tmp_path / "ws" / "README.md").read_text() == "# hello\n"
+    assert not (tmp_path / "ws" / "new.txt").exists()
+    assert list((tmp_path / "work").iterdir()) == []
