@@ -9,7 +9,8 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── InvalidInput                 invalid_input            2
     │   ├── InvalidJobSpec           invalid_job_spec         2
     │   ├── PackNotFound             pack_not_found           2
-    │   └── WorkspaceUnavailable     workspace_unavailable    2
+    │   ├── WorkspaceUnavailable     workspace_unavailable    2
+    │   └── JobNotFound              job_not_found            2
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
@@ -25,7 +26,10 @@ human ``message`` and keyword-only context in ``details``. The same
     │   └── ProtocolError            protocol_error           1
     │       └── LineTooLong          acp_line_too_long        1
     ├── EventTooLarge                event_too_large          1
-    └── SinkUnavailable              sink_unavailable         1
+    ├── SinkUnavailable              sink_unavailable         1
+    ├── ServiceUnavailable           service_unavailable      1
+    └── LeaseError                   lease_error              1
+        └── LeaseLost                lease_lost               1
 
 Third-party exceptions (redis, OS errors from bubblewrap) are translated at their seam
 with ``raise ... from exc``; nothing else escapes the runner untyped.
@@ -77,6 +81,12 @@ class PackNotFound(InvalidInput):
 
 class WorkspaceUnavailable(InvalidInput):
     code = "workspace_unavailable"
+
+
+class JobNotFound(InvalidInput):
+    """The control plane asked about a job id this Redis has no state for."""
+
+    code = "job_not_found"
 
 
 class Refused(WorkerError):
@@ -142,3 +152,19 @@ class EventTooLarge(WorkerError):
 
 class SinkUnavailable(WorkerError):
     code = "sink_unavailable"
+
+
+class ServiceUnavailable(WorkerError):
+    """Redis or the Celery broker did not answer (control-plane side)."""
+
+    code = "service_unavailable"
+
+
+class LeaseError(WorkerError):
+    code = "lease_error"
+
+
+class LeaseLost(LeaseError):
+    """Another owner holds the job now: this worker must not write anything more."""
+
+    code = "lease_lost"

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     packs_dir: Path = Field(
         default=_REPO_PACKS, description="Folder of pack declarations, one folder per pack."
     )
+    work_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_state_dir("acp-worker")) / "work",
+        description="Where per-job workspace copies are staged (removed after the job).",
+    )
     secrets_dir: Path | None = Field(
         default=None,
         description="Root that `file:` credential references resolve under (required for them).",
@@ -56,3 +60,30 @@ class Settings(BaseSettings):
     events_maxlen: int = Field(default=10_000, description="Approximate MAXLEN of a stream.")
     event_max_bytes: int = Field(default=196 * 1024, description="Max UTF-8 size of one event.")
     tool_output_bytes: int = Field(default=16 * 1024, description="Tool output kept per event.")
+
+    # --- job service (Celery intake, leases, reaper, metrics) ---
+    broker_url: str | None = Field(
+        default=None, description="Celery broker; default: `redis_url`."
+    )
+    result_backend: str | None = Field(
+        default=None, description="Celery result backend; default: none (events carry results)."
+    )
+    queue: str = Field(default="runs", description="Celery queue of run jobs.")
+    lease_ttl: float = Field(default=30.0, gt=0, description="Seconds a lease lives unrenewed.")
+    lease_renew: float = Field(default=10.0, gt=0, description="Seconds between renewals.")
+    events_ttl: int = Field(
+        default=24 * 3600, gt=0, description="Seconds a job's keys live after it settled."
+    )
+    sink_buffer_events: int = Field(
+        default=10_000, gt=0, description="Events buffered in memory while Redis is away."
+    )
+    sink_retry_s: float = Field(
+        default=30.0, gt=0, description="Seconds the event sink keeps retrying Redis."
+    )
+    reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
+    reap_backends: tuple[str, ...] = Field(
+        default=("local",), description="Backends the reaper sweeps for orphans."
+    )
+    metrics_port: int | None = Field(
+        default=None, description="Port of the Prometheus endpoint; none: no endpoint."
+    )
