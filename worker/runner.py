@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.acp.agent import AgentProcess
+from worker.admission import check_workspace
 from worker.acp.client import AcpClient
 from worker.acp.cursor import CursorDialect
 from worker.credentials.redact import Redactor
@@ -99,7 +100,16 @@ async def run_job(
         redactor=redactor,
         max_bytes=settings.event_max_bytes,
     )
-    job = _Job(spec, settings, backend, emitter, environ, base_dir, attempt, labels or {})
+    job = _Job(
+        spec=spec,
+        settings=settings,
+        backend=backend,
+        emitter=emitter,
+        environ=environ,
+        base_dir=base_dir,
+        attempt=attempt,
+        labels=labels or {},
+    )
     try:
         outcome = await job.run(cancel or asyncio.Event())
     finally:
@@ -110,6 +120,7 @@ async def run_job(
 class _Job:
     def __init__(
         self,
+        *,
         spec: JobSpec,
         settings: Settings,
         backend: SandboxBackend,
@@ -173,7 +184,7 @@ class _Job:
         )
         self.phases.mark("credentials")
         pack = await self._pack(declaration)
-        await self._sandbox(pack, await self._workspace())
+        await self._sandbox(pack, await self._workspace(declaration.manifest.provider))
         client = await self._launch(pack.launch_plan(credentials))
         session_id = await self._session(client)
         return await self._turn(client, session_id, cancel, deadline)
@@ -186,13 +197,17 @@ class _Job:
         await self.emitter.emit("pack.ready", pack.event_data())
         return pack
 
-    async def _workspace(self) -> Path:
+    async def _workspace(self, provider: str) -> Path:
         raw = Path(self.spec.workspace.path)
         source = raw if raw.is_absolute() or self.base_dir is None else self.base_dir / raw
         if not source.is_dir():
             raise WorkspaceUnavailable(
                 f"workspace {self.spec.workspace.path!r} is not a directory", path=str(raw)
             )
+        # Up to the source's Git root: config above the workspace applies to it too.
+        admission = await asyncio.to_thread(check_workspace, source, provider=provider)
+        admission.raise_if_refused()
+        self.phases.mark("admission")
         self.settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         dest = self.settings.work_dir / f"{self.spec.job_id}-{self.attempt}-{secrets.token_hex(4)}"
         self.staged = dest
@@ -276,7 +291,8 @@ class _Job:
         available = _model_ids(session)
         if model.id not in available:
             raise ModelUnavailable(
-                f"model {model.id!r} is not offered by the agent", model=model.id,
+                f"model {model.id!r} is not offered by the agent",
+                model=model.id,
                 available=sorted(available)[:50],
             )
         await client.set_model(session_id, model.id)
@@ -289,7 +305,9 @@ class _Job:
         cancelled = asyncio.create_task(cancel.wait())
         try:
             remaining = max(0.0, deadline - time.monotonic())
-            await asyncio.wait({prompt, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {prompt, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
             if prompt.done():
                 stop = prompt.result()
                 self.phases.mark("turn")
@@ -315,7 +333,9 @@ class _Job:
 
     async def _notification(self, method: str, params: Any) -> None:
         if method != "session/update":
-            await self.emitter.emit("provider.unmapped", self.normalizer.unmapped(method, params)[1])
+            await self.emitter.emit(
+                "provider.unmapped", self.normalizer.unmapped(method, params)[1]
+            )
             return
         for type_, data in self.normalizer.normalize(params):
             await self.emitter.emit(type_, data)
@@ -326,7 +346,7 @@ class _Job:
             {
                 "level": "warning",
                 "code": "acp_malformed_line",
-                "message": f"the agent wrote a line that is not JSON-RPC ({reason}); it was skipped",
+                "message": f"the agent wrote a non-JSON-RPC line ({reason}); it was skipped",
                 "details": {"preview": preview},
             },
         )
@@ -402,7 +422,9 @@ def _initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "protocol_version": int(init["protocolVersion"]),
         "agent_capabilities": dict(caps) if isinstance(caps, Mapping) else {},
-        "auth_methods": [m for m in methods if isinstance(m, Mapping)] if isinstance(methods, list) else [],
+        "auth_methods": [m for m in methods if isinstance(m, Mapping)]
+        if isinstance(methods, list)
+        else [],
         "agent_info": dict(info) if isinstance(info, Mapping) else None,
     }
 
@@ -425,6 +447,4 @@ def _session_data(session_id: str, session: Mapping[str, Any]) -> dict[str, Any]
 def _model_ids(session: Mapping[str, Any]) -> set[str]:
     models = session.get("models")
     listed = models.get("availableModels") if isinstance(models, Mapping) else None
-    return {
-        str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m
-    }
+    return {str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m}

@@ -8,12 +8,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import redis
 
 from worker import keys
@@ -48,19 +46,27 @@ def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Path:
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
-    env.update({
-        "ACPW_CACHE_DIR": str(tmp_path / "cache"),
-        "ACPW_WORK_DIR": str(tmp_path / "work"),
-        "ACPW_SHUTDOWN_EOF_GRACE": "1",
-    })
+    env.update(
+        {
+            "ACPW_CACHE_DIR": str(tmp_path / "cache"),
+            "ACPW_WORK_DIR": str(tmp_path / "work"),
+            "ACPW_SHUTDOWN_EOF_GRACE": "1",
+        }
+    )
     env.update(extra)
     return env
 
 
-def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "worker.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env=env or _env(tmp_path), cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or _env(tmp_path),
+        cwd=REPO,
     )
 
 
@@ -103,12 +109,24 @@ def test_hello_end_to_end_json_and_redis(tmp_path: Path, redis_url: str) -> None
     assert done["status"] == "succeeded"
     assert done["stop_reason"] == "end_turn"
     types = [e["type"] for e in events]
-    for expected in ("job.accepted", "pack.ready", "sandbox.ready", "agent.initialized",
-                     "session.started", "message.delta", "tool.started", "tool.completed"):
+    for expected in (
+        "job.accepted",
+        "pack.ready",
+        "sandbox.ready",
+        "agent.initialized",
+        "session.started",
+        "message.delta",
+        "tool.started",
+        "tool.completed",
+    ):
         assert expected in types
     usage = next(e for e in events if e["type"] == "usage.reported")
     assert usage["data"] == {"available": False}
-    text = "".join(e["data"]["text"] for e in events if e["type"] == "message.delta" and e["data"]["role"] == "assistant")
+    text = "".join(
+        e["data"]["text"]
+        for e in events
+        if e["type"] == "message.delta" and e["data"]["role"] == "assistant"
+    )
     assert "Hello" in text
     client = redis.Redis.from_url(redis_url)
     stored = [json.loads(f[b"event"]) for _, f in client.xrange(keys.events(events[0]["job_id"]))]
@@ -194,7 +212,14 @@ def test_missing_credentials_fail_with_auth_required(tmp_path: Path) -> None:
 
 def test_secret_never_leaves_the_worker(tmp_path: Path) -> None:
     script = "#!scenario\nexec echo key=$CURSOR_API_KEY\nsay {{exitCode}}\nstderr $CURSOR_API_KEY\n"
-    result = run_cli(tmp_path, "run", str(_job(tmp_path, script)), "--json", "--events-out", str(tmp_path / "ev.jsonl"))
+    result = run_cli(
+        tmp_path,
+        "run",
+        str(_job(tmp_path, script)),
+        "--json",
+        "--events-out",
+        str(tmp_path / "ev.jsonl"),
+    )
     assert result.returncode == 0, result.stderr
     outputs = result.stdout + result.stderr + (tmp_path / "ev.jsonl").read_text()
     assert "key=[REDACTED]" in outputs  # the agent did see it, and we scrubbed it
@@ -214,7 +239,11 @@ def test_sigint_cancels_the_job(tmp_path: Path) -> None:
     job = _job(tmp_path, "scenario: hang")
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path),
+        cwd=REPO,
     )
     assert proc.stdout is not None
     for line in proc.stdout:  # wait until the turn is running
@@ -230,8 +259,18 @@ def test_sigint_cancels_the_job(tmp_path: Path) -> None:
 
 def test_invalid_job_is_exit_2_with_one_line(tmp_path: Path) -> None:
     job = tmp_path / "bad.json"
-    job.write_text(json.dumps({"v": 1, "job_id": "x", "pack": {"name": "cursor-emulator"},
-                               "workspace": {"kind": "local", "path": "ws"}, "prompt": "p", "limitz": {}}))
+    job.write_text(
+        json.dumps(
+            {
+                "v": 1,
+                "job_id": "x",
+                "pack": {"name": "cursor-emulator"},
+                "workspace": {"kind": "local", "path": "ws"},
+                "prompt": "p",
+                "limitz": {},
+            }
+        )
+    )
     result = run_cli(tmp_path, "run", str(job), "--json")
     assert result.returncode == 2
     assert result.stdout == ""
@@ -260,3 +299,18 @@ def test_agent_works_on_a_private_copy_that_is_removed(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / "README.md").read_text() == "# hello\n"
     assert not (tmp_path / "ws" / "new.txt").exists()
     assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_ambient_hooks_refuse_the_job_before_launch(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello")
+    (tmp_path / "ws" / ".cursor").mkdir()
+    (tmp_path / "ws" / ".cursor" / "hooks.json").write_text('{"hooks": {}}')
+    (tmp_path / "ws" / ".mcp.json").write_text('{"mcpServers": {}}')
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 3
+    events = _events(result.stdout)
+    error = _check_stream(events)["error"]
+    assert error["code"] == "admission_refused"
+    assert {f["rule"] for f in error["details"]["findings"]} == {"cursor.hooks", "mcp.project"}
+    assert "sandbox.ready" not in [e["type"] for e in events]
+    assert not (tmp_path / "ws" / ".cursor-emulator-hook-ran").exists()

@@ -43,7 +43,9 @@ async def pair() -> AsyncIterator[tuple[Connection, Peer, list[Any]]]:
     async def on_bad(preview: str, reason: str) -> None:
         seen.append(("bad", preview, reason))
 
-    conn = Connection(r1, w1, line_limit=1024, request_timeout=2, on_notification=on_note, on_malformed=on_bad)
+    conn = Connection(
+        r1, w1, line_limit=1024, request_timeout=2, on_notification=on_note, on_malformed=on_bad
+    )
     conn.start()
     yield conn, Peer(r2, w2), seen
     await conn.aclose()
@@ -64,24 +66,41 @@ async def test_error_reply_raises_rpc_error(pair: tuple[Connection, Peer, list[A
     conn, peer, _ = pair
     call = asyncio.create_task(conn.request("session/new", {}))
     msg = await peer.recv()
-    await peer.send({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32000, "message": "Authentication required"}})
+    await peer.send(
+        {
+            "jsonrpc": "2.0",
+            "id": msg["id"],
+            "error": {"code": -32000, "message": "Authentication required"},
+        }
+    )
     with pytest.raises(RpcError) as info:
         await call
     assert info.value.code == -32000
 
 
-async def test_cursor_requests_reach_their_handler(pair: tuple[Connection, Peer, list[Any]]) -> None:
+async def test_cursor_requests_reach_their_handler(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
     conn, peer, _ = pair
 
     async def todos(params: Any) -> Any:
         return {"seen": params["toolCallId"]}
 
     conn.route("cursor/update_todos", todos)
-    await peer.send({"jsonrpc": "2.0", "id": 0, "method": "cursor/update_todos", "params": {"toolCallId": "a\nb"}})
+    await peer.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "cursor/update_todos",
+            "params": {"toolCallId": "a\nb"},
+        }
+    )
     assert await peer.recv() == {"jsonrpc": "2.0", "id": 0, "result": {"seen": "a\nb"}}
 
 
-async def test_unknown_inbound_request_gets_method_not_found(pair: tuple[Connection, Peer, list[Any]]) -> None:
+async def test_unknown_inbound_request_gets_method_not_found(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
     _, peer, _ = pair
     await peer.send({"jsonrpc": "2.0", "id": 7, "method": "cursor/unknown", "params": {}})
     reply = await peer.recv()
@@ -97,7 +116,11 @@ async def test_handler_rpc_error_is_sent_back(pair: tuple[Connection, Peer, list
 
     conn.route("fs/read_text_file", refuse)
     await peer.send({"jsonrpc": "2.0", "id": 1, "method": "fs/read_text_file", "params": {}})
-    assert (await peer.recv())["error"] == {"code": -32602, "message": "Invalid params", "data": {"why": "x"}}
+    assert (await peer.recv())["error"] == {
+        "code": -32602,
+        "message": "Invalid params",
+        "data": {"why": "x"},
+    }
 
 
 async def test_concurrent_requests_both_ways(pair: tuple[Connection, Peer, list[Any]]) -> None:
@@ -144,7 +167,7 @@ async def test_oversize_line_is_fatal_and_typed(pair: tuple[Connection, Peer, li
 
 
 async def test_request_times_out(pair: tuple[Connection, Peer, list[Any]]) -> None:
-    conn, peer, _ = pair
+    conn, _, _ = pair
     with pytest.raises(AgentTimeout):
         await conn.request("initialize", {}, timeout=0.05)
 

@@ -119,7 +119,7 @@ class ToolUpdated(_Data):
 
 
 class ToolCompleted(ToolUpdated):
-    status: Literal["completed", "failed"]  # type: ignore[assignment]
+    status: Literal["completed", "failed"]
 
 
 class PlanEntry(_Data):

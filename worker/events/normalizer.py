@@ -8,7 +8,6 @@ dropped with a notice rather than passed on.
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any

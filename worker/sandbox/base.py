@@ -24,7 +24,7 @@ SANDBOX_GID = 1000
 
 LABEL_JOB = "acpw.job"
 LABEL_ATTEMPT = "acpw.attempt"
-LABEL_TOKEN = "acpw.token"
+LABEL_TOKEN = "acpw.token"  # noqa: S105 - a label name (the lease token), not a secret
 LABEL_WORKER = "acpw.worker"
 
 
