@@ -123,4 +123,3 @@ def _install_signals(cancel: asyncio.Event) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, first, signum)
-

@@ -13,7 +13,11 @@ PACK = REPO / "provider_packs" / "cursor-emulator"
 
 
 def test_rebuilt_archive_matches_pack_json(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(PACK / "build.py"), "--out", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(PACK / "build.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
     [archive] = tmp_path.glob("*.tar")
     pin = json.loads((PACK / "pack.json").read_text())["platforms"]["any"]["archive"]
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()

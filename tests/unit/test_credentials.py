@@ -15,7 +15,9 @@ from worker.launch import BASE_ENV, launch_plan
 ALLOWED = ["CURSOR_API_KEY", "CURSOR_AUTH_TOKEN"]
 
 
-def _resolve(refs: dict[str, str], *, environ: dict[str, str] | None = None, secrets: Path | None = None) -> tuple[dict[str, str], Redactor]:
+def _resolve(
+    refs: dict[str, str], *, environ: dict[str, str] | None = None, secrets: Path | None = None
+) -> tuple[dict[str, str], Redactor]:
     redactor = Redactor()
     values = resolve_credentials(
         refs, allowed=ALLOWED, environ=environ or {}, secrets_dir=secrets, redactor=redactor

@@ -11,7 +11,9 @@ from worker.events.emitter import EventEmitter
 from worker.events.sinks import MemorySink
 
 
-def _emitter(sink: MemorySink, redactor: Redactor | None = None, max_bytes: int = 4096) -> EventEmitter:
+def _emitter(
+    sink: MemorySink, redactor: Redactor | None = None, max_bytes: int = 4096
+) -> EventEmitter:
     return EventEmitter(
         job_id="j1", attempt=2, sinks=[sink], redactor=redactor, max_bytes=max_bytes
     )
@@ -24,7 +26,9 @@ async def test_seq_is_contiguous_from_one() -> None:
         await emitter.emit("notice", {"level": "info", "code": "c", "message": str(i)})
     assert [e["seq"] for e in sink.events] == [1, 2, 3, 4, 5]
     assert {e["attempt"] for e in sink.events} == {2}
-    assert all(json.loads(line) == event for line, event in zip(sink.lines, sink.events, strict=True))
+    assert all(
+        json.loads(line) == event for line, event in zip(sink.lines, sink.events, strict=True)
+    )
 
 
 async def test_secret_is_scrubbed_raw_and_json_escaped() -> None:

@@ -22,7 +22,15 @@ def validator() -> jsonschema.Draft202012Validator:
 
 
 def _event(type_: str, data: dict[str, object]) -> dict[str, object]:
-    return {"v": 1, "job_id": "j", "attempt": 1, "seq": 1, "ts": "2026-01-01T00:00:00.000Z", "type": type_, "data": data}
+    return {
+        "v": 1,
+        "job_id": "j",
+        "attempt": 1,
+        "seq": 1,
+        "ts": "2026-01-01T00:00:00.000Z",
+        "type": type_,
+        "data": data,
+    }
 
 
 def test_schema_lists_every_type() -> None:
@@ -37,7 +45,10 @@ def test_valid_terminal_event(validator: jsonschema.Draft202012Validator) -> Non
 @pytest.mark.parametrize(
     "event",
     [
-        _event("job.completed", {"status": "exploded", "stop_reason": None, "error": None, "duration_ms": 1}),
+        _event(
+            "job.completed",
+            {"status": "exploded", "stop_reason": None, "error": None, "duration_ms": 1},
+        ),
         _event("message.delta", {"role": "assistant"}),
         _event("no.such.type", {}),
         {**_event("notice", {"level": "info", "code": "c", "message": "m"}), "seq": 0},
@@ -45,7 +56,9 @@ def test_valid_terminal_event(validator: jsonschema.Draft202012Validator) -> Non
         _event("usage.reported", {}),
     ],
 )
-def test_invalid_events_are_rejected(validator: jsonschema.Draft202012Validator, event: dict[str, object]) -> None:
+def test_invalid_events_are_rejected(
+    validator: jsonschema.Draft202012Validator, event: dict[str, object]
+) -> None:
     assert list(validator.iter_errors(event))
 
 

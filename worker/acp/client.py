@@ -36,7 +36,9 @@ class AcpClient:
             if exc.data is not None:
                 detail["rpc_data"] = bounded_json(exc.data, 2048)["text"]
             if exc.code == AUTH_REQUIRED:
-                raise AuthRequired(f"agent requires authentication: {exc.message}", **detail) from None
+                raise AuthRequired(
+                    f"agent requires authentication: {exc.message}", **detail
+                ) from None
             raise AgentError(f"agent refused {method}: {exc.message}", **detail) from None
 
     async def initialize(self) -> Mapping[str, Any]:

@@ -55,4 +55,6 @@ class CursorDialect:
         return decline
 
     async def _keep(self, method: str, params: Any) -> None:
-        await self._emit("provider.unmapped", {"kind": method, "raw": bounded_json(params, RAW_LIMIT)})
+        await self._emit(
+            "provider.unmapped", {"kind": method, "raw": bounded_json(params, RAW_LIMIT)}
+        )

@@ -81,7 +81,9 @@ def _read_file(name: str, where: str, secrets_dir: Path | None) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise CredentialRefused(
-            f"credential {name}: cannot read its file ({exc.strerror})", name=name, reason="unresolved"
+            f"credential {name}: cannot read its file ({exc.strerror})",
+            name=name,
+            reason="unresolved",
         ) from None
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
@@ -97,5 +99,9 @@ def _read_file(name: str, where: str, secrets_dir: Path | None) -> str:
     except UnicodeDecodeError:
         value = ""
     if not value:
-        raise CredentialRefused(f"credential {name}: its file is empty or not UTF-8 text", name=name, reason="unresolved")
+        raise CredentialRefused(
+            f"credential {name}: its file is empty or not UTF-8 text",
+            name=name,
+            reason="unresolved",
+        )
     return value

@@ -26,7 +26,9 @@ _LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "mode.changed": lambda d: f"mode: {d['mode']}",
     "notice": lambda d: f"{d['level']}: {d['message']}",
     "provider.unmapped": lambda d: f"(kept unmapped: {d['kind']})",
-    "usage.reported": lambda d: "usage: " + ("reported" if d["available"] else "not reported by the agent"),
+    "usage.reported": lambda d: (
+        "usage: " + ("reported" if d["available"] else "not reported by the agent")
+    ),
 }
 
 
