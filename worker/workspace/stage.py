@@ -1,28 +1,38 @@
-"""Staging a local workspace: a private per-job copy the sandbox may write.
+"""Staging a workspace: a private per-job copy the sandbox may write.
 
-The original directory is never mounted into the sandbox: the agent works on a copy owned
-by the sandbox's host uid (so an agent never writes as host root and never touches the
-caller's files behind its back). Links are copied as links, never followed; sockets,
-FIFOs and devices are not copied and are reported.
+The source (the caller's directory, or the worker's own clone or extraction) is never
+mounted into the sandbox: the agent works on a copy owned by the sandbox's host uid, so
+it never writes as host root and never touches the source behind the worker's back.
+Links are copied as links, never followed; sockets, FIFOs and devices are not copied and
+are reported; set-id bits are dropped. The copy is hashed as it is written: that
+snapshot is the "before" of change capture.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.errors import WorkspaceUnavailable
+from worker.workspace.capture import SKIP_ROOT, Entry
+
+_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class StagedWorkspace:
+    """The agent's copy (``path``), where it came from, and what it held at the start."""
+
     path: Path
+    source: Path
     files: int
     bytes: int
     skipped: tuple[str, ...]
+    before: dict[str, Entry] = field(repr=False)
 
 
 def stage_local(source: Path, dest: Path, *, owner: tuple[int, int]) -> StagedWorkspace:
@@ -41,7 +51,9 @@ def stage_local(source: Path, dest: Path, *, owner: tuple[int, int]) -> StagedWo
         raise WorkspaceUnavailable(
             f"cannot stage workspace {source}: {exc.strerror}", path=str(source)
         ) from exc
-    return StagedWorkspace(dest, copier.files, copier.bytes, tuple(copier.skipped))
+    return StagedWorkspace(
+        dest, source, copier.files, copier.bytes, tuple(copier.skipped), copier.before
+    )
 
 
 class _Copier:
@@ -50,6 +62,7 @@ class _Copier:
         self.files = 0
         self.bytes = 0
         self.skipped: list[str] = []
+        self.before: dict[str, Entry] = {}
 
     def directory(self, src: Path, dst: Path, rel: str) -> None:
         os.chown(dst, self.uid, self.gid)
@@ -60,27 +73,48 @@ class _Copier:
 
     def entry(self, entry: os.DirEntry[str], dst: Path, rel: str) -> None:
         info = entry.stat(follow_symlinks=False)
+        mode = info.st_mode & 0o777  # set-id and sticky bits are not carried over
+        tracked = rel.split("/", 1)[0] not in SKIP_ROOT
         if stat.S_ISDIR(info.st_mode):
             dst.mkdir(mode=0o755)
             self.directory(Path(entry.path), dst, rel + "/")
+            self._record(tracked, rel, Entry("dir", mode, 0))
         elif stat.S_ISREG(info.st_mode):
-            shutil.copy2(entry.path, dst, follow_symlinks=False)
-            os.chmod(dst, info.st_mode & 0o777)  # set-id bits are not carried over
+            digest = _copy_file(entry.path, dst, mode)
             os.chown(dst, self.uid, self.gid)
             self.files += 1
             self.bytes += info.st_size
+            self._record(tracked, rel, Entry("file", mode, info.st_size, sha256=digest))
         elif stat.S_ISLNK(info.st_mode):
-            os.symlink(os.readlink(entry.path), dst)
+            target = os.readlink(entry.path)
+            os.symlink(target, dst)
             os.chown(dst, self.uid, self.gid, follow_symlinks=False)
+            self._record(tracked, rel, Entry("link", 0o777, 0, target=target))
         else:
             self.skipped.append(rel)
+
+    def _record(self, tracked: bool, rel: str, entry: Entry) -> None:
+        if tracked:
+            self.before[rel] = entry
+
+
+def _copy_file(src: str, dst: Path, mode: int) -> str:
+    digest = hashlib.sha256()
+    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(src_fd, "rb", buffering=0) as reader, os.fdopen(dst_fd, "wb") as writer:
+        while chunk := reader.read(_CHUNK):
+            digest.update(chunk)
+            writer.write(chunk)
+    os.chmod(dst, mode)  # the umask may have narrowed O_CREAT's mode
+    return digest.hexdigest()
 
 
 def remove_staged(path: Path) -> None:
     """Delete a staged copy (whatever the agent left in it); missing is fine."""
     if path.exists():
         _make_writable(path)
-        shutil.rmtree(path, ignore_errors=False)
+        shutil.rmtree(path)
 
 
 def _make_writable(root: Path) -> None:
