@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ def event_data(
     captured: Captured, patch_ref: dict[str, Any] | None, *, max_paths: int
 ) -> dict[str, Any]:
     """``workspace.changed`` data: counts, a bounded path list, the patch reference."""
-    counts = Counter(change.status for change in captured.changes)
+    counts: Counter[str] = Counter(change.status for change in captured.changes)
     omitted = set(captured.patch.omitted)
     listed = [_path(c, omitted) for c in captured.changes[:max_paths]]
     return {
@@ -83,7 +82,3 @@ def _facts(prefix: str, entry: Entry | None) -> dict[str, Any]:
     elif entry.kind == "link":
         facts[f"{prefix}target"] = entry.target
     return facts
-
-
-def changed_paths(captured: Captured) -> Sequence[str]:
-    return [change.path for change in captured.changes]
