@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from worker.sandbox.base import ResourceLimits, SandboxSpec
-from worker.sandbox.local import LocalBackend, LocalSandbox
+from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox
 from worker.settings import Settings
 
 ARGV = ["/bin/echo", "x"]
@@ -56,7 +56,9 @@ async def main(runs: int) -> None:
         root = Path(tmp)
         (root / "ws").mkdir()
         (root / "pack").mkdir()
-        backend = LocalBackend(Settings(cgroup_parent="acpw-bench"), state_dir=root / "state")
+        settings = Settings(cgroup_parent="acpw-bench")
+        chown_to_sandbox(root / "ws", settings)  # a root worker's sandbox writes as that uid
+        backend = LocalBackend(settings, state_dir=root / "state")
         spec = SandboxSpec(
             job_id="bench",
             attempt=1,

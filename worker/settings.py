@@ -37,6 +37,32 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(platformdirs.user_state_dir("acp-worker")) / "work",
         description="Where per-job workspace copies are staged (removed after the job).",
     )
+    results_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_data_dir("acp-worker")) / "results",
+        description="Where captured patches are written (results/<job>/<attempt>/).",
+    )
+    patch_inline_bytes: int = Field(
+        default=1024 * 1024, description="Files larger than this are listed, not inlined."
+    )
+    changed_paths_max: int = Field(
+        default=500, description="Paths listed in workspace.changed (counts stay exact)."
+    )
+    git_allowed_schemes: tuple[str, ...] = Field(
+        default=("https", "ssh", "git"),
+        description="Transports a git workspace may use (add `file` only for local tests).",
+    )
+    git_timeout_s: float = Field(default=600.0, description="Bound on each git step.")
+    workspace_max_bytes: int = Field(
+        default=4 * 1024**3, description="Largest fetched workspace (git or S3)."
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint for workspaces and result bundles (default AWS)."
+    )
+    results_bucket: str | None = Field(
+        default=None, description="Upload result bundles here when a job names none."
+    )
+    results_prefix: str = Field(default="acp-worker", description="Key prefix of bundles.")
+    bundle_max_bytes: int = Field(default=1024**3, description="Largest result bundle.")
     secrets_dir: Path | None = Field(
         default=None,
         description="Root that `file:` credential references resolve under (required for them).",
@@ -47,6 +73,19 @@ class Settings(BaseSettings):
     bwrap: str = Field(default="bwrap", description="bubblewrap executable.")
     cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description="cgroupfs mount.")
     cgroup_parent: str = Field(default="acpw", description="Parent cgroup for sandboxes.")
+    sandbox_host_uid: int = Field(
+        default=61000,
+        ge=1,
+        description=(
+            "Host uid bubblewrap runs as when the worker is root (the sandbox's uid 1000 maps"
+            " to it, and it owns files the agent writes); unused when the worker is not root."
+        ),
+    )
+    sandbox_host_gid: int = Field(
+        default=61000,
+        ge=1,
+        description="Host gid bubblewrap runs as when the worker is root (see sandbox_host_uid).",
+    )
     acp_line_limit: int = Field(default=8 * 1024 * 1024, description="Max bytes of one ACP line.")
     acp_request_timeout: float = Field(
         default=60.0, description="Seconds to wait for an agent's reply to one request."
@@ -62,9 +101,7 @@ class Settings(BaseSettings):
     tool_output_bytes: int = Field(default=16 * 1024, description="Tool output kept per event.")
 
     # --- job service (Celery intake, leases, reaper, metrics) ---
-    broker_url: str | None = Field(
-        default=None, description="Celery broker; default: `redis_url`."
-    )
+    broker_url: str | None = Field(default=None, description="Celery broker; default: `redis_url`.")
     result_backend: str | None = Field(
         default=None, description="Celery result backend; default: none (events carry results)."
     )

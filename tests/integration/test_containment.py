@@ -15,11 +15,13 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from worker.errors import SandboxError
 from worker.sandbox.base import ResourceLimits, SandboxSpec
-from worker.sandbox.local import LocalBackend, LocalSandbox
+from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox, descendants
 from worker.settings import Settings
 
 PY = "/usr/bin/python3"
@@ -27,18 +29,20 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 PIDS_MAX = 64
 
 
-def _spec(tmp_path: Path, memory: int = 256 << 20) -> SandboxSpec:
+def _spec(tmp_path: Path, memory: int = 256 << 20, **kw: Any) -> SandboxSpec:
     (tmp_path / "ws").mkdir(exist_ok=True)
+    chown_to_sandbox(tmp_path / "ws", Settings())  # the sandbox writes as that uid
     (tmp_path / "pack").mkdir(exist_ok=True)
     (tmp_path / "pack" / "agent.txt").write_text("pack")
-    return SandboxSpec(
-        job_id="contain",
-        attempt=1,
-        workspace=tmp_path / "ws",
-        pack_closure=tmp_path / "pack",
-        limits=ResourceLimits(memory_bytes=memory, cpus=1.0, pids=PIDS_MAX),
-        labels={"suite": "containment"},
-    )
+    fields: dict[str, Any] = {
+        "job_id": "contain",
+        "attempt": 1,
+        "workspace": tmp_path / "ws",
+        "pack_closure": tmp_path / "pack",
+        "limits": ResourceLimits(memory_bytes=memory, cpus=1.0, pids=PIDS_MAX),
+        "labels": {"suite": "containment"},
+    }
+    return SandboxSpec(**{**fields, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +187,11 @@ async def test_writes_only_in_workspace_tmp_and_home(sandbox: LocalSandbox, tmp_
     )
     out = await py(sandbox, code)
     assert isinstance(out, dict)
-    for path in ("/usr/x", "/etc/passwd", "/etc/x", "/opt/acp-pack/x", "/opt/acp-pack/agent.txt"):
+    for path in ("/usr/x", "/etc/x", "/opt/acp-pack/x"):
         assert out[path] == "Read-only file system", path
+    # Existing files are read-only mounts *and* not the sandbox uid's to write.
+    for path in ("/etc/passwd", "/opt/acp-pack/agent.txt"):
+        assert out[path] in ("Read-only file system", "Permission denied"), path
     assert out["/x"] != "ok"
     assert (out["/workspace/made"], out["/tmp/t"], out["/home/agent/h"]) == ("ok",) * 3
     assert (tmp_path / "ws" / "made").read_text() == "w"
@@ -413,3 +420,122 @@ async def test_destroy_racing_a_fresh_spawn_leaves_nothing(
     # Either it joined the cgroups and was killed, or it found them gone and never ran.
     assert await asyncio.wait_for(proc.wait(), 10) in (125, -signal.SIGKILL)
     assert await _until_gone(marker) == []
+
+
+# --- host identity (the worker is root here; the sandbox is not) ----------------------
+
+SANDBOX_HOST = (61000, 61000)  # Settings' default sandbox_host_uid/gid
+
+
+def _host_ids(pid: int) -> dict[str, list[str]]:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.split() for k, v in (line.split(":", 1) for line in status)}
+
+
+async def test_sandbox_runs_as_the_unprivileged_host_uid(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    assert os.geteuid() == 0, "this suite runs as root, as the worker does here"
+    proc = await sandbox.spawn(["/bin/sh", "-c", "echo x > made; echo up; sleep 60"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    made = tmp_path / "ws" / "made"
+    assert (made.stat().st_uid, made.stat().st_gid) == SANDBOX_HOST
+    # bwrap itself and every process under it, as the host sees them.
+    for pid in (proc.pid, *descendants(proc.pid)):
+        ids = _host_ids(pid)
+        assert ids["Uid"] == [str(SANDBOX_HOST[0])] * 4, pid
+        assert ids["Gid"] == [str(SANDBOX_HOST[1])] * 4, pid
+        assert ids["Groups"] == [], pid
+    proc.kill()
+    await proc.wait()
+
+
+async def test_root_only_files_stay_unreadable(sandbox: LocalSandbox, tmp_path: Path) -> None:
+    # Before the uid drop the sandbox's uid 1000 *was* host root, so it owned these.
+    ws = tmp_path / "ws"
+    (ws / "root-secret").write_text("s3cret")
+    os.chmod(ws / "root-secret", 0o600)
+    (ws / "root-dir").mkdir(mode=0o700)
+    (ws / "root-dir" / "f").write_text("x")
+    code = (
+        "import json,os\nout={}\n"
+        "st=os.stat('root-secret'); out['owner']=[st.st_uid, st.st_gid]\n"
+        "for name,f in [('read',lambda: open('root-secret').read()),"
+        "('chmod',lambda: os.chmod('root-secret',0o644)),"
+        "('list',lambda: os.listdir('root-dir')),"
+        "('unlink',lambda: os.unlink('root-secret'))]:\n"
+        " try: f(); out[name]='ok'\n"
+        " except OSError as e: out[name]=e.strerror\n"
+        "print(json.dumps(out))"
+    )
+    out = await py(sandbox, code)
+    assert out == {
+        "read": "Permission denied",
+        "chmod": "Operation not permitted",
+        "list": "Permission denied",
+        # The workspace dir is the sandbox's, so it may remove entries: that is the
+        # directory owner's right, not access to the file.
+        "unlink": "ok",
+        "owner": [65534, 65534],  # host root is unmapped inside
+    }
+
+
+async def test_sources_under_private_root_dirs_are_bound(tmp_path: Path, etc_dir: Path) -> None:
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)  # like a pack cache under /root
+    (private / "pack").mkdir()
+    (private / "pack" / "agent.txt").write_text("from a 0700 parent")
+    spec = _spec(tmp_path, pack_closure=private / "pack")
+    backend = _backend(tmp_path, etc_dir)
+    box = await backend.create(spec)
+    try:
+        assert (await run(box, ["/bin/cat", "/opt/acp-pack/agent.txt"]))[1] == "from a 0700 parent"
+        stage = backend.store.read(box.sandbox_id).stage  # type: ignore[union-attr]
+        assert stage is not None
+        assert list((stage / "workspace").iterdir()) == []  # staged mounts: not on the host
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert not stage.exists()
+    assert str(stage) not in Path("/proc/self/mountinfo").read_text()  # namespace freed
+
+
+async def test_create_refuses_a_workspace_the_sandbox_cannot_write(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path)
+    os.chown(spec.workspace, 0, 0)
+    with pytest.raises(SandboxError, match="owned by uid 0, not by the sandbox host uid 61000"):
+        await backend.create(spec)
+    assert await backend.list({}) == []
+
+
+async def test_no_host_descriptor_leaks_inside(sandbox: LocalSandbox) -> None:
+    code = "import os,json; print(json.dumps(sorted(os.listdir('/proc/self/fd'))))"
+    assert await py(sandbox, code) == ["0", "1", "2", "3"]  # 3: the listing itself
+
+
+async def test_tmpfs_fill_stops_at_its_bound(backend: LocalBackend, tmp_path: Path) -> None:
+    bound = 8 << 20
+    spec = _spec(tmp_path, tmpfs_bytes=bound)
+    box = await backend.create(spec)
+    code = (
+        "import json,os\nres={}\n"
+        "for d in ('/tmp','/home/agent'):\n"
+        " n=0; err=None\n"
+        " with open(d+'/fill','wb') as f:\n"
+        "  try:\n"
+        "   while n < 64<<20: f.write(b'x'*65536); f.flush(); n+=65536\n"
+        "  except OSError as e: err=e.strerror\n"
+        " res[d]=[os.path.getsize(d+'/fill'), err]\n"
+        "print(json.dumps(res))"
+    )
+    try:
+        out = await py(box, code)
+        assert isinstance(out, dict)
+        for d in ("/tmp", "/home/agent"):
+            size, err = out[d]
+            assert err == "No space left on device", d
+            assert bound - (1 << 20) <= size <= bound, d
+        assert not box.oom_killed()
+    finally:
+        await backend.destroy(box.sandbox_id)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
+from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
 from worker.sandbox.base import ReadOnlyMount, ResourceLimits, SandboxSpec
 from worker.sandbox.cgroups import CgroupSet
 from worker.sandbox.local import (
+    BindSources,
     HostLayout,
     SandboxRecord,
     _check_id,
     build_bwrap_options,
     bwrap_command,
+    drop_privileges_argv,
     make_sandbox_id,
     sandbox_labels,
     wrapper_argv,
@@ -35,11 +38,26 @@ SPEC = SandboxSpec(
 )
 
 
-def _options(env: dict[str, str] | None = None) -> list[str]:
+SOURCES = BindSources(
+    workspace=Path("/srv/ws"),
+    pack=Path("/cache/pack"),
+    etc=Path("/run/s/x.etc"),
+    empty_dir=Path("/run/s/empty"),
+    extras=(Path("/srv/extra"),),
+)
+MASKS = (
+    MaskEntry(PurePosixPath(".cursor"), MaskKind.ANCHOR),
+    MaskEntry(PurePosixPath(".cursor/hooks.json"), MaskKind.FILE),
+    MaskEntry(PurePosixPath(".cursor/plugins"), MaskKind.DIR),
+)
+
+
+def _options(env: dict[str, str] | None = None, masks: tuple[MaskEntry, ...] = ()) -> list[str]:
     return build_bwrap_options(
         layout=LAYOUT,
         spec=SPEC,
-        etc_dir=Path("/run/s/x.etc"),
+        sources=SOURCES,
+        masks=masks,
         env=env or {"PATH": "/usr/bin", "TOKEN": "a b"},
         cwd="/workspace",
         seccomp_fd=7,
@@ -82,9 +100,40 @@ def test_mounts() -> None:
     ]
     assert _pairs(args, "--bind", 2) == [("/srv/ws", "/workspace")]
     assert _pairs(args, "--tmpfs", 1) == [("/tmp",), ("/home/agent",)]
+    # Each tmpfs is bounded (--size applies to the --tmpfs right after it).
+    size = str(256 << 20)
+    assert _pairs(args, "--size", 3) == [
+        (size, "--tmpfs", "/tmp"),
+        (size, "--tmpfs", "/home/agent"),
+    ]
     assert _pairs(args, "--proc", 1) == [("/proc",)]
     assert _pairs(args, "--dev", 1) == [("/dev",)]
     assert not any(a.startswith("/etc/") for a in args)  # nothing of the host's /etc
+
+
+def test_masks_follow_the_workspace_in_plan_order() -> None:
+    args = _options(masks=MASKS)
+    ws = args.index("/workspace") - 2
+    assert args[ws : ws + 3] == ["--bind", "/srv/ws", "/workspace"]
+    assert args[ws + 3 : ws + 12] == [
+        "--bind", "/srv/ws/.cursor", "/workspace/.cursor",
+        "--ro-bind", "/dev/null", "/workspace/.cursor/hooks.json",
+        "--ro-bind", "/run/s/empty", "/workspace/.cursor/plugins",
+    ]  # fmt: skip
+
+
+def test_privilege_drop_enters_the_stage_then_drops_everything() -> None:
+    argv = drop_privileges_argv(
+        nsenter="/usr/bin/nsenter",
+        setpriv="/usr/bin/setpriv",
+        mount_ns=Path("/run/st/acpw-x.mnt"),
+        owner=(61000, 61001),
+    )
+    assert argv == [
+        "/usr/bin/nsenter", "--mount=/run/st/acpw-x.mnt", "--",
+        "/usr/bin/setpriv", "--reuid=61000", "--regid=61001", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--",
+    ]  # fmt: skip
 
 
 def test_root_frozen_then_chdir_and_seccomp_last() -> None:
@@ -154,6 +203,11 @@ def test_record_round_trips_through_json() -> None:
         pack_closure=Path("/pack"),
         pids=(10, 11),
         created_at=5.0,
+        mask_points=(".cursor", ".cursor/hooks.json"),
+        stage=Path("/run/stage/acpw-j-1-00"),
+        staged=("workspace", "pack"),
     )
     assert SandboxRecord.from_json(record.to_json()) == record
     assert record.to_json()["backend"] == "local"
+    old = {k: v for k, v in record.to_json().items() if k not in ("mask_points", "stage", "staged")}
+    assert SandboxRecord.from_json(old).stage is None  # records written before these fields

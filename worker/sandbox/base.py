@@ -55,6 +55,12 @@ class SandboxSpec:
     labels: Mapping[str, str]
     network: str = "none"
     extra_mounts: Sequence[ReadOnlyMount] = field(default_factory=tuple)
+    #: Mount the agent config paths of :func:`worker.admission.mask_plan` empty and
+    #: read-only for the whole run, so config cannot appear or change mid-run.
+    mask_config: bool = True
+    #: Size bound of each private tmpfs (``/tmp`` and ``HOME``); their pages also count
+    #: against ``limits.memory_bytes``.
+    tmpfs_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,10 +11,22 @@ before exec.
 The record makes ``list`` and ``destroy`` work from another process (a reaper after the
 worker died): destroy needs only the record's cgroup paths, never the worker's memory.
 
-The sandbox uid 1000 maps to the *worker's* host uid (root here): bubblewrap run by root
-writes ``1000 0 1`` into ``uid_map``. Files the agent creates in the workspace are
-therefore root-owned on the host; the seccomp program refuses set-id mode bits for that
-reason, and the pid/net/ipc namespaces keep the agent away from host processes.
+The sandbox uid 1000 maps to the host uid bubblewrap runs as. A root worker never lets
+that be root: each spawn's wrapper joins the cgroups (which needs root), then enters the
+sandbox's staging mount namespace (see ``staging``) and drops to ``sandbox_host_uid``/
+``sandbox_host_gid`` with ``setpriv`` (no groups, no inheritable or bounding capabilities)
+before exec'ing bubblewrap, which then builds an unprivileged user namespace. Files the
+agent writes are owned by that uid on the host, and a host file it cannot read as that
+uid stays unreadable. The workspace must therefore be owned by that uid (``create``
+refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non-root
+worker runs bubblewrap as itself. The seccomp program still refuses set-id mode bits.
+
+Agent config paths (``worker.admission.mask_plan``) are masked for the whole run: the
+``.cursor``/``.claude`` directories bound onto themselves (so they cannot be renamed),
+``/dev/null`` bound read-only over each config file (a character device on a ``nodev``
+mount: it is not a regular file, and every open fails), an empty read-only directory over
+each plugin directory. Missing mount points are made before the run (``mountpoints``),
+recorded, and removed by ``destroy``.
 """
 
 from __future__ import annotations
@@ -29,13 +41,14 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from worker.admission import AdmissionResult, MaskEntry, MaskKind, check_workspace, mask_plan
 from worker.errors import SandboxError
-from worker.sandbox import cgroups, seccomp
+from worker.sandbox import cgroups, mountpoints, seccomp, staging
 from worker.sandbox.base import (
     HOME,
     LABEL_ATTEMPT,
@@ -51,6 +64,12 @@ from worker.sandbox.base import (
 from worker.settings import Settings
 
 DEFAULT_STATE_DIR = Path("/run/acp-worker/sandboxes")
+# Staged bind sources (root worker only). Not under the state dir: every uid must be able
+# to traverse down to it, so it is a fixed, world-traversable place.
+DEFAULT_STAGE_DIR = Path("/run/acp-worker/stage")
+DEV_NULL = "/dev/null"
+# Looked up here only, never through the worker's own PATH.
+TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 HOSTNAME = "acpw"
 # Host /etc entries a program may need and that hold no secrets, copied into each
 # sandbox's private /etc (one bind instead of one per entry: every bind costs bwrap a
@@ -123,6 +142,11 @@ class SandboxRecord:
     pack_closure: Path
     pids: tuple[int, ...] = ()
     created_at: float = field(default_factory=time.time)
+    #: Mount points ``create`` made in the workspace (relative paths, in creation order).
+    mask_points: tuple[str, ...] = ()
+    #: The staging directory (root worker only) and the names staged in it.
+    stage: Path | None = None
+    staged: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,6 +159,9 @@ class SandboxRecord:
             "pack_closure": str(self.pack_closure),
             "pids": list(self.pids),
             "created_at": self.created_at,
+            "mask_points": list(self.mask_points),
+            "stage": None if self.stage is None else str(self.stage),
+            "staged": list(self.staged),
         }
 
     @classmethod
@@ -148,6 +175,9 @@ class SandboxRecord:
             pack_closure=Path(data["pack_closure"]),
             pids=tuple(int(p) for p in data["pids"]),
             created_at=float(data["created_at"]),
+            mask_points=tuple(str(p) for p in data.get("mask_points", ())),
+            stage=None if data.get("stage") is None else Path(data["stage"]),
+            staged=tuple(str(n) for n in data.get("staged", ())),
         )
 
 
@@ -274,12 +304,43 @@ def _root_args(layout: HostLayout) -> list[str]:
     return args
 
 
-def _mount_args(spec: SandboxSpec) -> list[str]:
-    args = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP, "--tmpfs", HOME]
-    args += ["--bind", str(spec.workspace), WORKSPACE]
-    args += ["--ro-bind", str(spec.pack_closure), PACK_ROOT]
-    for mount in spec.extra_mounts:
-        args += ["--ro-bind", str(mount.source), mount.target]
+@dataclass(frozen=True, slots=True)
+class BindSources:
+    """Where bwrap finds each bind source: the host paths, or their staged twins.
+
+    ``extras`` are the sources of ``spec.extra_mounts``, in order; ``empty_dir`` is the
+    empty directory bound read-only over masked directories.
+    """
+
+    workspace: Path
+    pack: Path
+    etc: Path
+    empty_dir: Path
+    extras: tuple[Path, ...] = ()
+
+
+def _mount_args(spec: SandboxSpec, sources: BindSources, masks: Sequence[MaskEntry]) -> list[str]:
+    size = str(spec.tmpfs_bytes)
+    args = ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", size, "--tmpfs", SANDBOX_TMP, "--size", size, "--tmpfs", HOME]
+    args += ["--bind", str(sources.workspace), WORKSPACE, *_mask_args(masks, sources)]
+    args += ["--ro-bind", str(sources.pack), PACK_ROOT]
+    for source, mount in zip(sources.extras, spec.extra_mounts, strict=True):
+        args += ["--ro-bind", str(source), mount.target]
+    return args
+
+
+def _mask_args(masks: Sequence[MaskEntry], sources: BindSources) -> list[str]:
+    # In plan order: an anchor is bound before the masks inside it.
+    args: list[str] = []
+    for entry in masks:
+        dest = f"{WORKSPACE}/{entry.path}"
+        if entry.kind is MaskKind.ANCHOR:
+            args += ["--bind", str(sources.workspace / entry.path), dest]
+        elif entry.kind is MaskKind.FILE:
+            args += ["--ro-bind", DEV_NULL, dest]
+        else:
+            args += ["--ro-bind", str(sources.empty_dir), dest]
     return args
 
 
@@ -287,7 +348,8 @@ def build_bwrap_options(
     *,
     layout: HostLayout,
     spec: SandboxSpec,
-    etc_dir: Path,
+    sources: BindSources,
+    masks: Sequence[MaskEntry] = (),
     env: Mapping[str, str],
     cwd: str,
     seccomp_fd: int,
@@ -298,7 +360,8 @@ def build_bwrap_options(
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    args += [*_root_args(layout), "--ro-bind", str(etc_dir), "/etc", *_mount_args(spec)]
+    args += [*_root_args(layout), "--ro-bind", str(sources.etc), "/etc"]
+    args += _mount_args(spec, sources, masks)
     # The root itself is bwrap's tmpfs: freeze it so only the mounts above are writable.
     args += ["--remount-ro", "/", "--chdir", cwd, "--seccomp", str(seccomp_fd)]
     return args
@@ -312,6 +375,49 @@ def bwrap_command(bwrap: str, args_fd: int, argv: Sequence[str]) -> list[str]:
     the agent (/proc/1/cmdline would also reveal host paths).
     """
     return [bwrap, "--args", str(args_fd), "--", *argv]
+
+
+def drop_privileges_argv(
+    *, nsenter: str, setpriv: str, mount_ns: Path, owner: tuple[int, int]
+) -> list[str]:
+    """Enter the staging mount namespace, then become ``owner`` with no capabilities.
+
+    Goes between the cgroup-joining wrapper (which must write cgroup.procs as root) and
+    bwrap, which then runs unprivileged and maps the sandbox uid to ``owner``.
+    """
+    uid, gid = owner
+    return [
+        nsenter, f"--mount={mount_ns}", "--",
+        setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--",
+    ]  # fmt: skip
+
+
+def _staged_names(spec: SandboxSpec) -> tuple[str, ...]:
+    extras = (f"x{i}" for i in range(len(spec.extra_mounts)))
+    return ("workspace", "pack", "etc", "empty", *extras)
+
+
+def sandbox_owner(settings: Settings) -> tuple[int, int]:
+    """The host (uid, gid) that owns what the sandbox writes, and must own its workspace.
+
+    ``sandbox_host_uid``/``sandbox_host_gid`` when the worker is root, else the worker's own.
+    """
+    if os.geteuid() == 0:
+        return settings.sandbox_host_uid, settings.sandbox_host_gid
+    return os.getuid(), os.getgid()
+
+
+def chown_to_sandbox(root: Path, settings: Settings) -> None:
+    """Give ``root`` and everything below it to :func:`sandbox_owner` (links not followed).
+
+    For a runner staging a per-job workspace copy; a no-op owner change when not root.
+    """
+    uid, gid = sandbox_owner(settings)
+    os.lchown(root, uid, gid)
+    for parent, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(parent, name), uid, gid)
 
 
 def _data_fd(name: str, data: bytes) -> int:
@@ -427,10 +533,17 @@ class LocalProcess:
 class LocalSandbox:
     """One job's sandbox: spawns bwrap processes into its cgroups."""
 
-    def __init__(self, backend: LocalBackend, record: SandboxRecord, spec: SandboxSpec) -> None:
+    def __init__(
+        self,
+        backend: LocalBackend,
+        record: SandboxRecord,
+        spec: SandboxSpec,
+        masks: Sequence[MaskEntry] = (),
+    ) -> None:
         self._backend = backend
         self._record = record
         self._spec = spec
+        self._masks = tuple(masks)
 
     @property
     def sandbox_id(self) -> str:
@@ -444,9 +557,44 @@ class LocalSandbox:
     def cgroups(self) -> cgroups.CgroupSet:
         return self._record.cgroups
 
+    @property
+    def masks(self) -> tuple[MaskEntry, ...]:
+        """The mask mounts every spawn gets (empty when ``spec.mask_config`` is off)."""
+        return self._masks
+
     def oom_killed(self) -> bool:
         """True once the kernel OOM-killed any process of this sandbox."""
         return cgroups.oom_kills(self._record.cgroups) > 0
+
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
+        """The admission check as the agent's mount view will show the workspace.
+
+        Run right before launch. It checks the host-side workspace, which here *is* the
+        mount view's ``/workspace``: bubblewrap binds that very directory (same inodes, no
+        copy) and nothing else. Three adjustments make it exact: levels above the
+        workspace are dropped (inside, its parent is the sandbox's own read-only root,
+        which holds no ``.git`` and no config, so discovery stops there); the system
+        locations are looked up in the sandbox's generated ``/etc``; and a finding at a
+        masked path is dropped while the host entry there is the kind the mask is mounted
+        over (inside, that path shows the mask, whatever the file holds). A symlink or a
+        wrong kind at a masked path is still reported.
+
+        Raises:
+            WorkspaceUnavailable: the workspace is gone.
+        """
+        record = self._record
+        result = check_workspace(
+            record.workspace, provider=provider, system_roots=(self._backend.system_view,)
+        )
+        masked = {str(e.path): e for e in self._masks if e.kind is not MaskKind.ANCHOR}
+        kept = tuple(
+            f
+            for f in result.findings
+            if not f.path.startswith("../")
+            and not (f.path in masked and mountpoints.in_place(record.workspace, masked[f.path]))
+        )
+        git_root = result.git_root if result.git_root == result.workspace else None
+        return replace(result, git_root=git_root, findings=kept)
 
     async def spawn(
         self,
@@ -455,13 +603,20 @@ class LocalSandbox:
         env: Mapping[str, str],
         cwd: str = WORKSPACE,
         stdout_limit: int = 8 * 1024 * 1024,
+        before_launch: Callable[[], Awaitable[None]] | None = None,
     ) -> LocalProcess:
         """Start ``argv`` inside the sandbox with exactly ``env`` (nothing inherited).
+
+        ``before_launch`` runs after the arguments are checked and immediately before the
+        process starts (e.g. ``admission_view().raise_if_refused()``); what it raises
+        propagates and nothing starts.
 
         Raises:
             SandboxError: the sandbox could not start the process.
         """
         _check_command(argv, env, cwd)
+        if before_launch is not None:
+            await before_launch()
         with _translate("spawn", self.sandbox_id):
             proc = await self._start(argv, env, cwd, stdout_limit)
         self._record = replace(self._record, pids=(*self._record.pids, proc.pid))
@@ -478,13 +633,15 @@ class LocalSandbox:
             options = build_bwrap_options(
                 layout=self._backend.layout,
                 spec=self._spec,
-                etc_dir=self._record.etc_dir,
+                sources=self._backend.bind_sources(self._record, self._spec),
+                masks=self._masks,
                 env=env,
                 cwd=cwd,
                 seccomp_fd=filter_fd,
             )
             args_fd = _data_fd("acpw-bwrap-args", _nul_joined(options))
             command = bwrap_command(self._backend.bwrap_path(), args_fd, argv)
+            command = [*self._backend.privilege_drop(self._record), *command]
             return await asyncio.create_subprocess_exec(
                 *wrapper_argv(self._record.cgroups.procs_files, command),
                 stdin=asyncio.subprocess.PIPE,
@@ -512,19 +669,37 @@ class LocalBackend:
         *,
         state_dir: Path = DEFAULT_STATE_DIR,
         etc_dir: Path | None = None,
+        stage_dir: Path = DEFAULT_STAGE_DIR,
     ) -> None:
-        """``etc_dir``: where the shared sandbox /etc is built (default ``state_dir/etc``)."""
+        """``etc_dir``: where the shared sandbox /etc is built (default ``state_dir/etc``).
+
+        ``stage_dir``: where a root worker stages bind sources (see ``staging``).
+        """
         self._settings = settings
         self.store = StateStore(state_dir)
         self._etc_dir = etc_dir or state_dir / "etc"
+        self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._bwrap: str | None = None
+        self._tools: dict[str, str] = {}
+        self.privileged = os.geteuid() == 0
+        self.owner = sandbox_owner(settings)
 
     @property
     def layout(self) -> HostLayout:
         if self._layout is None:
             self._layout = HostLayout.detect()
         return self._layout
+
+    @property
+    def empty_dir(self) -> Path:
+        """The empty directory bound read-only over masked directories."""
+        return self.store.root / "empty"
+
+    @property
+    def system_view(self) -> Path:
+        """A root whose ``etc`` is the sandboxes' /etc: where admission finds system config."""
+        return self.store.root / "view"
 
     def bwrap_path(self) -> str:
         """The bwrap executable, resolved once.
@@ -539,45 +714,147 @@ class LocalBackend:
             self._bwrap = found
         return self._bwrap
 
+    def tool(self, name: str) -> str:
+        """A system tool (nsenter, setpriv, unshare, sh) from ``TOOL_PATH``, resolved once.
+
+        Raises:
+            SandboxError: the tool is not installed.
+        """
+        if name not in self._tools:
+            found = shutil.which(name, path=TOOL_PATH)
+            if found is None:
+                raise SandboxError(f"{name} not found (util-linux)", tool=name, path=TOOL_PATH)
+            self._tools[name] = found
+        return self._tools[name]
+
+    def privilege_drop(self, record: SandboxRecord) -> list[str]:
+        """What runs between the cgroup wrapper and bwrap: nothing unless we are root."""
+        if record.stage is None:
+            return []
+        return drop_privileges_argv(
+            nsenter=self.tool("nsenter"),
+            setpriv=self.tool("setpriv"),
+            mount_ns=staging.ns_file(record.stage),
+            owner=self.owner,
+        )
+
+    def bind_sources(self, record: SandboxRecord, spec: SandboxSpec) -> BindSources:
+        """Host paths of the bind sources, or (root worker) their staged twins."""
+        if record.stage is None:
+            return BindSources(
+                workspace=record.workspace,
+                pack=spec.pack_closure,
+                etc=record.etc_dir,
+                empty_dir=self.empty_dir,
+                extras=tuple(m.source for m in spec.extra_mounts),
+            )
+        stage = record.stage
+        return BindSources(
+            workspace=stage / "workspace",
+            pack=stage / "pack",
+            etc=stage / "etc",
+            empty_dir=stage / "empty",
+            extras=tuple(stage / f"x{i}" for i in range(len(spec.extra_mounts))),
+        )
+
+    def _stage_sources(self, record: SandboxRecord, spec: SandboxSpec) -> dict[str, Path]:
+        sources = {
+            "workspace": record.workspace,
+            "pack": spec.pack_closure,
+            "etc": record.etc_dir,
+            "empty": self.empty_dir,
+        }
+        sources.update({f"x{i}": m.source for i, m in enumerate(spec.extra_mounts)})
+        return sources
+
     def cgroup_driver(self) -> cgroups.CgroupDriver:
         return cgroups.detect(self._settings.cgroup_root, self._settings.cgroup_parent)
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        """Write the record, generate /etc, make the cgroups with the spec's limits.
+        """Write the record, generate /etc, make the cgroups, mask mount points and stage.
 
         Raises:
-            SandboxError: bubblewrap or a cgroup controller is missing, a path in the spec
-                is not a directory, or the spec asks for a network this backend lacks.
+            SandboxError: bubblewrap, a system tool or a cgroup controller is missing, a path
+                in the spec is not a directory, the spec asks for a network this backend
+                lacks, the worker is root and the workspace is not owned by the sandbox's
+                host uid, or a config path to mask is a symlink or the wrong kind.
         """
         self._check_spec(spec)
+        self._check_owner(spec.workspace)
         self.bwrap_path()
+        if self.privileged:
+            for name in ("nsenter", "setpriv", "unshare", "sh"):
+                self.tool(name)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         driver = self.cgroup_driver()
+        stage = self._stage_dir / sandbox_id if self.privileged else None
         record = SandboxRecord(
             sandbox_id=sandbox_id,
             labels=sandbox_labels(spec, self._settings.worker_id),
             cgroups=driver.plan(sandbox_id),
             etc_dir=self._etc_dir,
-            workspace=spec.workspace,
+            workspace=spec.workspace.resolve(),
             pack_closure=spec.pack_closure,
+            stage=stage,
+            staged=_staged_names(spec) if stage else (),
         )
         # Record first: whatever create leaves behind, destroy can find and remove.
         with _translate("create", sandbox_id):
             self.store.write(record)
-        await self._prepare(driver, record, spec)
-        return LocalSandbox(self, record, spec)
+        masks = mask_plan(record.workspace) if spec.mask_config else []
+        record = await self._prepare(driver, record, spec, masks)
+        return LocalSandbox(self, record, spec, masks)
 
     async def _prepare(
-        self, driver: cgroups.CgroupDriver, record: SandboxRecord, spec: SandboxSpec
-    ) -> None:
+        self,
+        driver: cgroups.CgroupDriver,
+        record: SandboxRecord,
+        spec: SandboxSpec,
+        masks: Sequence[MaskEntry],
+    ) -> SandboxRecord:
         try:
             with _translate("create", record.sandbox_id):
                 if not record.etc_dir.is_dir():
                     await asyncio.to_thread(self._build_etc, record.etc_dir)
+                self._shared_dirs()
                 driver.create(record.sandbox_id, spec.limits)
+                owner = self.owner if self.privileged else None
+                made = mountpoints.ensure(record.workspace, masks, owner)
+                record = replace(record, mask_points=tuple(made))
+                self.store.write(record)
+                if record.stage is not None:
+                    staging.prepare_root(self._stage_dir)
+                    tools = {"unshare": self.tool("unshare"), "sh": self.tool("sh")}
+                    sources = self._stage_sources(record, spec)
+                    await staging.create(record.stage, sources, tools)
         except SandboxError:
             await self.destroy(record.sandbox_id)
             raise
+        return record
+
+    def _shared_dirs(self) -> None:
+        # The empty mask directory and the admission view's root, shared by all sandboxes.
+        self.empty_dir.mkdir(mode=0o555, exist_ok=True)
+        self.system_view.mkdir(exist_ok=True)
+        link = self.system_view / "etc"
+        if not link.is_symlink():
+            with contextlib.suppress(FileExistsError):  # a concurrent creator won
+                link.symlink_to(self._etc_dir.resolve())
+
+    def _check_owner(self, workspace: Path) -> None:
+        if not self.privileged:
+            return
+        uid, gid = self.owner
+        found = workspace.stat().st_uid
+        if found != uid:
+            raise SandboxError(
+                f"workspace {workspace} is owned by uid {found}, not by the sandbox host uid "
+                f"{uid}: the worker runs as root, so the sandbox runs as uid {uid} and could "
+                f"not write it; stage the workspace owned by {uid}:{gid} (sandbox_owner)",
+                workspace=str(workspace),
+                owner_uid=found,
+                sandbox_uid=uid,
+            )
 
     @staticmethod
     def _build_etc(target: Path) -> None:
@@ -617,6 +894,9 @@ class LocalBackend:
             return
         with _translate("destroy", sandbox_id):
             await self._kill_and_remove(record.cgroups, sandbox_id)
+            if record.stage is not None:
+                staging.remove(record.stage, record.staged)
+            mountpoints.remove(record.workspace, record.mask_points)
             self.store.delete(sandbox_id)
 
     @staticmethod

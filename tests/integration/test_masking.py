@@ -1,0 +1,356 @@
+"""Agent config paths stay masked for the whole run: real bubblewrap, the real emulator.
+
+The Cursor emulator "runs" any project config it can see at session/new, at each prompt and
+on `load-config` by appending to `<cwd>/.cursor-emulator-hook-ran`; no marker means nothing
+was loaded. The emulator speaks ACP over the sandbox's stdio, driven here line by line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.errors import AdmissionRefused, SandboxError
+from worker.sandbox.base import ResourceLimits, SandboxSpec
+from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox, sandbox_owner
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+REPO = Path(__file__).resolve().parents[2]
+PACK = REPO / "provider_packs" / "cursor-emulator"
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent", "CURSOR_API_KEY": "k"}
+EMULATOR = [
+    "/usr/bin/python3",
+    "/opt/acp-pack/cursor_emulator.py",
+    "--disable-project-configs",
+    "--disable-auto-update",
+    "acp",
+]
+MARKER = ".cursor-emulator-hook-ran"
+CREATED = {
+    ".cursor",
+    ".cursor/mcp.json",
+    ".cursor/hooks.json",
+    ".cursor/plugins",
+    ".cursor/extensions",
+    ".mcp.json",
+    ".claude",
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+}
+ATTACK = "\n".join(
+    [
+        "#!scenario",
+        'write .cursor/hooks.json {"hooks":{"stop":[{"command":"touch /workspace/pwned"}]}}',
+        'write .mcp.json {"mcpServers":{"x":{"command":"/bin/sh"}}}',
+        'write .claude/settings.json {"hooks":{"Stop":[{"command":"true"}]}}',
+        "exec mkdir .cursor/plugins/x",
+        "exec mv .cursor .cursor-away",
+        "exec rm -rf .cursor",
+        "exec mkdir -p .cursor && echo '{}' > .cursor/hooks.json",
+        "load-config",
+        "say done",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("etc") / "etc"
+
+
+@pytest.fixture(scope="module")
+def closure(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, str(PACK / "build.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    target = tmp_path_factory.mktemp("closure")
+    with tarfile.open(out / "cursor-emulator-linux.tar") as tar:
+        tar.extractall(target, filter="data")
+    target.chmod(0o755)  # mktemp makes it 0700: the sandbox uid must be able to read it
+    return target
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "README.md").write_text("# hi\n")
+    chown_to_sandbox(ws, Settings())
+    return ws
+
+
+def _backend(tmp_path: Path, etc: Path) -> LocalBackend:
+    settings = Settings(cgroup_parent="acpw-test")
+    return LocalBackend(settings, state_dir=tmp_path / "state", etc_dir=etc)
+
+
+def _spec(ws: Path, pack: Path, **kw: Any) -> SandboxSpec:
+    return SandboxSpec(
+        job_id="mask",
+        attempt=1,
+        workspace=ws,
+        pack_closure=pack,
+        limits=ResourceLimits(memory_bytes=512 << 20, cpus=1.0, pids=128),
+        labels={"suite": "masking"},
+        **kw,
+    )
+
+
+@pytest.fixture
+async def box(
+    tmp_path: Path, etc: Path, closure: Path
+) -> AsyncIterator[tuple[LocalBackend, LocalSandbox]]:
+    backend = _backend(tmp_path, etc)
+    sandbox = await backend.create(_spec(_workspace(tmp_path), closure))
+    try:
+        yield backend, sandbox
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+
+
+def _tree(ws: Path) -> set[str]:
+    return {str(p.relative_to(ws)) for p in ws.rglob("*")}
+
+
+class Acp:
+    """Just enough ACP client to play one prompt against the emulator."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+        self.updates: list[dict[str, Any]] = []
+        self._id = 0
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self._id += 1
+        line = {"jsonrpc": "2.0", "id": self._id, "method": method, "params": params}
+        self.proc.stdin.write(json.dumps(line).encode() + b"\n")
+        await self.proc.stdin.drain()
+        while True:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+            assert raw, await self.proc.stderr.read()
+            msg = json.loads(raw)
+            if msg.get("id") == self._id and "method" not in msg:
+                assert "error" not in msg, msg
+                return dict(msg["result"])
+            if msg.get("method") == "session/update":
+                self.updates.append(msg["params"]["update"])
+
+    def tool_outputs(self) -> list[Any]:
+        return [
+            u.get("rawOutput")
+            for u in self.updates
+            if u.get("sessionUpdate") == "tool_call_update" and u.get("rawOutput") is not None
+        ]
+
+
+async def _play(sandbox: LocalSandbox, prompt: str) -> Acp:
+    proc = await sandbox.spawn(EMULATOR, env=ENV)
+    acp = Acp(proc)
+    try:
+        await acp.request("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        session = await acp.request("session/new", {"cwd": "/workspace", "mcpServers": []})
+        text = [{"type": "text", "text": prompt}]
+        result = await acp.request(
+            "session/prompt", {"sessionId": session["sessionId"], "prompt": text}
+        )
+        assert result["stopReason"] == "end_turn"
+    finally:
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), 20)
+    return acp
+
+
+# --- the attack -----------------------------------------------------------------------
+
+
+async def test_config_written_mid_turn_is_never_loaded(
+    box: tuple[LocalBackend, LocalSandbox], tmp_path: Path
+) -> None:
+    backend, sandbox = box
+    ws = tmp_path / "ws"
+    assert _tree(ws) >= CREATED  # the mount points exist on the host during the run
+    acp = await _play(sandbox, ATTACK)
+
+    outputs = acp.tool_outputs()
+    writes, (mkdir_plugin, mv, rm, recreate) = outputs[:3], outputs[3:]
+    # Each write hit a mask: /dev/null on a nodev mount cannot be opened at all.
+    assert [w["error"] for w in writes] == [
+        f"[Errno 13] Permission denied: '/workspace/{p}'"
+        for p in (".cursor/hooks.json", ".mcp.json", ".claude/settings.json")
+    ]
+    assert "Read-only file system" in mkdir_plugin["stderr"]
+    assert "Device or resource busy" in mv["stderr"]  # .cursor is a mount point
+    assert "Device or resource busy" in rm["stderr"]
+    assert "Permission denied" in recreate["stderr"]  # it still is the masked .cursor
+    assert all(o["exitCode"] != 0 for o in (mkdir_plugin, mv, rm, recreate))
+
+    # Nothing was "run": not at session/new, not at the prompt, not on load-config.
+    assert not (ws / MARKER).exists()
+    assert not (ws / "pwned").exists()
+    assert not (ws / ".cursor-away").exists()
+    for rel in (".cursor/hooks.json", ".mcp.json", ".claude/settings.json"):
+        assert (ws / rel).read_bytes() == b"", rel  # the host files were never written
+
+    await backend.destroy(sandbox.sandbox_id)
+    assert _tree(ws) == {"README.md"}  # every mount point made for the run is gone
+
+
+async def test_without_masks_the_same_run_loads_the_config(
+    tmp_path: Path, etc: Path, closure: Path
+) -> None:
+    # The control experiment: the attack works when masking is off, so the test above
+    # proves the masks, not a broken scenario.
+    backend = _backend(tmp_path, etc)
+    ws = _workspace(tmp_path)
+    sandbox = await backend.create(_spec(ws, closure, mask_config=False))
+    try:
+        assert sandbox.masks == ()
+        await _play(sandbox, ATTACK)
+        assert (ws / MARKER).read_text().splitlines() == [
+            ".cursor/hooks.json",
+            ".mcp.json",
+            ".claude/settings.json",
+        ]
+        owner = sandbox_owner(Settings())
+        assert (os.stat(ws / ".mcp.json").st_uid, os.stat(ws / ".mcp.json").st_gid) == owner
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+
+
+# --- mount points ---------------------------------------------------------------------
+
+
+async def test_existing_config_is_hidden_and_kept(tmp_path: Path, etc: Path) -> None:
+    ws = _workspace(tmp_path)
+    (ws / ".claude").mkdir()
+    (ws / ".claude" / "settings.json").write_text('{"model": "x"}')  # admitted: no hooks
+    (ws / ".cursor").mkdir()
+    (ws / ".cursor" / "rules").write_text("be nice\n")
+    chown_to_sandbox(ws, Settings())
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    backend = _backend(tmp_path, etc)
+    sandbox = await backend.create(_spec(ws, pack))
+    try:
+        proc = await sandbox.spawn(
+            ["/bin/sh", "-c", "cat .claude/settings.json; cat .cursor/rules; ls -A .cursor"],
+            env=ENV,
+        )
+        out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        await proc.wait()
+        assert b"Permission denied" in err  # the settings file is masked ...
+        assert b'"model"' not in out
+        assert out.splitlines() == [  # ... the rest of .cursor is as it was
+            b"be nice",
+            b"extensions",
+            b"hooks.json",
+            b"mcp.json",
+            b"plugins",
+            b"rules",
+        ]
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    assert _tree(ws) == {
+        "README.md",
+        ".claude",
+        ".claude/settings.json",
+        ".cursor",
+        ".cursor/rules",
+    }
+    assert (ws / ".claude" / "settings.json").read_text() == '{"model": "x"}'
+    assert (ws / ".cursor" / "rules").read_text() == "be nice\n"
+
+
+async def test_a_symlinked_config_dir_is_refused(tmp_path: Path, etc: Path) -> None:
+    ws = _workspace(tmp_path)
+    (ws / ".cursor").symlink_to("/etc")
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    backend = _backend(tmp_path, etc)
+    with pytest.raises(SandboxError, match=r"\.cursor is not a directory"):
+        await backend.create(_spec(ws, pack))
+    assert await backend.list({}) == []
+    assert _tree(ws) == {"README.md", ".cursor"}  # nothing made, nothing left
+
+
+async def test_a_reaper_removes_the_mount_points(tmp_path: Path, etc: Path) -> None:
+    ws = _workspace(tmp_path)
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    sandbox = await _backend(tmp_path, etc).create(_spec(ws, pack))
+    assert _tree(ws) >= CREATED
+    reaper = LocalBackend(Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
+    await reaper.destroy(sandbox.sandbox_id)
+    assert _tree(ws) == {"README.md"}
+
+
+# --- admission in the mount view ------------------------------------------------------
+
+
+async def test_admission_view_is_clean_with_masks_in_place(
+    box: tuple[LocalBackend, LocalSandbox], tmp_path: Path
+) -> None:
+    _, sandbox = box
+    ws = tmp_path / "ws"
+    (ws / ".cursor" / "hooks.json").write_text('{"hooks": {}}')  # hidden by its mask
+    view = sandbox.admission_view()
+    assert view.admitted, view.findings
+    # The same workspace, checked as the host sees it, is refused: the view is what differs.
+    from worker.admission import check_workspace
+
+    assert {f.path for f in check_workspace(ws).findings} >= {".cursor/hooks.json", ".mcp.json"}
+
+
+async def test_admission_view_reports_what_a_mask_cannot_cover(
+    box: tuple[LocalBackend, LocalSandbox], tmp_path: Path
+) -> None:
+    _, sandbox = box
+    hooks = tmp_path / "ws" / ".cursor" / "hooks.json"
+    hooks.unlink()
+    hooks.symlink_to("/etc/passwd")  # swapped after create: bwrap would follow it
+    view = sandbox.admission_view()
+    assert [(f.path, f.rule) for f in view.findings] == [(".cursor/hooks.json", "config.symlink")]
+
+    async def check() -> None:
+        sandbox.admission_view().raise_if_refused()
+
+    with pytest.raises(AdmissionRefused):
+        await sandbox.spawn(["/bin/true"], env=ENV, before_launch=check)
+    status = await box[0].status(sandbox.sandbox_id)
+    assert status is not None
+    assert not status.running  # the hook refused before anything started
+    hooks.unlink()
+    hooks.touch()
+
+
+async def test_admission_view_ignores_config_above_the_workspace(tmp_path: Path, etc: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".mcp.json").write_text("{}")  # above the workspace: not in the mount view
+    ws = repo / "ws"
+    ws.mkdir()
+    chown_to_sandbox(ws, Settings())
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    backend = _backend(tmp_path, etc)
+    sandbox = await backend.create(_spec(ws, pack))
+    try:
+        view = sandbox.admission_view()
+        assert view.admitted, view.findings
+        assert view.git_root is None
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
