@@ -10,21 +10,28 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── InvalidJobSpec           invalid_job_spec         2
     │   ├── PackNotFound             pack_not_found           2
     │   ├── WorkspaceUnavailable     workspace_unavailable    2
-    │   └── JobNotFound              job_not_found            2
+    │   ├── JobNotFound              job_not_found            2
+    │   ├── InteractionNotFound      interaction_not_found    2
+    │   ├── InteractionClosed        interaction_closed       2
+    │   └── InvalidAnswer            invalid_answer           2
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
     │   ├── PlatformUnsupported      platform_unsupported     3
     │   ├── CredentialRefused        credential_refused       3
     │   ├── AdmissionRefused         admission_refused        3
-    │   └── ModelUnavailable         model_unavailable        3
+    │   ├── ModelUnavailable         model_unavailable        3
+    │   └── ImageMismatch            image_mismatch           3
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
     │   ├── AuthRequired             auth_required            1
     │   ├── AgentTimeout             agent_timeout            1
+    │   ├── SessionNotFound          session_not_found        1
+    │   ├── Unsupported              unsupported              1
     │   └── ProtocolError            protocol_error           1
     │       └── LineTooLong          acp_line_too_long        1
+    ├── ResultUploadFailed           result_upload_failed     1
     ├── EventTooLarge                event_too_large          1
     ├── SinkUnavailable              sink_unavailable         1
     ├── ServiceUnavailable           service_unavailable      1
@@ -89,6 +96,24 @@ class JobNotFound(InvalidInput):
     code = "job_not_found"
 
 
+class InteractionNotFound(InvalidInput):
+    """An answer names an interaction the job never opened."""
+
+    code = "interaction_not_found"
+
+
+class InteractionClosed(InvalidInput):
+    """An answer for an interaction that was already resolved (or a settled job)."""
+
+    code = "interaction_closed"
+
+
+class InvalidAnswer(InvalidInput):
+    """An answer that does not fit its interaction; ``details.reason`` says why."""
+
+    code = "invalid_answer"
+
+
 class Refused(WorkerError):
     code = "refused"
     exit_code = EXIT_REFUSED
@@ -118,6 +143,12 @@ class ModelUnavailable(Refused):
     code = "model_unavailable"
 
 
+class ImageMismatch(Refused):
+    """The engine's image for a pack is not the one pinned (id, labels or layers differ)."""
+
+    code = "image_mismatch"
+
+
 class SandboxError(WorkerError):
     code = "sandbox_failed"
 
@@ -138,12 +169,28 @@ class AgentTimeout(AgentError):
     code = "agent_timeout"
 
 
+class SessionNotFound(AgentError):
+    """The agent does not know the session the job asked to resume."""
+
+    code = "session_not_found"
+
+
+class Unsupported(AgentError):
+    """The agent answered method-not-found for an optional method (fork, resume, load)."""
+
+    code = "unsupported"
+
+
 class ProtocolError(AgentError):
     code = "protocol_error"
 
 
 class LineTooLong(ProtocolError):
     code = "acp_line_too_long"
+
+
+class ResultUploadFailed(WorkerError):
+    code = "result_upload_failed"
 
 
 class EventTooLarge(WorkerError):

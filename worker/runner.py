@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from worker.acp.agent import AgentProcess
-from worker.admission import check_workspace
 from worker.acp.client import AcpClient
 from worker.acp.cursor import CursorDialect
 from worker.credentials.redact import Redactor
@@ -31,8 +29,8 @@ from worker.errors import (
     EXIT_TIMED_OUT,
     AgentError,
     ModelUnavailable,
+    ResultUploadFailed,
     WorkerError,
-    WorkspaceUnavailable,
 )
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
@@ -41,8 +39,13 @@ from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from worker.sandbox.local import sandbox_owner
 from worker.settings import Settings
-from worker.workspace.stage import remove_staged, stage_local
+from worker.workspace.bundle import BundleTarget, upload_bundle
+from worker.workspace.changes import Captured, capture, write_patch
+from worker.workspace.changes import event_data as changes_event
+from worker.workspace.prepare import Prepared, prepare_workspace
+from worker.workspace.stage import StagedWorkspace
 
 SUCCESS_STOPS = {"end_turn", "max_tokens", "max_turn_requests"}
 
@@ -141,7 +144,9 @@ class _Job:
         self.phases = _Phases()
         self.sandbox: Sandbox | None = None
         self.agent: AgentProcess | None = None
-        self.staged: Path | None = None
+        self.prepared = Prepared()
+        self.result: dict[str, Any] | None = None
+        self.upload_error: ResultUploadFailed | None = None
         self.normalizer = Normalizer(
             workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes
         )
@@ -157,6 +162,10 @@ class _Job:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
             await self._teardown()
+        if self.upload_error is not None and outcome.status == "succeeded":
+            # The turn succeeded but its result could not be delivered: not a success.
+            error = self.upload_error
+            outcome = JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
         await self._complete(outcome)
         return outcome
 
@@ -175,17 +184,20 @@ class _Job:
     async def _execute(self, cancel: asyncio.Event) -> str:
         deadline = time.monotonic() + self.spec.limits.timeout_s
         declaration = load_declaration(self.settings, self.spec.pack.name)
+        fetch_credential = _workspace_credential(self.spec)
         credentials = resolve_credentials(
             self.spec.credentials,
-            allowed=declaration.credentials,
+            allowed=[*declaration.credentials, *fetch_credential],
             environ=self.environ,
             secrets_dir=self.settings.secrets_dir,
             redactor=self.emitter.redactor,
         )
         self.phases.mark("credentials")
         pack = await self._pack(declaration)
-        await self._sandbox(pack, await self._workspace(declaration.manifest.provider))
-        client = await self._launch(pack.launch_plan(credentials))
+        workspace = await self._workspace(declaration.manifest.provider, credentials)
+        await self._sandbox(pack, workspace)
+        agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
+        client = await self._launch(pack.launch_plan(agent_credentials))
         session_id = await self._session(client)
         return await self._turn(client, session_id, cancel, deadline)
 
@@ -197,22 +209,21 @@ class _Job:
         await self.emitter.emit("pack.ready", pack.event_data())
         return pack
 
-    async def _workspace(self, provider: str) -> Path:
-        raw = Path(self.spec.workspace.path)
-        source = raw if raw.is_absolute() or self.base_dir is None else self.base_dir / raw
-        if not source.is_dir():
-            raise WorkspaceUnavailable(
-                f"workspace {self.spec.workspace.path!r} is not a directory", path=str(raw)
-            )
-        # Up to the source's Git root: config above the workspace applies to it too.
-        admission = await asyncio.to_thread(check_workspace, source, provider=provider)
-        admission.raise_if_refused()
-        self.phases.mark("admission")
+    async def _workspace(self, provider: str, secrets: Mapping[str, str]) -> Path:
         self.settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-        dest = self.settings.work_dir / f"{self.spec.job_id}-{self.attempt}-{secrets.token_hex(4)}"
-        self.staged = dest
-        staged = await asyncio.to_thread(
-            stage_local, source.resolve(), dest, owner=sandbox_owner(self.settings)
+        name = f"{self.spec.job_id}-{self.attempt}-{token_hex(4)}"
+        job_dir = self.settings.work_dir / name
+        job_dir.mkdir(mode=0o711)
+        self.prepared.cleanup.append(job_dir)
+        staged = await prepare_workspace(
+            self.spec.workspace,
+            self.prepared,
+            settings=self.settings,
+            job_dir=job_dir,
+            base_dir=self.base_dir,
+            provider=provider,
+            owner=sandbox_owner(self.settings),
+            secrets=secrets,
         )
         self.phases.mark("workspace")
         if staged.skipped:
@@ -364,9 +375,57 @@ class _Job:
             )
         if self.sandbox is not None:
             await self.backend.destroy(self.sandbox.sandbox_id)
-        if self.staged is not None:
-            await asyncio.to_thread(remove_staged, self.staged)
         self.phases.mark("teardown")
+        if self.prepared.staged is not None and self.sandbox is not None:
+            await self._capture(self.prepared.staged)
+        await self.prepared.remove()
+
+    async def _capture(self, workspace: StagedWorkspace) -> None:
+        """What the agent changed, measured after nothing in its sandbox can run."""
+        settings = self.settings
+        patch_path = settings.results_dir / self.spec.job_id / str(self.attempt) / "changes.patch"
+        try:
+            captured = await asyncio.to_thread(
+                capture, workspace, inline_limit=settings.patch_inline_bytes
+            )
+            ref = None
+            if captured.changes:
+                ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
+        except OSError as exc:
+            await self.emitter.emit("notice", _capture_failed(exc))
+            return
+        self.phases.mark("capture")
+        data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
+        await self.emitter.emit("workspace.changed", data)
+        target = self._bundle_target()
+        if target is not None and captured.changes:
+            self.result = await self._upload(target, captured, workspace)
+
+    def _bundle_target(self) -> BundleTarget | None:
+        settings = self.settings
+        if self.spec.results is not None:
+            bucket, prefix = self.spec.results.bucket, self.spec.results.prefix
+        elif settings.results_bucket is not None:
+            bucket, prefix = settings.results_bucket, settings.results_prefix
+        else:
+            return None
+        return BundleTarget(bucket=bucket, prefix=prefix, max_bytes=settings.bundle_max_bytes)
+
+    async def _upload(
+        self, target: BundleTarget, captured: Captured, workspace: StagedWorkspace
+    ) -> dict[str, Any] | None:
+        from worker.workspace.s3 import s3_client  # boto3 is an optional extra
+
+        try:
+            ref = await asyncio.to_thread(
+                upload_bundle, s3_client(self.settings), target, job_id=self.spec.job_id,
+                attempt=self.attempt, captured=captured, workspace=workspace.path,
+            )  # fmt: skip
+        except ResultUploadFailed as exc:
+            self.upload_error = exc
+            return None
+        self.phases.mark("bundle_upload")
+        return ref
 
     async def _complete(self, outcome: JobOutcome) -> None:
         if not self.normalizer.usage_seen:
@@ -382,8 +441,24 @@ class _Job:
                 "error": error,
                 "duration_ms": self.phases.total_ms(),
                 "timings_ms": dict(self.phases.marks),
+                "result": self.result,
             },
         )
+
+
+def _workspace_credential(spec: JobSpec) -> list[str]:
+    """The credential a git workspace fetches with (never given to the agent)."""
+    name = getattr(spec.workspace, "credential", None)
+    return [name] if isinstance(name, str) else []
+
+
+def _capture_failed(exc: OSError) -> dict[str, Any]:
+    return {
+        "level": "error",
+        "code": "capture_failed",
+        "message": f"the workspace changes could not be captured: {exc.strerror}",
+        "details": {"path": str(exc.filename or "")},
+    }
 
 
 def _skipped_notice(skipped: Sequence[str]) -> dict[str, Any]:
@@ -393,11 +468,6 @@ def _skipped_notice(skipped: Sequence[str]) -> dict[str, Any]:
         "message": f"{len(skipped)} socket/FIFO/device entries of the workspace were not copied",
         "details": {"paths": list(skipped[:50])},
     }
-
-
-def sandbox_owner(settings: Settings) -> tuple[int, int]:
-    """Who owns files the sandbox writes (placeholder until the backend exposes it)."""
-    return os.getuid(), os.getgid()
 
 
 def _settled(stop_reason: str) -> JobOutcome:

@@ -50,6 +50,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
         {
             "ACPW_CACHE_DIR": str(tmp_path / "cache"),
             "ACPW_WORK_DIR": str(tmp_path / "work"),
+            "ACPW_RESULTS_DIR": str(tmp_path / "results"),
             "ACPW_SHUTDOWN_EOF_GRACE": "1",
         }
     )
@@ -296,6 +297,13 @@ def test_agent_works_on_a_private_copy_that_is_removed(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     events = _events(result.stdout)
     assert any(e["type"] == "tool.completed" and e["data"]["diffs"] for e in events)
+    changed = next(e["data"] for e in events if e["type"] == "workspace.changed")
+    assert {p["path"]: p["status"] for p in changed["paths"]} == {
+        "README.md": "modified",
+        "new.txt": "added",
+    }
+    patch = Path(changed["patch"]["path"]).read_text()
+    assert "+changed by the agent" in patch
     assert (tmp_path / "ws" / "README.md").read_text() == "# hello\n"
     assert not (tmp_path / "ws" / "new.txt").exists()
     assert list((tmp_path / "work").iterdir()) == []

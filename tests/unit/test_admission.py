@@ -39,7 +39,7 @@ def test_public_api_is_pinned() -> None:
         admission.MAX_SETTINGS_BYTES,
     )
     assert roots == (Path("/"),)
-    assert providers == ("cursor",)
+    assert providers == ("claude", "codex", "cursor", "gemini")
     assert limit == 1024 * 1024
 
 

@@ -170,6 +170,42 @@ SYSTEM_CONFIG: Mapping[str, tuple[ConfigPath, ...]] = {
             {"hooks": SYSTEM_HOOKS},
         ),
     ),
+    # Claude Code (claude-agent-acp) loads exactly the Claude project config above
+    # (.claude settings hooks/plugins/MCP, .mcp.json) plus the managed (enterprise) files.
+    "claude": (
+        ConfigPath(
+            PurePosixPath("etc/claude-code/managed-settings.json"),
+            Expect.FILE,
+            SYSTEM_HOOKS,
+            "Managed Claude settings declare code the agent would run.",
+            CLAUDE_EXEC_KEYS,
+        ),
+        _cfg(
+            "etc/claude-code/managed-mcp.json",
+            Expect.FILE,
+            CLAUDE_MCP,
+            "Managed Claude MCP config starts server processes in every session.",
+        ),
+    ),
+    # Codex and Gemini CLI read no project config from an untrusted folder, and every
+    # sandbox's HOME is new (so nothing is trusted); their managed files can still
+    # declare MCP servers, hooks or notify commands for every session.
+    "codex": (
+        _cfg(
+            "etc/codex/managed_config.toml",
+            Expect.FILE,
+            SYSTEM_HOOKS,
+            "Managed Codex config can declare MCP servers and notify commands.",
+        ),
+    ),
+    "gemini": (
+        _cfg(
+            "etc/gemini-cli/settings.json",
+            Expect.FILE,
+            SYSTEM_HOOKS,
+            "System Gemini CLI settings can declare hooks, MCP servers and tool commands.",
+        ),
+    ),
 }
 
 PROVIDERS: tuple[str, ...] = tuple(sorted(SYSTEM_CONFIG))

@@ -80,13 +80,22 @@ class SessionStarted(_Data):
     config_options: list[dict[str, Any]] | None = None
 
 
-class MessageDelta(_Data):
+class _Attributed(_Data):
+    """Fields of events derived from one agent update: who said it, and whether it is
+    history replayed by ``session/load`` rather than new output."""
+
+    child_id: str | None = Field(
+        default=None, description="The subagent session that produced it; null: the parent."
+    )
+    replay: bool = Field(default=False, description="Replayed history (session/load).")
+
+
+class MessageDelta(_Attributed):
     role: Literal["assistant", "thought", "user"]
     text: str
     content: dict[str, Any] | None = Field(
         default=None, description="The ACP content block when it is not plain text."
     )
-    replay: bool = False
 
 
 class Location(_Data):
@@ -100,20 +109,26 @@ class DiffBlock(_Data):
     new_text: Bounded
 
 
-class ToolStarted(_Data):
+class ToolStarted(_Attributed):
     tool_call_id: str
     title: str | None
     kind: str | None
     status: str
-    raw_input: Bounded | None
+    raw_input: Bounded | None = Field(
+        description="The tool's arguments as JSON, secret-looking keys redacted, bounded."
+    )
     locations: list[Location]
 
 
-class ToolUpdated(_Data):
+class ToolUpdated(_Attributed):
     tool_call_id: str
     status: str | None
     title: str | None = None
     output: Bounded | None = None
+    exit_code: int | None = Field(
+        default=None, description="A shell tool's exit code when the agent reported one."
+    )
+    raw_input: Bounded | None = None
     diffs: list[DiffBlock] = Field(default_factory=list)
     locations: list[Location] = Field(default_factory=list)
 
@@ -128,42 +143,189 @@ class PlanEntry(_Data):
     status: str
 
 
-class PlanUpdated(_Data):
+class PlanUpdated(_Attributed):
     revision: int = Field(ge=1)
     entries: list[PlanEntry]
 
 
-class TodosUpdated(_OpenData):
+class Todo(_Data):
+    id: str = Field(description="The agent's own todo id (merge key).")
+    content: str
+    status: Literal["pending", "in_progress", "completed", "cancelled", "unknown"]
+    native_status: str = Field(description="The status exactly as the agent sent it.")
+
+
+class TodosUpdated(_Attributed):
+    """The complete merged checklist after one ``cursor/update_todos``."""
+
     revision: int = Field(ge=1)
-    todos: list[dict[str, Any]]
+    todos: list[Todo]
+    merge: bool = Field(description="Whether the agent asked to merge (else: replace).")
+    tool_call_id: str | None = None
 
 
-class Delegation(_OpenData):
-    child_id: str
+class Delegation(_Attributed):
+    """A complete snapshot of one subagent task (every delegation.* event)."""
+
+    child_id: str | None = Field(
+        default=None, description="The subagent session id; null until the agent names it."
+    )
+    tool_call_id: str | None = Field(default=None, description="The parent's Task tool call.")
+    parent_id: str | None = Field(
+        default=None, description="Session that spawned it: the root session or another child."
+    )
+    state: Literal["running", "completed", "failed", "cancelled"]
+    reason: str | None = Field(default=None, description="Why it failed, e.g. disconnected.")
+    role: str | None = Field(default=None, description="Agent name or subagent type.")
+    model: str | None = None
+    description: str | None = None
+    task: Bounded | None = Field(default=None, description="The prompt given to the subagent.")
+    subagent_type: str | None = None
+    agent_id: str | None = None
+    background: bool | None = None
+    duration_ms: int | None = Field(
+        default=None, description="As reported; for background children only the launch time."
+    )
 
 
-class ArtifactReferenced(_OpenData):
-    path: str
+class ArtifactReferenced(_Attributed):
+    """A file the agent pointed at, checked to be a regular file inside the workspace."""
+
+    path: str = Field(description="Relative to the workspace root.")
+    kind: Literal["generated_image", "reference_image", "tool_resource"]
     registered: Literal[False] = False
+    bytes: int = Field(ge=0, description="Size when it was checked; the file is not read.")
+    tool_call_id: str | None = None
+    description: str | None = None
 
 
-class Interaction(_OpenData):
+class QuestionOption(_Data):
+    id: str
+    label: str
+
+
+class Question(_Data):
+    id: str
+    prompt: str
+    options: list[QuestionOption]
+    allow_multiple: bool
+
+
+class QuestionRequest(_Data):
+    title: str | None
+    questions: list[Question]
+
+
+class PlanTodo(_Data):
+    id: str
+    content: str
+    status: str
+
+
+class PlanPhase(_Data):
+    name: str
+    todos: list[PlanTodo]
+
+
+class PlanRequest(_Data):
+    revision: int = Field(ge=1, description="Answers may name it; a stale one is rejected.")
+    name: str | None
+    overview: str | None
+    markdown: str = Field(description="The full plan document, never truncated.")
+    todos: list[PlanTodo]
+    phases: list[PlanPhase]
+    is_project: bool
+
+
+class PermissionOption(_Data):
+    option_id: str
+    name: str
+    kind: str
+
+
+class PermissionRequest(_Data):
+    title: str | None
+    kind: str | None
+    reason: str | None
+    options: list[PermissionOption] = Field(description="Never an allow-always option.")
+
+
+InteractionKind = Literal["question", "plan", "permission"]
+
+
+class Interaction(_Data):
     interaction_id: str
 
 
-class ModeChanged(_Data):
+class InteractionRequested(Interaction):
+    """Persisted in ``acpw:{J}:interactions`` before this event is emitted."""
+
+    kind: InteractionKind
+    turn: int = Field(ge=1)
+    tool_call_id: str | None
+    expires_at: str = Field(description="RFC 3339 UTC; unanswered by then: declined.")
+    question: QuestionRequest | None = None
+    plan: PlanRequest | None = None
+    permission: PermissionRequest | None = None
+
+
+class InteractionResolved(Interaction):
+    kind: InteractionKind
+    outcome: Literal["answered", "skipped", "accepted", "rejected", "selected", "cancelled"]
+    resolved_by: Literal["answer", "timeout", "turn_ended", "cancelled", "timed_out"]
+    answer: dict[str, Any] | None = Field(default=None, description="The accepted answer.")
+    delivered: bool = Field(description="The reply was written to the agent.")
+
+
+class InteractionAnswerRejected(Interaction):
+    """An answer that was refused; the interaction stays open."""
+
+    code: Literal[
+        "unknown_interaction",
+        "closed",
+        "wrong_job",
+        "wrong_turn",
+        "stale_revision",
+        "invalid_answer",
+    ]
+    reason: str
+
+
+class PermissionDecided(_Data):
+    tool_call_id: str | None
+    title: str | None
+    kind: str | None
+    policy: Literal["deny", "allow_reads", "allow_all", "ask"]
+    decision: Literal["allowed", "denied"]
+    option_id: str | None = Field(description="The option answered; null: cancelled.")
+    interaction_id: str | None = None
+
+
+class ModeChanged(_Attributed):
     mode: str
 
 
-class ModelSelected(_OpenData):
+class ModelSelected(_Data):
     model: str
+    params: dict[str, str] = Field(description="Parameters the job named, as echoed.")
+    defaults: dict[str, str] = Field(
+        default_factory=dict,
+        description="Parameters the agent exposes that the job did not name: its defaults.",
+    )
+    picker: Literal["variant", "parameterized"]
+    via: Literal["config_option", "set_model"]
+    verified: bool = Field(description="The agent echoed exactly this selection.")
 
 
-class CommandsAvailable(_Data):
+class ConfigUpdated(_Attributed):
+    config_options: list[dict[str, Any]]
+
+
+class CommandsAvailable(_Attributed):
     commands: list[dict[str, Any]]
 
 
-class SessionTitled(_Data):
+class SessionTitled(_Attributed):
     title: str
 
 
@@ -171,13 +333,25 @@ class WorkspaceChanged(_OpenData):
     paths: list[dict[str, Any]]
 
 
-class UsageReported(_OpenData):
+class UsageCost(_Data):
+    amount: float
+    currency: str
+
+
+class UsageReported(_Attributed):
     available: bool = Field(description="False when the agent reported no usage: never zero.")
+    source: Literal["agent"] | None = None
+    used: int | None = Field(default=None, description="Context tokens in use.")
+    size: int | None = Field(default=None, description="Context window size.")
+    cost: UsageCost | None = None
 
 
-class ProviderUnmapped(_Data):
+class ProviderUnmapped(_Attributed):
     kind: str
     raw: Bounded
+    partial: bool = Field(
+        default=False, description="The update was mapped; these fields of it were not."
+    )
 
 
 class Notice(_Data):
@@ -187,12 +361,22 @@ class Notice(_Data):
     details: dict[str, Any] | None = None
 
 
+class ResultRef(_Data):
+    """Where the result bundle's manifest is."""
+
+    kind: Literal["s3"]
+    bucket: str
+    key: str
+    sha256: str
+
+
 class JobCompleted(_Data):
     status: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     stop_reason: str | None
     error: ErrorInfo | None
     duration_ms: float
     timings_ms: dict[str, float] = Field(default_factory=dict, description="Per phase.")
+    result: ResultRef | None = Field(default=None, description="The uploaded result bundle.")
 
 
 EVENT_TYPES: dict[str, type[BaseModel]] = {
@@ -212,10 +396,13 @@ EVENT_TYPES: dict[str, type[BaseModel]] = {
     "delegation.updated": Delegation,
     "delegation.completed": Delegation,
     "artifact.referenced": ArtifactReferenced,
-    "interaction.requested": Interaction,
-    "interaction.resolved": Interaction,
+    "interaction.requested": InteractionRequested,
+    "interaction.resolved": InteractionResolved,
+    "interaction.answer_rejected": InteractionAnswerRejected,
+    "permission.decided": PermissionDecided,
     "mode.changed": ModeChanged,
     "model.selected": ModelSelected,
+    "config.updated": ConfigUpdated,
     "commands.available": CommandsAvailable,
     "session.titled": SessionTitled,
     "workspace.changed": WorkspaceChanged,

@@ -35,13 +35,50 @@ class PackRef(_Strict):
 
 
 class LocalWorkspace(_Strict):
-    """A directory on the worker host, bind-mounted read-write as /workspace."""
+    """A directory on the worker host; the agent works on a private copy of it."""
 
     kind: Literal["local"] = "local"
     path: str = Field(min_length=1, max_length=4096, description="Absolute or job-relative path.")
 
 
-Workspace = Annotated[LocalWorkspace, Field(discriminator="kind")]
+class GitWorkspace(_Strict):
+    """A Git repository cloned by the worker (shallow, no submodules, no LFS by default)."""
+
+    kind: Literal["git"]
+    url: str = Field(min_length=1, max_length=2048, description="https://, ssh:// or git:// URL.")
+    ref: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$", description="Branch or tag."
+    )
+    commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+    depth: int | None = Field(default=1, ge=1, le=1_000_000, description="None: full history.")
+    submodules: bool = False
+    lfs: bool = False
+    credential: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z][A-Z0-9_]{0,63}$",
+        description="Name in `credentials` whose value authenticates HTTPS (never stored).",
+    )
+
+
+class S3Workspace(_Strict):
+    """A tar archive in S3, extracted with the same safety rules as pack archives."""
+
+    kind: Literal["s3"]
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    key: str = Field(min_length=1, max_length=1024)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="Pin.")
+
+
+Workspace = Annotated[
+    LocalWorkspace | GitWorkspace | S3Workspace, Field(discriminator="kind")
+]
+
+
+class ResultsTarget(_Strict):
+    """Where the result bundle (patch + changed files + manifest) is uploaded."""
+
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str = Field(default="acp-worker", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")
 
 
 class TextBlock(_Strict):
@@ -89,6 +126,9 @@ class JobSpec(_Strict):
     limits: Limits = Field(default_factory=Limits)
     network: Network = Field(default_factory=Network)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    results: ResultsTarget | None = Field(
+        default=None, description="Export a result bundle to S3 (default: the worker's bucket)."
+    )
 
     @field_validator("credentials")
     @classmethod

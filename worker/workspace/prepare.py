@@ -1,0 +1,108 @@
+"""From a job's workspace spec to a staged private copy (local, git or S3 source).
+
+Every source ends the same way: a pristine tree the worker owns (or, for ``local``, the
+caller's directory, read only) and a staged copy for the agent. Admission runs on the
+source tree, up to its Git root, before anything is staged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.admission import check_workspace
+from worker.errors import WorkspaceUnavailable
+from worker.jobs.spec import GitWorkspace, LocalWorkspace, S3Workspace
+from worker.settings import Settings
+from worker.workspace import git
+from worker.workspace.stage import StagedWorkspace, remove_staged, stage_local
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The staged workspace and everything to delete when the job is over."""
+
+    staged: StagedWorkspace | None = None
+    cleanup: list[Path] = field(default_factory=list)
+    source_info: dict[str, Any] = field(default_factory=dict)
+
+    async def remove(self) -> None:
+        for path in self.cleanup:
+            await asyncio.to_thread(remove_staged, path)
+
+
+async def prepare_workspace(
+    spec: LocalWorkspace | GitWorkspace | S3Workspace,
+    prepared: Prepared,
+    *,
+    settings: Settings,
+    job_dir: Path,
+    base_dir: Path | None,
+    provider: str,
+    owner: tuple[int, int],
+    secrets: Mapping[str, str],
+) -> StagedWorkspace:
+    """Fetch (if remote), admit and stage; ``prepared.cleanup`` grows as paths appear.
+
+    Raises:
+        WorkspaceUnavailable: the source cannot be read or fetched.
+        AdmissionRefused: the source holds ambient agent configuration.
+    """
+    source = await _source(spec, prepared, settings=settings, job_dir=job_dir,
+                           base_dir=base_dir, secrets=secrets)  # fmt: skip
+    admission = await asyncio.to_thread(check_workspace, source, provider=provider)
+    admission.raise_if_refused()
+    dest = job_dir / "workspace"
+    prepared.cleanup.append(dest)
+    staged = await asyncio.to_thread(stage_local, source, dest, owner=owner)
+    prepared.staged = staged
+    return staged
+
+
+async def _source(
+    spec: LocalWorkspace | GitWorkspace | S3Workspace,
+    prepared: Prepared,
+    *,
+    settings: Settings,
+    job_dir: Path,
+    base_dir: Path | None,
+    secrets: Mapping[str, str],
+) -> Path:
+    if isinstance(spec, LocalWorkspace):
+        return _local_source(spec, base_dir)
+    target = job_dir / "source"
+    prepared.cleanup.append(target)
+    if isinstance(spec, GitWorkspace):
+        token = secrets.get(spec.credential) if spec.credential else None
+        commit = await git.clone(
+            spec, target, token=token, allowed_schemes=settings.git_allowed_schemes,
+            timeout=settings.git_timeout_s, max_bytes=settings.workspace_max_bytes,
+        )  # fmt: skip
+        prepared.source_info = {"kind": "git", "commit": commit}
+        return target
+    return await _s3_source(spec, prepared, settings=settings, target=target)
+
+
+async def _s3_source(
+    spec: S3Workspace, prepared: Prepared, *, settings: Settings, target: Path
+) -> Path:
+    from worker.workspace import s3  # boto3 is an optional extra
+
+    client = s3.s3_client(settings)
+    digest = await asyncio.to_thread(
+        s3.fetch_snapshot, client, bucket=spec.bucket, key=spec.key, sha256=spec.sha256,
+        dest=target, max_bytes=settings.workspace_max_bytes,
+    )  # fmt: skip
+    prepared.source_info = {"kind": "s3", "sha256": digest}
+    return target
+
+
+def _local_source(spec: LocalWorkspace, base_dir: Path | None) -> Path:
+    raw = Path(spec.path)
+    source = raw if raw.is_absolute() or base_dir is None else base_dir / raw
+    if not source.is_dir():
+        raise WorkspaceUnavailable(f"workspace {spec.path!r} is not a directory", path=spec.path)
+    return source.resolve()
