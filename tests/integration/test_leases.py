@@ -1,0 +1,229 @@
+"""Leases, fencing, the fenced sink and the reaper's settling against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from worker import keys
+from worker.errors import LeaseLost
+from worker.events.emitter import EventEmitter
+from worker.events.fenced import FencedStreamSink, SinkPolicy, _Pending
+from worker.leases import lease as leases
+from worker.leases.lease import Lease, Refusal
+from worker.leases.reaper import mark_lost, reap_once
+from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
+from worker.sandbox.fake import FakeBackend
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+async def _take(client: aioredis.Redis, job_id: str, attempt: int | None = None) -> Lease:
+    got = await leases.acquire(client, job_id, worker_id="w1", ttl=30, attempt=attempt)
+    assert isinstance(got, Lease), got
+    return got
+
+
+async def _events(client: aioredis.Redis, job_id: str) -> list[dict[str, object]]:
+    entries = await client.xrange(keys.events(job_id))
+    return [json.loads(fields[b"event"]) for _, fields in entries]
+
+
+def _emitter(client: aioredis.Redis, lease: Lease, **policy: float) -> EventEmitter:
+    sink = FencedStreamSink(client, lease, policy=SinkPolicy(**policy))  # type: ignore[arg-type]
+    return EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[sink])
+
+
+async def _notice(emitter: EventEmitter, text: str) -> None:
+    await emitter.emit("notice", {"level": "info", "code": "t", "message": text})
+
+
+async def test_tokens_grow_and_a_live_lease_refuses_a_second_owner(aredis: aioredis.Redis) -> None:
+    first = await _take(aredis, "job-l1")
+    second = await leases.acquire(aredis, "job-l1", worker_id="w2", ttl=30)
+    assert isinstance(second, Refusal)
+    assert (second.reason, second.detail) == ("held", str(first.token))
+    assert await leases.release(aredis, first)
+    orphan = await leases.acquire(aredis, "job-l1", worker_id="w2", ttl=30)
+    assert isinstance(orphan, Refusal)  # released unsettled: for the reaper, not a re-run
+    assert orphan.reason == "orphaned"
+    third = await _take(aredis, "job-l1", attempt=2)
+    assert third.token > first.token
+
+
+async def test_renew_fails_once_the_lease_expired(aredis: aioredis.Redis) -> None:
+    lease = await _take(aredis, "job-l2")
+    assert await leases.renew(aredis, lease, ttl=30)
+    await aredis.delete(keys.lease("job-l2"))  # what a TTL running out does
+    assert not await leases.renew(aredis, lease, ttl=30)
+    assert not await leases.release(aredis, lease)
+
+
+async def test_a_settled_attempt_is_not_run_again(aredis: aioredis.Redis) -> None:
+    lease = await _take(aredis, "job-l3")
+    emitter = _emitter(aredis, lease)
+    await emitter.emit(
+        "job.completed",
+        {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0},
+    )
+    await emitter.close()
+    await leases.release(aredis, lease)
+    again = await leases.acquire(aredis, "job-l3", worker_id="w2", ttl=30)
+    assert isinstance(again, Refusal)
+    assert again.reason == "settled"
+    assert await aredis.ttl(keys.events("job-l3")) > 0  # the stream expires after settling
+    nxt = await _take(aredis, "job-l3", attempt=2)
+    assert (nxt.attempt, await aredis.ttl(keys.events("job-l3"))) == (2, -1)
+
+
+async def test_a_worker_that_lost_its_lease_cannot_append(aredis: aioredis.Redis) -> None:
+    old = await _take(aredis, "job-l4")
+    old_emitter = _emitter(aredis, old)
+    await _notice(old_emitter, "old-1")
+    await asyncio.sleep(0.05)  # let the first batch land
+    await aredis.delete(keys.lease("job-l4"))
+    new = await _take(aredis, "job-l4", attempt=2)
+    new_emitter = _emitter(aredis, new)
+    await _notice(new_emitter, "new-1")
+    await _notice(old_emitter, "old-2")
+    await _notice(new_emitter, "new-2")
+    await new_emitter.close()
+    with pytest.raises(LeaseLost):
+        await old_emitter.close()
+    messages = [e["data"]["message"] for e in await _events(aredis, "job-l4")]  # type: ignore[index]
+    assert messages == ["old-1", "new-1", "new-2"]
+
+
+async def test_a_retried_batch_is_not_appended_twice(aredis: aioredis.Redis) -> None:
+    lease = await _take(aredis, "job-l5")
+    sink = FencedStreamSink(aredis, lease, policy=SinkPolicy())
+    one, two = _Pending(1, "", '{"seq":1}'), _Pending(2, "", '{"seq":2}')
+    assert await sink._append([one]) == 1
+    assert await sink._append([one, two]) == 1  # the first try's reply was "lost"
+    assert await aredis.xlen(keys.events("job-l5")) == 2
+
+
+class _Proxy:
+    """A TCP proxy to Redis that the test can cut (connections dropped, connects refused)."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.pipes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self.pipes):
+            task.cancel()
+        await asyncio.gather(*self.pipes, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", 6379)
+        for src, dst in ((reader, up_w), (up_r, writer)):
+            task = asyncio.create_task(_pipe(src, dst))
+            self.pipes.add(task)
+            task.add_done_callback(self.pipes.discard)
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    finally:
+        dst.close()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[_Proxy]:
+    proxy = _Proxy()
+    await proxy.start()
+    yield proxy
+    await proxy.cut()
+
+
+async def test_a_broken_connection_loses_nothing_and_keeps_order(
+    aredis: aioredis.Redis, redis_url: str, proxy: _Proxy
+) -> None:
+    db = redis_url.rsplit("/", 1)[1]
+    flaky = aioredis.Redis.from_url(f"redis://127.0.0.1:{proxy.port}/{db}", socket_timeout=2)
+    lease = await _take(aredis, "job-l6")
+    emitter = _emitter(flaky, lease, buffer_events=50, retry_for=20)
+    for i in range(200):
+        await _notice(emitter, str(i))
+    await proxy.cut()  # Redis unreachable: the sink buffers, then waits for space
+    writer = asyncio.create_task(_emit_range(emitter, 200, 400))
+    await asyncio.sleep(0.5)
+    assert not writer.done()  # bounded buffer: the producer is held back, nothing dropped
+    await proxy.start()  # same port again
+    await writer
+    await emitter.close()
+    await flaky.aclose()
+    events = await _events(aredis, "job-l6")
+    assert [e["seq"] for e in events] == list(range(1, 401))
+    assert [e["data"]["message"] for e in events] == [str(i) for i in range(400)]  # type: ignore[index]
+
+
+async def _emit_range(emitter: EventEmitter, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        await _notice(emitter, str(i))
+
+
+async def test_mark_lost_is_written_once_and_never_after_settling(aredis: aioredis.Redis) -> None:
+    settings = Settings(redis_url="redis://unused")
+    lease = await _take(aredis, "job-l7")
+    emitter = _emitter(aredis, lease)
+    await _notice(emitter, "before the crash")
+    await emitter.close()
+    assert await mark_lost(aredis, "job-l7", settings) == "alive"
+    await aredis.delete(keys.lease("job-l7"))
+    verdicts = await asyncio.gather(*(mark_lost(aredis, "job-l7", settings) for _ in range(5)))
+    assert sorted(verdicts) == ["lost"] + ["settled"] * 4
+    events = await _events(aredis, "job-l7")
+    assert [(e["seq"], e["type"]) for e in events] == [(1, "notice"), (2, "job.completed")]
+    assert events[-1]["data"]["status"] == "lost"  # type: ignore[index]
+    assert (await aredis.hget(keys.state("job-l7"), "status")) == b"lost"
+
+
+async def test_reaper_destroys_orphans_and_spares_live_and_unfenced(
+    aredis: aioredis.Redis,
+) -> None:
+    settings = Settings(redis_url="redis://unused")
+    backend = FakeBackend()
+    live = await _take(aredis, "job-live")
+    dead = await _take(aredis, "job-dead")
+    await _sandbox(backend, "job-live", str(live.token))
+    await _sandbox(backend, "job-dead", str(dead.token))
+    await _sandbox(backend, "job-inproc", "0")
+    await aredis.delete(keys.lease("job-dead"))
+    await aredis.zadd(keys.LEASES, {"job-dead": 0})
+    report = await reap_once(aredis, settings, {"fake": backend})
+    assert report.lost == ("job-dead",)
+    remaining = {info.labels[LABEL_JOB] for info in await backend.list({})}
+    assert remaining == {"job-live", "job-inproc"}
+    again = await reap_once(aredis, settings, {"fake": backend})
+    assert (again.lost, again.destroyed) == ((), ())
+
+
+async def _sandbox(backend: FakeBackend, job_id: str, token: str) -> None:
+    spec = SandboxSpec(
+        job_id=job_id,
+        attempt=1,
+        workspace=Path("/tmp"),
+        pack_closure=Path("/tmp"),
+        limits=ResourceLimits(memory_bytes=1 << 28, cpus=1, pids=64),
+        labels={LABEL_JOB: job_id, LABEL_TOKEN: token},
+    )
+    await backend.create(spec)

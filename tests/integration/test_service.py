@@ -1,0 +1,357 @@
+"""The job service end to end: a real Celery worker process (``acp-worker serve``), real
+Redis, real bubblewrap sandboxes and the Cursor emulator pack.
+
+One worker serves the module (starting Celery costs seconds); the SIGKILL test starts
+and kills its own. Waiting uses generous deadlines, never assertions on elapsed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import REDIS_URL, REPO
+from worker.client import Client
+from worker.client.queue import RUN_TASK, make_celery, send_run
+from worker.jobs.spec import parse_job
+from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.local import LocalBackend
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/14"
+ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
+FAST = {
+    "ACPW_LEASE_TTL": "3",
+    "ACPW_LEASE_RENEW": "1",
+    "ACPW_CANCEL_GRACE": "2",
+    "ACPW_REAPER_INTERVAL": "1",
+    "ACPW_SHUTDOWN_EOF_GRACE": "1",
+    "ACPW_SHUTDOWN_TERM_GRACE": "1",
+}
+
+
+def _env(worker_id: str) -> dict[str, str]:
+    keep = {"ACPW_PACKS_DIR", "ACPW_CACHE_DIR"}  # where a CI run put the built packs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_") or k in keep}
+    env.update(
+        FAST,
+        ACPW_REDIS_URL=REDIS_URL,
+        ACPW_BROKER_URL=BROKER_URL,
+        ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
+        ACPW_WORKER_ID=worker_id,
+    )
+    return env
+
+
+def _settings() -> Settings:
+    return Settings(redis_url=REDIS_URL, broker_url=BROKER_URL)
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+class Worker:
+    """``acp-worker serve`` in its own session, so the test can kill the whole tree."""
+
+    def __init__(
+        self, log: Path, *, worker_id: str, beat: bool = False, metrics_port: int | None = None
+    ) -> None:
+        argv = [ACP_WORKER, "serve", "--concurrency", "2", "--loglevel", "INFO"]
+        if metrics_port is not None:
+            argv += ["--metrics-port", str(metrics_port)]
+        self.log = log
+        self.metrics_port = metrics_port
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                argv + (["--beat"] if beat else []),
+                cwd=REPO,
+                env=_env(worker_id),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_for(lambda: " ready." in log.read_text(), "the Celery worker", 60)
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _flush(url: str) -> None:
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
+
+
+@pytest.fixture(scope="module")
+def logs() -> Path:
+    """Worker logs, outside pytest's rotating basetemp (kept when a test fails)."""
+    return Path(tempfile.mkdtemp(prefix="acpw-it-"))
+
+
+@pytest.fixture(scope="module")
+def worker(logs: Path) -> Iterator[Worker]:
+    _flush(BROKER_URL)
+    _flush(REDIS_URL)
+    running = Worker(logs / "worker.log", worker_id="it-main", metrics_port=_free_port())
+    yield running
+    running.stop()
+    _flush(BROKER_URL)
+
+
+@pytest.fixture
+def client(worker: Worker, redis_url: str) -> Iterator[Client]:
+    with Client(redis_url, settings=_settings()) as c:
+        yield c
+
+
+def job(job_id: str, prompt: str = "scenario: hello", timeout_s: float = 60) -> dict[str, Any]:
+    data = json.loads((REPO / "examples" / "hello.json").read_text())
+    data["job_id"] = job_id
+    data["prompt"] = prompt
+    data["workspace"]["path"] = str(REPO / "examples" / "hello-workspace")
+    data["limits"]["timeout_s"] = timeout_s
+    return data
+
+
+def events_of(client: Client, job_id: str) -> list[dict[str, Any]]:
+    return [dict(item.event) for item in client.events(job_id)]
+
+
+def completed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "job.completed"]
+
+
+def sandboxes_of(job_id: str) -> list[Any]:
+    return asyncio.run(LocalBackend(_settings()).list({LABEL_JOB: job_id}))
+
+
+def assert_contiguous(events: list[dict[str, Any]]) -> None:
+    by_attempt: dict[int, list[int]] = {}
+    for event in events:
+        by_attempt.setdefault(event["attempt"], []).append(event["seq"])
+    for seqs in by_attempt.values():
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_submit_follow_through_the_cli(worker: Worker, redis_url: str) -> None:
+    out = subprocess.run(
+        [ACP_WORKER, "submit", "examples/hello.json", "--follow", "--json", "--redis", redis_url],
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert lines[0]["submitted"] == "created"
+    events = [line["event"] for line in lines[1:]]
+    assert events[0]["type"] == "job.accepted"
+    assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
+    assert any(e["type"] == "message.delta" for e in events)
+    assert_contiguous(events)
+    assert sandboxes_of("hello-0001") == []
+    resumed = subprocess.run(
+        [
+            ACP_WORKER,
+            "events",
+            "hello-0001",
+            "--after",
+            lines[1]["id"],
+            "--json",
+            "--redis",
+            redis_url,
+        ],
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert [json.loads(x)["event"] for x in resumed.stdout.splitlines()] == events[1:]
+
+
+def test_idempotent_submit_and_new_attempts(client: Client) -> None:
+    first = client.submit(job("idem-1"))
+    again = client.submit(job("idem-1"))
+    assert (first.outcome, again.outcome, again.state.attempt) == ("created", "exists", 1)
+    list(client.events("idem-1", follow=True, timeout=60))
+    assert client.submit(job("idem-1")).outcome == "exists"  # settled: not re-run
+    retry = client.submit(job("idem-1"), new_attempt=True)
+    assert (retry.outcome, retry.state.attempt) == ("retried", 2)
+    events = list(e.event for e in client.events("idem-1", follow=True, timeout=60))
+    assert [(e["attempt"], e["data"]["status"]) for e in completed(events)] == [
+        (1, "succeeded"),
+        (2, "succeeded"),
+    ]
+    assert_contiguous(events)
+
+
+def test_a_redelivered_message_runs_once(client: Client, redis_url: str) -> None:
+    client.submit(job("dup-1", "scenario: hang"))
+    wait_for(
+        lambda: any(e["type"] == "session.started" for e in events_of(client, "dup-1")),
+        "the first delivery to start",
+    )
+    send_run(
+        make_celery(_settings()),
+        parse_job(job("dup-1", "scenario: hang")),
+        settings=_settings(),
+        attempt=1,
+        submitted_at=time.time(),
+    )
+    wait_for(lambda: client.get("dup-1").fields.get("duplicates") == "1", "the duplicate")
+    out = subprocess.run(
+        [ACP_WORKER, "cancel", "dup-1", "--json", "--redis", redis_url],
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(out.stdout)["cancel"] == "cancel requested"
+    events = [dict(e.event) for e in client.events("dup-1", follow=True, timeout=60)]
+    assert [e["type"] for e in events].count("job.accepted") == 1
+    assert [e["data"]["status"] for e in completed(events)] == ["cancelled"]
+    assert client.get("dup-1").fields["last_refusal"] == "held"
+    assert sandboxes_of("dup-1") == []
+
+
+def test_timeout_settles_timed_out_and_leaves_nothing(client: Client) -> None:
+    client.submit(job("slow-1", "scenario: hang", timeout_s=2))
+    events = [dict(e.event) for e in client.events("slow-1", follow=True, timeout=60)]
+    assert [e["data"]["status"] for e in completed(events)] == ["timed_out"]
+    assert client.get("slow-1").status == "timed_out"
+    assert sandboxes_of("slow-1") == []
+
+
+def test_malformed_payloads_settle_once_without_retry(client: Client, redis_url: str) -> None:
+    app = make_celery(_settings())
+    app.send_task(RUN_TASK, args=["not a job"], queue="runs")
+    app.send_task(RUN_TASK, args=[{"v": 1, "job_id": "bad-1", "extra": True}], queue="runs")
+    app.send_task(RUN_TASK, args=[{"v": 1, "job_id": "bad-1"}], queue="runs")  # again
+    client.submit(job("after-bad"))  # the worker keeps serving
+    list(client.events("after-bad", follow=True, timeout=60))
+    events = events_of(client, "bad-1")
+    assert [(e["type"], e["data"]["error"]["code"]) for e in events] == [
+        ("job.completed", "invalid_job_spec")
+    ]
+    with redis.Redis.from_url(BROKER_URL) as broker:  # every message acknowledged, none back
+        wait_for(lambda: broker.llen("runs") + broker.hlen("unacked") == 0, "the acks")
+    assert client.get("bad-1").fields["last_refusal"] == "settled"
+
+
+def test_metrics_and_readiness(worker: Worker, client: Client) -> None:
+    assert worker.metrics_port is not None
+    client.submit(job("metrics-1"))
+    list(client.events("metrics-1", follow=True, timeout=60))
+    status, body = _get(worker.metrics_port, "/ready")
+    assert (status, json.loads(body)) == (200, {"redis": "ok", "backend": "ok", "ready": True})
+    status, text = wait_for(
+        lambda: (r := _get(worker.metrics_port, "/metrics")) and 'status="succeeded"' in r[1] and r,
+        "the job in the metrics",
+    )
+    assert status == 200
+    for name in (
+        "acpw_jobs_total",
+        "acpw_job_duration_seconds",
+        "acpw_queue_wait_seconds",
+        "acpw_phase_duration_seconds",
+        "acpw_events_written_total",
+    ):
+        assert name in text
+
+
+def test_sigkill_of_the_worker_is_reaped_once_and_the_job_can_rerun(
+    worker: Worker, redis_url: str, logs: Path
+) -> None:
+    worker.stop()  # the module's worker would pick the next attempt up too early
+    with Client(redis_url, settings=_settings()) as client:
+        pids = _run_and_kill(client, logs / "doomed.log")
+        fresh = Worker(logs / "fresh.log", worker_id="it-fresh", beat=True)
+        try:
+            wait_for(lambda: client.get("kill-1").status == "lost", "the reaper", 30)
+            wait_for(lambda: sandboxes_of("kill-1") == [], "the orphan sandbox to go", 15)
+            assert all(not Path(f"/proc/{pid}").exists() for pid in pids)
+            retry = client.submit(job("kill-1"), new_attempt=True)
+            events = [dict(e.event) for e in client.events("kill-1", follow=True, timeout=60)]
+        finally:
+            fresh.stop()
+    assert retry.state.attempt == 2
+    assert [(e["attempt"], e["data"]["status"]) for e in completed(events)] == [
+        (1, "lost"),
+        (2, "succeeded"),
+    ]
+    assert_contiguous(events)
+
+
+def _run_and_kill(client: Client, log: Path) -> frozenset[int]:
+    """Start a hanging job on a worker, SIGKILL the worker's whole tree; the sandbox pids."""
+    doomed = Worker(log, worker_id="it-doomed")
+    try:
+        client.submit(job("kill-1", "scenario: hang"))
+        wait_for(
+            lambda: any(e["type"] == "session.started" for e in events_of(client, "kill-1")),
+            "the agent to start",
+        )
+        (sandbox,) = sandboxes_of("kill-1")
+        status = asyncio.run(LocalBackend(_settings()).status(sandbox.sandbox_id))
+        assert status is not None
+        assert status.running
+    finally:
+        doomed.kill()
+    return status.pids

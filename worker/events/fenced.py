@@ -1,0 +1,198 @@
+"""A Redis Stream sink that only the lease holder can write through.
+
+Every batch goes through one Lua program (``leases.scripts.APPEND``) that compares the
+writer's fencing token with the job's lease before appending, so a worker that lost its
+lease cannot add a single event after the new owner started. The same program settles
+the job's state when ``job.completed`` passes and gives the job's keys their TTL.
+
+When Redis is briefly unreachable the sink keeps events in a bounded in-memory queue
+and retries with exponential backoff (tenacity); a full queue makes ``write`` wait, so
+nothing is dropped and nothing is reordered. Retrying a batch whose reply was lost is
+safe: the program skips every ``seq`` at or below the last one it appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from worker.errors import LeaseLost, SinkUnavailable
+from worker.events.models import TERMINAL_TYPE
+from worker.leases import scripts
+from worker.leases.lease import REDIS_ERRORS, Lease, job_keys
+
+log = logging.getLogger(__name__)
+
+BATCH_EVENTS = 512
+BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SinkPolicy:
+    """How the sink bounds the stream and rides out a Redis outage."""
+
+    maxlen: int = 10_000
+    ttl_s: int = 24 * 3600
+    buffer_events: int = 10_000
+    retry_for: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    seq: int
+    status: str
+    line: str
+
+
+class FencedStreamSink:
+    """``EventSink`` appending to ``acpw:{J}:events`` only while ``lease`` is current."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        lease: Lease,
+        *,
+        policy: SinkPolicy,
+        on_broken: Callable[[], None] = lambda: None,
+        on_written: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self._client = client
+        self._lease = lease
+        self._policy = policy
+        self._script = client.register_script(scripts.APPEND)
+        self._keys = job_keys(lease.job_id)
+        self._on_broken = on_broken
+        self._on_written = on_written
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._space = asyncio.Condition()
+        self._flusher: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self._fenced = False
+        self._closing = False
+        self.dropped = 0
+
+    @property
+    def fenced(self) -> bool:
+        """True once the lease was found to belong to someone else."""
+        return self._fenced
+
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        if self._broken:
+            self.dropped += 1  # close() reports it; raising here would unwind the agent
+            return
+        await self._wait_for_space()
+        status = str(event["data"].get("status", "")) if event["type"] == TERMINAL_TYPE else ""
+        self._queue.append(_Pending(int(event["seq"]), status, line))
+        self._wakeup.set()
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_loop(), name="fenced-sink")
+
+    @property
+    def _broken(self) -> bool:
+        return self._fenced or self._error is not None
+
+    async def _wait_for_space(self) -> None:
+        if len(self._queue) < self._policy.buffer_events:
+            return
+        async with self._space:
+            await self._space.wait_for(
+                lambda: len(self._queue) < self._policy.buffer_events or self._broken
+            )
+
+    async def _flush_loop(self) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._queue and not self._broken:
+                    await self._send_front()
+                if self._closing or self._broken:
+                    return
+        except (*REDIS_ERRORS, redis.exceptions.RedisError) as exc:
+            self._error = exc
+            log.error("event sink gave up on Redis for %s: %s", self._lease.job_id, exc)
+        finally:
+            await self._notify_space()
+            if self._broken:
+                self._on_broken()
+
+    async def _send_front(self) -> None:
+        batch = self._front_batch()
+        written = await self._append_with_retry(batch)
+        if written < 0:
+            self._fenced = True
+            self.dropped += len(self._queue)
+            log.warning("lease of %s is gone: its events are refused", self._lease.job_id)
+            return
+        for _ in batch:
+            self._queue.popleft()
+        self._on_written(written)
+        await self._notify_space()
+
+    def _front_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        for item in self._queue:
+            if batch and (len(batch) >= BATCH_EVENTS or size + len(item.line) > BATCH_BYTES):
+                break
+            batch.append(item)
+            size += len(item.line)
+        return batch
+
+    async def _append_with_retry(self, batch: list[_Pending]) -> int:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(REDIS_ERRORS),
+            wait=wait_exponential(multiplier=0.02, max=1.0),
+            stop=stop_after_delay(self._policy.retry_for),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._append(batch)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _append(self, batch: list[_Pending]) -> int:
+        args: list[str | int] = [
+            self._lease.token,
+            self._lease.attempt,
+            self._policy.maxlen,
+            self._policy.ttl_s,
+        ]
+        for item in batch:
+            args.extend((item.seq, item.status, item.line))
+        return int(await self._script(keys=self._keys, args=args))
+
+    async def _notify_space(self) -> None:
+        async with self._space:
+            self._space.notify_all()
+
+    async def close(self) -> None:
+        """Flush what was accepted.
+
+        Raises:
+            LeaseLost: the lease belonged to another owner; the rest was refused.
+            SinkUnavailable: Redis stayed unreachable longer than the retry budget.
+        """
+        self._closing = True
+        if self._flusher is not None:
+            self._wakeup.set()
+            await self._flusher
+        if self._fenced:
+            raise LeaseLost(
+                "the job's lease belongs to another owner; events were refused",
+                job_id=self._lease.job_id,
+                refused=self.dropped,
+            )
+        if self._error is not None:
+            raise SinkUnavailable(
+                f"could not write events to Redis: {self._error}", job_id=self._lease.job_id
+            ) from self._error

@@ -1,0 +1,168 @@
+"""Job leases with fencing tokens.
+
+A lease is ``acpw:{J}:lease`` holding the owner's fencing token, with a TTL renewed on a
+heartbeat. Tokens come from a per-job counter (``fence`` in the state hash) and only
+grow, so a writer proves it is the current owner by presenting its token: every write
+script compares it with the lease (``scripts.APPEND``). A worker whose lease expired can
+never renew it again; it has lost the job for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from worker import keys
+from worker.errors import ServiceUnavailable
+from worker.leases import scripts
+
+log = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def redis_client(url: str | None) -> aioredis.Redis:
+    """An asyncio Redis client with timeouts (a hung Redis must not hang a job).
+
+    Raises:
+        ServiceUnavailable: no Redis URL is configured.
+    """
+    if not url:
+        raise ServiceUnavailable("no Redis configured: set ACPW_REDIS_URL")
+    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+
+
+def job_keys(job_id: str) -> list[str]:
+    """The per-job keys every script takes, in the order the scripts expect."""
+    return [keys.lease(job_id), keys.state(job_id), keys.events(job_id), keys.control(job_id)]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof of ownership of one attempt of one job."""
+
+    job_id: str
+    attempt: int
+    token: int
+    worker_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a delivery did not get the lease: ``held``, ``settled``, ``stale``, ``orphaned``."""
+
+    job_id: str
+    reason: str
+    attempt: int
+    detail: str
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def acquire(
+    client: aioredis.Redis,
+    job_id: str,
+    *,
+    worker_id: str,
+    ttl: float,
+    attempt: int | None = None,
+    job_json: str = "{}",
+) -> Lease | Refusal:
+    """Take the lease of ``job_id`` for ``attempt`` (default: the state's), or say why not."""
+    reply = await client.eval(
+        scripts.ACQUIRE,
+        4,
+        *job_keys(job_id),
+        int(ttl * 1000),
+        worker_id,
+        "" if attempt is None else str(attempt),
+        job_json,
+    )
+    outcome, got_attempt, detail = (_text(part) for part in reply)
+    if outcome != "acquired":
+        return Refusal(job_id, outcome, int(got_attempt), detail)
+    lease = Lease(job_id, int(got_attempt), int(detail), worker_id)
+    await _index(client, job_id, ttl)
+    return lease
+
+
+async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
+    """Hint for the reaper: when this lease expires unless renewed."""
+    await client.zadd(keys.LEASES, {job_id: time.time() + ttl})
+
+
+async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
+    """Extend the lease; False when it is not ours any more (expired or taken over)."""
+    ok = await client.eval(scripts.RENEW, 1, keys.lease(lease.job_id), lease.token, int(ttl * 1000))
+    if ok:
+        await _index(client, lease.job_id, ttl)
+    return bool(ok)
+
+
+async def release(client: aioredis.Redis, lease: Lease) -> bool:
+    """Give the lease up; False when it was not ours any more."""
+    ok = await client.eval(scripts.RELEASE, 1, keys.lease(lease.job_id), lease.token)
+    await client.zrem(keys.LEASES, lease.job_id)
+    return bool(ok)
+
+
+class Heartbeat:
+    """Renews a lease every ``every`` seconds; calls ``on_lost`` once when it is gone.
+
+    A Redis error is retried every second: the lease may still be alive. When Redis
+    answers again and the lease has expired meanwhile, the lease is lost.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        lease: Lease,
+        *,
+        ttl: float,
+        every: float,
+        on_lost: Callable[[], None],
+        on_failure: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._client = client
+        self._lease = lease
+        self._ttl = ttl
+        self._every = every
+        self._on_lost = on_lost
+        self._on_failure = on_failure
+        self.lost = False
+
+    async def run(self) -> None:
+        delay = self._every
+        while not self.lost:
+            await asyncio.sleep(delay)
+            try:
+                alive = await renew(self._client, self._lease, ttl=self._ttl)
+            except REDIS_ERRORS as exc:
+                log.warning("lease renew failed for %s: %s", self._lease.job_id, exc)
+                self._on_failure()
+                delay = min(1.0, self._every)
+                continue
+            delay = self._every
+            if not alive:
+                self.lost = True
+                self._on_lost()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Heartbeat]:
+        task = asyncio.create_task(self.run(), name=f"lease-{self._lease.job_id}")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

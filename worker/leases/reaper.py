@@ -1,0 +1,202 @@
+"""The reaper: settles jobs whose owner vanished and destroys what it left behind.
+
+One pass (``reap_once``) does two sweeps, both safe to run from any process at any time
+and concurrently with other reapers:
+
+1. jobs in ``acpw:leases`` whose lease expired and that never settled get exactly one
+   ``job.completed`` ``lost`` (``scripts.MARK_LOST`` refuses a job that settled, whose
+   lease is alive, or that moved to another attempt);
+2. every sandbox of every configured backend whose ``acpw.token`` label is not the
+   job's live lease token is destroyed, and its job is settled as in 1.
+
+Sandboxes without a fencing token (``acp-worker run`` in-process jobs label token ``0``)
+belong to no lease and are left alone, and so are sandboxes whose token this Redis never
+issued (another deployment sharing the host's sandbox state).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from worker import keys, metrics
+from worker.errors import LeaseLost, WorkerError
+from worker.events.emitter import utc_timestamp
+from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
+from worker.leases import scripts
+from worker.leases.lease import job_keys, redis_client
+from worker.sandbox import get_backend
+from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MARK_TRIES = 5
+NO_FENCE = "0"  # the token label of sandboxes made outside the service (`acp-worker run`)
+
+
+@dataclass(frozen=True, slots=True)
+class ReapReport:
+    """What one pass did."""
+
+    lost: tuple[str, ...]
+    destroyed: tuple[str, ...]
+    failed: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {
+            "lost": list(self.lost),
+            "destroyed": list(self.destroyed),
+            "failed": list(self.failed),
+        }
+
+
+async def reap_once(
+    client: aioredis.Redis, settings: Settings, backends: Mapping[str, SandboxBackend]
+) -> ReapReport:
+    """One pass over expired leases and every backend's sandboxes."""
+    lost = [job for job in await _expired(client) if await _settle_expired(client, job, settings)]
+    destroyed: list[str] = []
+    failed: list[str] = []
+    for name, backend in backends.items():
+        before = len(destroyed)
+        for info in await backend.list({}):
+            if not await _is_orphan(client, info):
+                continue
+            if await mark_lost(client, info.labels[LABEL_JOB], settings) == "lost":
+                lost.append(info.labels[LABEL_JOB])
+            (destroyed if await _destroy(backend, info) else failed).append(info.sandbox_id)
+        metrics.sandboxes_reaped(name, len(destroyed) - before)
+    return ReapReport(tuple(lost), tuple(destroyed), tuple(failed))
+
+
+async def _expired(client: aioredis.Redis) -> list[str]:
+    ids = await client.zrangebyscore(keys.LEASES, "-inf", time.time())
+    return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+
+
+async def _settle_expired(client: aioredis.Redis, job_id: str, settings: Settings) -> bool:
+    result = await mark_lost(client, job_id, settings)
+    if result != "alive":
+        await client.zrem(keys.LEASES, job_id)
+    return result == "lost"
+
+
+async def _is_orphan(client: aioredis.Redis, info: SandboxInfo) -> bool:
+    """A sandbox whose token this Redis issued and that no longer holds the lease.
+
+    A token above the job's fence counter (or a job this Redis does not know) was issued
+    by another deployment sharing the host: not ours to destroy.
+    """
+    fence = info.labels.get(LABEL_TOKEN, NO_FENCE)
+    job_id = info.labels.get(LABEL_JOB)
+    if fence == NO_FENCE or not fence.isdigit() or not job_id:
+        return False
+    issued = _str(await client.hget(keys.state(job_id), "fence"))
+    if issued is None or int(fence) > int(issued):
+        return False
+    holder = _str(await client.get(keys.lease(job_id)))
+    return holder != fence
+
+
+async def _destroy(backend: SandboxBackend, info: SandboxInfo) -> bool:
+    try:
+        await backend.destroy(info.sandbox_id)
+    except WorkerError as exc:
+        log.error("could not destroy orphan sandbox %s: %s", info.sandbox_id, exc.message)
+        return False
+    log.info("destroyed orphan sandbox %s of job %s", info.sandbox_id, info.labels[LABEL_JOB])
+    return True
+
+
+async def mark_lost(client: aioredis.Redis, job_id: str, settings: Settings) -> str:
+    """Write ``job.completed`` ``lost`` unless the job settled or is alive.
+
+    Returns the script's verdict: ``lost``, ``alive``, ``settled``, ``moved`` (or
+    ``retry`` when events kept landing, which means the owner is alive after all).
+    """
+    verdict = "retry"
+    for _ in range(_MARK_TRIES):
+        state = await client.hmget(
+            keys.state(job_id), ["attempt", "status", "ev_attempt", "ev_seq", "started_at"]
+        )
+        attempt, status, ev_attempt, ev_seq, started = (_str(v) for v in state)
+        if status != "running" or attempt is None:
+            return "settled"
+        last = int(ev_seq or 0) if ev_attempt == attempt else 0
+        line = _lost_line(job_id, int(attempt), last + 1, started)
+        verdict = await _run_mark(
+            client, job_id, attempt=attempt, last=last, line=line, settings=settings
+        )
+        if verdict != "retry":
+            break
+    if verdict == "lost":
+        metrics.job_settled("lost", None)
+        log.warning("job %s attempt %s settled as lost", job_id, attempt)
+    return verdict
+
+
+async def _run_mark(
+    client: aioredis.Redis, job_id: str, *, attempt: str, last: int, line: str, settings: Settings
+) -> str:
+    reply = await client.eval(
+        scripts.MARK_LOST,
+        4,
+        *job_keys(job_id),
+        attempt,
+        last,
+        line,
+        settings.events_ttl,
+        settings.events_maxlen,
+    )
+    return _str(reply) or ""
+
+
+def _lost_line(job_id: str, attempt: int, seq: int, started_ms: str | None) -> str:
+    error = LeaseLost(
+        "the worker running this job stopped renewing its lease; the job was reaped",
+        job_id=job_id,
+    )
+    duration = max(0.0, time.time() * 1000 - float(started_ms)) if started_ms else 0.0
+    event = {
+        "v": EVENT_VERSION,
+        "job_id": job_id,
+        "attempt": attempt,
+        "seq": seq,
+        "ts": utc_timestamp(),
+        "type": TERMINAL_TYPE,
+        "data": {
+            "status": "lost",
+            "stop_reason": None,
+            "error": error.to_dict(),
+            "duration_ms": round(duration, 2),
+            "timings_ms": {},
+        },
+    }
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+
+
+def _str(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def reap_pass(settings: Settings) -> ReapReport:
+    """One pass with a fresh Redis client and every backend of ``settings.reap_backends``.
+
+    Raises:
+        ServiceUnavailable: no Redis is configured.
+        InvalidInput: a configured backend does not exist.
+    """
+    backends = {name: get_backend(name, settings) for name in settings.reap_backends}
+    client = redis_client(settings.redis_url)
+    try:
+        return await reap_once(client, settings, backends)
+    finally:
+        await client.aclose()

@@ -1,0 +1,249 @@
+"""``acp-worker serve | reap | submit | events | status | cancel | ready``: the job service.
+
+``serve`` and ``reap`` are the worker side; ``submit``, ``events``, ``status`` and
+``cancel`` are the control-plane side over Redis, with a readable live view on a terminal
+and JSON lines with ``--json`` (``events`` prints ``{"id", "event"}`` so a reader can
+resume with ``--after ID``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from worker import metrics
+from worker.cli import add_json_flag
+from worker.client import Client, StreamEvent
+from worker.errors import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_SUCCEEDED,
+    EXIT_TIMED_OUT,
+    InvalidJobSpec,
+    ServiceUnavailable,
+)
+from worker.events.progress import ProgressSink
+from worker.leases.reaper import reap_pass
+from worker.settings import Settings
+
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+EXIT_BY_STATUS = {
+    "succeeded": EXIT_SUCCEEDED,
+    "failed": EXIT_FAILED,
+    "lost": EXIT_FAILED,
+    "cancelled": EXIT_CANCELLED,
+    "timed_out": EXIT_TIMED_OUT,
+}
+
+
+def register(sub: SubParsers) -> None:
+    _register_worker_side(sub)
+    _register_client_side(sub)
+
+
+def _redis_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", default=None, metavar="URL", help="Redis (ACPW_REDIS_URL)")
+    add_json_flag(parser)
+
+
+def _register_worker_side(sub: SubParsers) -> None:
+    serve = sub.add_parser("serve", help="run a Celery worker for run jobs")
+    serve.add_argument("--concurrency", type=int, default=None, help="parallel jobs")
+    serve.add_argument("--beat", action="store_true", help="also schedule the reaper")
+    serve.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
+    serve.add_argument("--loglevel", default="INFO", help="Celery log level")
+    _redis_flag(serve)
+    serve.set_defaults(handler=_serve)
+    reap = sub.add_parser("reap", help="one reaper pass (or --loop every reaper_interval)")
+    reap.add_argument("--loop", action="store_true", help="keep reaping")
+    _redis_flag(reap)
+    reap.set_defaults(handler=_reap)
+    ready = sub.add_parser("ready", help="readiness: Redis and the sandbox backend answer")
+    _redis_flag(ready)
+    ready.set_defaults(handler=_ready)
+
+
+def _register_client_side(sub: SubParsers) -> None:
+    submit = sub.add_parser("submit", help="submit a job (idempotent by job_id)")
+    submit.add_argument("job", type=Path, help="job spec JSON file")
+    submit.add_argument("--follow", action="store_true", help="show events until it settles")
+    submit.add_argument("--new-attempt", action="store_true", help="re-run a settled job")
+    _redis_flag(submit)
+    submit.set_defaults(handler=_submit)
+    events = sub.add_parser("events", help="print a job's events")
+    events.add_argument("job_id")
+    events.add_argument("--follow", action="store_true", help="wait until it settles")
+    events.add_argument("--after", default=None, metavar="ID", help="resume after stream id")
+    _redis_flag(events)
+    events.set_defaults(handler=_events)
+    for name, handler, text in (
+        ("status", _status, "print a job's state"),
+        ("cancel", _cancel, "cancel a job's current attempt"),
+    ):
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("job_id")
+        _redis_flag(parser)
+        parser.set_defaults(handler=handler)
+
+
+def _with_redis(args: argparse.Namespace, settings: Settings) -> Settings:
+    url = args.redis or settings.redis_url
+    if not url:
+        raise ServiceUnavailable("no Redis configured: pass --redis URL or set ACPW_REDIS_URL")
+    return settings.model_copy(update={"redis_url": url})
+
+
+def _as_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+# --- worker side -------------------------------------------------------------------
+
+
+def serve_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
+    """The ``celery worker`` command line ``serve`` replaces itself with."""
+    argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", settings.queue]
+    argv += ["-O", "fair", "--loglevel", args.loglevel]
+    if args.concurrency:
+        argv += ["--concurrency", str(args.concurrency)]
+    if args.beat:
+        schedule = Path(tempfile.gettempdir()) / f"acpw-beat-{os.getpid()}"
+        argv += ["--beat", "--schedule", str(schedule)]
+    return argv
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Replace this process with the Celery worker, so its environment is final.
+
+    ``tasks`` reads the settings from the environment once, and prometheus_client picks
+    its multiprocess mode when it is first imported: both must see the values set here.
+    """
+    settings = _with_redis(args, settings)
+    env = dict(os.environ, ACPW_REDIS_URL=settings.redis_url or "")
+    if args.metrics_port is not None:
+        env["ACPW_METRICS_PORT"] = str(args.metrics_port)
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acpw-metrics-")
+    argv = serve_argv(args, settings)
+    os.execve(sys.executable, argv, env)  # noqa: S606 - fixed argv, our own interpreter
+    return 0  # pragma: no cover - execve does not return
+
+
+def _ready(args: argparse.Namespace, settings: Settings) -> int:
+    report = metrics.readiness_of(_with_redis(args, settings))
+    print(json.dumps(report) if _as_json(args) else _ready_text(report))
+    return 0 if report["ready"] else 1
+
+
+def _ready_text(report: dict[str, Any]) -> str:
+    head = "ready" if report["ready"] else "NOT ready"
+    return f"{head}: redis {report['redis']}, backend {report['backend']}"
+
+
+def _reap(args: argparse.Namespace, settings: Settings) -> int:
+    settings = _with_redis(args, settings)
+    while True:
+        report = asyncio.run(reap_pass(settings)).to_dict()
+        print(json.dumps(report) if _as_json(args) else _reap_text(report), flush=True)
+        if not args.loop:
+            return 0
+        time.sleep(settings.reaper_interval)
+
+
+def _reap_text(report: dict[str, list[str]]) -> str:
+    return (
+        f"reaped: {len(report['lost'])} job(s) lost {report['lost']}, "
+        f"{len(report['destroyed'])} sandbox(es) destroyed, {len(report['failed'])} failed"
+    )
+
+
+# --- control-plane side --------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, settings: Settings) -> Client:
+    settings = _with_redis(args, settings)
+    return Client(settings.redis_url or "", settings=settings)
+
+
+def _load_job(path: Path) -> dict[str, Any]:
+    """The job file, with a relative local workspace made absolute (the worker is elsewhere)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidJobSpec(f"cannot read job file {path}: {exc}") from None
+    workspace = data.get("workspace") if isinstance(data, dict) else None
+    if isinstance(workspace, dict) and isinstance(workspace.get("path"), str):
+        where = Path(workspace["path"])
+        if not where.is_absolute():
+            workspace["path"] = str((path.resolve().parent / where).resolve())
+    return data if isinstance(data, dict) else {"job": data}
+
+
+def _submit(args: argparse.Namespace, settings: Settings) -> int:
+    with _client(args, settings) as client:
+        submission = client.submit(_load_job(args.job), new_attempt=args.new_attempt)
+        state = submission.state
+        _say(
+            args,
+            {"submitted": submission.outcome, **state.to_dict()},
+            f"job {state.job_id} attempt {state.attempt}: {submission.outcome} ({state.status})",
+        )
+        if not args.follow:
+            return 0
+        return _show(args, client.events(state.job_id, follow=True))
+
+
+def _events(args: argparse.Namespace, settings: Settings) -> int:
+    with _client(args, settings) as client:
+        client.get(args.job_id)  # JobNotFound rather than waiting on a stream that never comes
+        return _show(args, client.events(args.job_id, after=args.after, follow=args.follow))
+
+
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    with _client(args, settings) as client:
+        state = client.get(args.job_id)
+    _say(args, state.to_dict(), f"job {state.job_id} attempt {state.attempt}: {state.status}")
+    return 0
+
+
+def _cancel(args: argparse.Namespace, settings: Settings) -> int:
+    with _client(args, settings) as client:
+        state = client.cancel(args.job_id)
+    text = "already settled" if state.settled else "cancel requested"
+    _say(args, {"cancel": text, **state.to_dict()}, f"job {state.job_id}: {text}")
+    return 0
+
+
+def _say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    if _as_json(args):
+        print(json.dumps(data), flush=True)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _show(args: argparse.Namespace, items: Iterable[StreamEvent]) -> int:
+    """Print events (JSON lines or the live view); exit code from the last ``job.completed``."""
+    status = asyncio.run(_render(items, as_json=_as_json(args)))
+    return EXIT_BY_STATUS.get(status or "", EXIT_SUCCEEDED)
+
+
+async def _render(items: Iterable[StreamEvent], *, as_json: bool) -> str | None:
+    view = ProgressSink(sys.stderr)
+    status: str | None = None
+    for item in items:
+        if as_json:
+            print(json.dumps({"id": item.id, "event": item.event}), flush=True)
+        else:
+            await view.write(item.event, item.line)
+        if item.event.get("type") == "job.completed":
+            status = str(item.event["data"].get("status"))
+    await view.close()
+    return status
