@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs lock-packs demo test unit integration lint fmt bench clean
+.PHONY: bootstrap packs lock-packs demo docker-up docker-down base-image demo-docker test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -33,6 +33,21 @@ lint: bootstrap
 fmt: bootstrap
 	@$(VENV)/bin/ruff format worker tasks tests benchmarks
 	@$(VENV)/bin/ruff check --fix worker tasks tests benchmarks
+
+# The docker backend, against Podman's Docker API (started on demand, stopped by docker-down).
+DOCKER_HOST_SOCK := unix:///var/tmp/acpw-podman/run/podman.sock
+docker-up:
+	@./scripts/podman-service.sh start >/dev/null
+docker-down:
+	@./scripts/podman-service.sh stop
+
+# One-time per machine: mmdebstrap rootfs (~55 s) + base image build (~15 s), then cached.
+base-image: bootstrap docker-up
+	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker image base
+
+demo-docker: packs base-image
+	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker image build cursor-emulator
+	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker run examples/hello.json --backend docker
 
 bench: packs
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

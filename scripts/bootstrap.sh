@@ -13,6 +13,13 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
+# The docker backend is tested against Podman's Docker-compatible API (DESIGN.md);
+# mmdebstrap builds the sandbox base image's rootfs from the configured apt mirror.
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+[ -x /usr/bin/catatonit ] || need_apt+=(catatonit)
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}" >&2
   if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -36,10 +36,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    from worker import admission_cli, run_cli, service_cli
+    from worker import admission_cli, images_cli, run_cli, service_cli
     from worker.packs import cli as packs_cli
 
-    return [run_cli.register, packs_cli.register, admission_cli.register, service_cli.register]
+    return [
+        run_cli.register,
+        packs_cli.register,
+        admission_cli.register,
+        service_cli.register,
+        images_cli.register,
+    ]
 
 
 def _report(exc: WorkerError, *, as_json: bool) -> None:

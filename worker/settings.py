@@ -63,6 +63,17 @@ class Settings(BaseSettings):
     )
     results_prefix: str = Field(default="acp-worker", description="Key prefix of bundles.")
     bundle_max_bytes: int = Field(default=1024**3, description="Largest result bundle.")
+    docker_host: str | None = Field(
+        default=None, description="Docker API URL for the docker backend (default DOCKER_HOST)."
+    )
+    images_dir: Path | None = Field(
+        default=None, description="Base-image rootfs and image pins (default cache_dir/images)."
+    )
+    apt_mirror: str | None = Field(
+        default=None, description="Where mmdebstrap fetches the base rootfs (default: the host's)."
+    )
+    image_suite: str = Field(default="bookworm", description="Debian suite of the base image.")
+    image_registry: str | None = Field(default=None, description="Push pack images here.")
     secrets_dir: Path | None = Field(
         default=None,
         description="Root that `file:` credential references resolve under (required for them).",

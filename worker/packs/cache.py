@@ -24,7 +24,8 @@ from pathlib import Path
 from worker.errors import DigestMismatch
 from worker.packs.archive import DEFAULT_LIMITS, ExtractLimits, extract_verified
 from worker.packs.closure import ClosureLock, FileEntry, closure_digest, sort_entries
-from worker.packs.manifest import Pack, PlatformTarget
+from worker.packs.manifest import LocalSource, Pack, PlatformTarget
+from worker.packs.sources import fetch, touch
 from worker.packs.verify import verify_closure
 
 # Sealed closures are world-readable on purpose: sandboxes bind them read-only and may
@@ -66,7 +67,17 @@ def materialize(
                 return final
     if verify_existing:
         verify_closure(final, lock)
+    touch(final)  # least-recent-use order for ``sources.gc``
     return final
+
+
+def _archive(pack: Pack, target: PlatformTarget, cache_dir: Path) -> Path:
+    """The archive on this host: in the pack folder, or fetched into the cache."""
+    source = target.pin.archive.source
+    if isinstance(source, LocalSource):
+        return pack.archive_path(target)
+    archive = target.pin.archive
+    return fetch(source, cache_dir, sha256=archive.sha256, size=archive.size).path
 
 
 def _published(final: Path) -> bool:
@@ -109,7 +120,7 @@ def _build(
     try:
         archive = target.pin.archive
         entries = extract_verified(
-            pack.archive_path(target), tmp,
+            _archive(pack, target, final.parent.parent), tmp,
             sha256=archive.sha256, size=archive.size, fmt=archive.format, limits=limits,
         )  # fmt: skip
         check_inventory(tmp, entries, lock)

@@ -45,6 +45,7 @@ from worker.packs.names import (
     current_platform,
     path_problem,
 )
+from worker.packs.sources import HttpsSource, S3Source
 
 MANIFEST = "pack.json"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -87,7 +88,9 @@ class LocalSource(_Strict):
         return pack_dir.joinpath(*PurePosixPath(self.path).parts)
 
 
-ArchiveSource = LocalSource
+# A bare string or ``{"kind": "local"}`` is a pack-folder path; ``https``/``s3`` kinds
+# are fetched into the cache by ``worker.packs.sources``.
+ArchiveSource = Annotated[LocalSource | HttpsSource | S3Source, Field(union_mode="left_to_right")]
 
 
 class ArchivePin(_Strict):

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from worker.sandbox.base import SandboxBackend
     from worker.settings import Settings
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "docker")
 
 
 def get_backend(name: str, settings: Settings) -> SandboxBackend:
@@ -26,4 +26,8 @@ def get_backend(name: str, settings: Settings) -> SandboxBackend:
         from worker.sandbox.local import LocalBackend
 
         return LocalBackend(settings)
+    if name == "docker":
+        from worker.sandbox.docker import DockerBackend
+
+        return DockerBackend(settings)
     raise InvalidInput(f"unknown sandbox backend {name!r}", available=list(BACKENDS))
