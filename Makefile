@@ -11,6 +11,7 @@ bootstrap:
 # Rebuild pack archives deterministically from source (digests are pinned in pack.json).
 packs: bootstrap
 	@$(PY) $(PACKS)/build.py
+	@./scripts/npm-packs.sh
 
 # After editing the emulator's source: rebuild and re-pin (commit pack.json and lock/).
 lock-packs: packs
@@ -53,4 +54,4 @@ bench: packs
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build $(PACKS)/dist
+	rm -rf $(VENV) build provider_packs/*/dist

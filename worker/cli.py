@@ -36,7 +36,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    from worker import admission_cli, images_cli, run_cli, service_cli
+    from worker import admission_cli, agents_cli, images_cli, run_cli, service_cli
     from worker.packs import cli as packs_cli
 
     return [
@@ -45,6 +45,7 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
         admission_cli.register,
         service_cli.register,
         images_cli.register,
+        agents_cli.register,
     ]
 
 

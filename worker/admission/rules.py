@@ -187,9 +187,11 @@ SYSTEM_CONFIG: Mapping[str, tuple[ConfigPath, ...]] = {
             "Managed Claude MCP config starts server processes in every session.",
         ),
     ),
-    # Codex and Gemini CLI read no project config from an untrusted folder, and every
-    # sandbox's HOME is new (so nothing is trusted); their managed files can still
-    # declare MCP servers, hooks or notify commands for every session.
+    # Managed files that declare MCP servers, hooks or notify commands for every session.
+    # Project config: Gemini CLI ignores .gemini/ hooks, agents and MCP servers in an
+    # untrusted folder (every sandbox HOME is new, so nothing is trusted). Codex does
+    # NOT: codex-acp 2.6.0 started an MCP server from an untrusted .codex/config.toml,
+    # which PROJECT_CONFIG does not list yet (see tests/conformance/README.md).
     "codex": (
         _cfg(
             "etc/codex/managed_config.toml",

@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_lock(actions)
     _add_verify(actions)
     _add_materialize(actions)
+    _add_npm(actions)
 
 
 def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,6 +55,24 @@ def _add_materialize(actions: argparse._SubParsersAction[argparse.ArgumentParser
     mat.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
     add_json_flag(mat)
     mat.set_defaults(handler=materialize_command)
+
+
+def _add_npm(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lock = actions.add_parser(
+        "lock-npm", help="pin an npm package and its tree, build and lock its archive"
+    )
+    lock.add_argument("spec", metavar="SPEC", help="package at an exact version: name@1.2.3")
+    lock.add_argument("--pack", required=True, metavar="NAME", help="pack name or folder")
+    lock.add_argument("--bin", metavar="BIN", help="the package's bin the launch runs")
+    lock.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
+    add_json_flag(lock)
+    lock.set_defaults(handler=lock_npm_command)
+    build = actions.add_parser(
+        "build-npm", help="rebuild an npm pack's archive from its lock; refuse other bytes"
+    )
+    build.add_argument("pack", metavar="PACK", help="pack name or folder")
+    add_json_flag(build)
+    build.set_defaults(handler=build_npm_command)
 
 
 def resolve_pack(ref: str, settings: Settings) -> Pack:
@@ -119,4 +138,41 @@ def materialize_command(args: argparse.Namespace, settings: Settings) -> int:
     pack = resolve_pack(args.pack, settings)
     path = materialize(pack, args.cache or settings.cache_dir, platform=args.platform)
     _emit(args, {"closure": str(path)}, str(path))
+    return 0
+
+
+def lock_npm_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack lock-npm SPEC --pack NAME [--bin BIN] [--platform P]``."""
+    from worker.packs.npm import lock_npm
+
+    pack_dir = _pack_dir(args.pack, settings)
+    result = lock_npm(args.spec, pack_dir=pack_dir, platform=args.platform, bin_name=args.bin)
+    data = {
+        "pack": result.pack,
+        "platform": result.platform,
+        "files": result.files,
+        "bytes": result.bytes,
+        "closure_digest": result.closure_digest,
+        "archive_sha256": result.archive_sha256,
+        "archive_size": result.archive_size,
+        "lock": str(result.lock_path),
+    }
+    text = (
+        f"locked {args.spec} as {result.pack} for {result.platform}: {result.files} files, "
+        f"{result.bytes} bytes, archive sha256 {result.archive_sha256}"
+    )
+    _emit(args, data, text)
+    return 0
+
+
+def build_npm_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack build-npm PACK``: rebuild dist/ from the committed npm lock (cached)."""
+    from worker.packs.npm import build_npm, describe
+
+    results = build_npm(_pack_dir(args.pack, settings))
+    lines = [
+        f"{r.archive}: {'already pinned bytes' if r.cached else 'rebuilt'} (sha256 {r.sha256})"
+        for r in results
+    ]
+    _emit(args, {"archives": describe(results)}, "\n".join(lines))
     return 0

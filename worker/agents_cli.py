@@ -1,0 +1,259 @@
+"""``acp-worker agents probe PACK``: what an agent advertises, from inside its sandbox.
+
+The tool an operator uses when qualifying a new agent version: the pack is materialized
+and verified exactly as for a job, the agent starts in a sandbox with an empty workspace
+and no credentials, and the worker runs ``initialize`` then ``session/new``. Whatever
+the agent advertises is printed: protocol, agent info, capabilities, auth methods and,
+when a session could be opened without credentials, its modes, models and config
+options. A refused ``session/new`` (most agents want credentials first) is reported, not
+an error: the probe exits 0 once ``initialize`` succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.acp.agent import AgentProcess
+from worker.acp.client import AcpClient, ClientCapabilities
+from worker.cli import add_json_flag
+from worker.errors import WorkerError
+from worker.packs.cli import resolve_pack
+from worker.packs.names import PLATFORMS
+from worker.packs.runtime import PreparedPack, prepare_pack
+from worker.sandbox import base, get_backend
+from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from worker.sandbox.local import sandbox_owner
+from worker.settings import Settings
+from worker.workspace.stage import remove_staged, stage_local
+
+PROBE_LIMITS = base.ResourceLimits(memory_bytes=2 * 1024**3, cpus=1.0, pids=512)
+# Notifications are summarized by kind; a probe is not a transcript.
+MAX_KINDS = 50
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``agents probe`` to the ``acp-worker`` parser."""
+    agents = sub.add_parser("agents", help="inspect ACP agents through their packs")
+    add_json_flag(agents)
+    actions = agents.add_subparsers(dest="agents_command", required=True, metavar="ACTION")
+    probe = actions.add_parser("probe", help="initialize an agent and print what it offers")
+    probe.add_argument("pack", metavar="PACK", help="pack name or folder")
+    probe.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
+    probe.add_argument(
+        "--timeout", type=float, default=30.0, metavar="S", help="seconds per request"
+    )
+    probe.add_argument("--no-session", action="store_true", help="stop after initialize")
+    add_json_flag(probe)
+    probe.set_defaults(handler=probe_command)
+
+
+def probe_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``agents probe PACK``: exit 0 when ``initialize`` succeeded."""
+    settings = settings.model_copy(update={"acp_request_timeout": args.timeout})
+    pack = resolve_pack(args.pack, settings)
+    prepared = prepare_pack(settings, pack, args.platform)
+    backend = get_backend(settings.backend, settings)
+    report = asyncio.run(_probe(prepared, settings, backend, session=not args.no_session))
+    if getattr(args, "json", False):
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        print(render(report))
+    return 0
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What the agent sent on its own while being probed."""
+
+    kinds: dict[str, int] = field(default_factory=dict)
+    notices: list[dict[str, Any]] = field(default_factory=list)
+
+    async def notification(self, method: str, params: Any) -> None:
+        update = params.get("update") if isinstance(params, Mapping) else None
+        kind = update.get("sessionUpdate") if isinstance(update, Mapping) else None
+        key = f"{method}:{kind}" if isinstance(kind, str) else method
+        if key in self.kinds or len(self.kinds) < MAX_KINDS:
+            self.kinds[key] = self.kinds.get(key, 0) + 1
+
+    async def malformed(self, preview: str, reason: str) -> None:
+        self.notices.append({"type": "malformed_line", "data": {"reason": reason}})
+
+
+async def _probe(
+    prepared: PreparedPack, settings: Settings, backend: SandboxBackend, *, session: bool
+) -> dict[str, Any]:
+    report: dict[str, Any] = {"pack": prepared.event_data()}
+    job_id = f"probe-{secrets.token_hex(4)}"
+    settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+    workspace = settings.work_dir / job_id
+    sandbox: Sandbox | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
+            staged = stage_local(Path(empty), workspace, owner=sandbox_owner(settings))
+        sandbox = await backend.create(_spec(job_id, prepared, staged.path, settings))
+        report.update(await _run_agent(sandbox, prepared, settings, session=session))
+    finally:
+        if sandbox is not None:
+            await backend.destroy(sandbox.sandbox_id)
+        remove_staged(workspace)
+    return report
+
+
+def _spec(job_id: str, prepared: PreparedPack, workspace: Path, settings: Settings) -> SandboxSpec:
+    return SandboxSpec(
+        job_id=job_id,
+        attempt=1,
+        workspace=workspace,
+        pack_closure=prepared.closure,
+        limits=PROBE_LIMITS,
+        labels={
+            base.LABEL_JOB: job_id,
+            base.LABEL_ATTEMPT: "1",
+            base.LABEL_TOKEN: "0",
+            base.LABEL_WORKER: settings.worker_id,
+        },
+    )
+
+
+async def _run_agent(
+    sandbox: Sandbox, prepared: PreparedPack, settings: Settings, *, session: bool
+) -> dict[str, Any]:
+    plan = prepared.launch_plan({})
+    seen = _Seen()
+    process = await sandbox.spawn(
+        plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
+    )
+    agent = AgentProcess(
+        process,
+        line_limit=settings.acp_line_limit,
+        request_timeout=settings.acp_request_timeout,
+        stderr_limit=settings.stderr_buffer_bytes,
+        on_notification=seen.notification,
+        on_malformed=seen.malformed,
+    )
+    client = AcpClient(agent.connection)
+    agent.start()
+    report: dict[str, Any] = {}
+    try:
+        report.update(await _initialize(client))
+        if session:
+            report["session"] = await _session(client)
+    except WorkerError as exc:
+        exc.details.setdefault("stderr_preview", agent.stderr.preview())
+        raise
+    finally:
+        report["shutdown"] = await _shutdown(agent, settings)
+    report["notifications"] = seen.kinds
+    report["notices"] = seen.notices
+    return report
+
+
+async def _initialize(client: AcpClient) -> dict[str, Any]:
+    start = time.perf_counter()
+    # What a plain job offers: no client fs/terminal, so the probe sees the default view.
+    init = await client.initialize(ClientCapabilities())
+    return {
+        "initialize_ms": round((time.perf_counter() - start) * 1000, 1),
+        "protocol_version": init.get("protocolVersion"),
+        "agent_info": init.get("agentInfo"),
+        "agent_capabilities": init.get("agentCapabilities"),
+        "auth_methods": init.get("authMethods"),
+        "extra": {k: v for k, v in init.items() if k not in _INIT_KEYS},
+    }
+
+
+_INIT_KEYS = frozenset({"protocolVersion", "agentInfo", "agentCapabilities", "authMethods"})
+_SESSION_KEYS = ("modes", "models", "configOptions")
+
+
+async def _session(client: AcpClient) -> dict[str, Any]:
+    try:
+        result = await client.new_session(base.WORKSPACE)
+    except WorkerError as exc:
+        return {"opened": False, "error": exc.to_dict()}
+    out: dict[str, Any] = {"opened": True}
+    out.update({key: result.get(key) for key in _SESSION_KEYS})
+    out["extra"] = {k: v for k, v in result.items() if k not in {"sessionId", *_SESSION_KEYS}}
+    return out
+
+
+async def _shutdown(agent: AgentProcess, settings: Settings) -> dict[str, Any]:
+    """Close stdin and escalate; say how the agent ended (``eof``, ``term`` or ``kill``)."""
+    start = time.perf_counter()
+    code = await agent.shutdown(
+        eof_grace=settings.shutdown_eof_grace, term_grace=settings.shutdown_term_grace
+    )
+    seconds = time.perf_counter() - start
+    if seconds < settings.shutdown_eof_grace:
+        how = "eof"
+    elif seconds < settings.shutdown_eof_grace + settings.shutdown_term_grace:
+        how = "term"
+    else:
+        how = "kill"
+    return {"exit_code": code, "ended_by": how, "seconds": round(seconds, 2)}
+
+
+# --- human output ------------------------------------------------------------------
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The probe report as a few readable lines."""
+    pack, info = report["pack"], report.get("agent_info") or {}
+    name = info.get("title") or info.get("name", "?")
+    lines = [
+        f"pack      {pack['name']} {pack['version']} ({pack['platform']})",
+        f"closure   {pack['closure_digest']}",
+        f"agent     {name} {info.get('version', '')}".rstrip(),
+        f"protocol  {report['protocol_version']} (initialize {report['initialize_ms']} ms)",
+        f"caps      {_flat(report.get('agent_capabilities') or {})}",
+        f"auth      {_auth(report.get('auth_methods') or [])}",
+    ]
+    lines += _session_lines(report.get("session"))
+    kinds = report.get("notifications") or {}
+    if kinds:
+        lines.append("sent      " + ", ".join(f"{k} x{n}" for k, n in kinds.items()))
+    end = report["shutdown"]
+    lines.append(f"shutdown  exit {end['exit_code']} after {end['ended_by']} ({end['seconds']} s)")
+    return "\n".join(lines)
+
+
+def _flat(value: Any, prefix: str = "") -> str:
+    if isinstance(value, Mapping) and value:
+        return ", ".join(_flat(v, f"{prefix}{k}.") for k, v in value.items())
+    shown = "{}" if isinstance(value, Mapping) else json.dumps(value)
+    return f"{prefix.rstrip('.')}={shown}"
+
+
+def _auth(methods: list[Any]) -> str:
+    ids = [str(m.get("id")) for m in methods if isinstance(m, Mapping)]
+    return ", ".join(ids) if ids else "(none advertised)"
+
+
+def _session_lines(session: Mapping[str, Any] | None) -> list[str]:
+    if session is None:
+        return []
+    if not session.get("opened"):
+        error = session.get("error") or {}
+        return [f"session   refused: {error.get('message')} [{error.get('code')}]"]
+    lines = ["session   opened without credentials"]
+    modes = (session.get("modes") or {}).get("availableModes") or []
+    if modes:
+        lines.append("modes     " + ", ".join(str(m.get("id")) for m in modes))
+    models = (session.get("models") or {}).get("availableModels") or []
+    if models:
+        lines.append("models    " + ", ".join(str(m.get("modelId")) for m in models))
+    for option in session.get("configOptions") or []:
+        values = [str(o.get("value")) for o in option.get("options") or [] if "value" in o]
+        lines.append(
+            f"option    {option.get('id')} = {option.get('currentValue')} ({', '.join(values)})"
+        )
+    return lines
