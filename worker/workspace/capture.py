@@ -16,7 +16,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -28,13 +28,19 @@ _CHUNK = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One path of a snapshot (``sha256`` for files, ``target`` for links)."""
+    """One path of a snapshot (``sha256`` for files, ``target`` for links).
+
+    ``seen`` is (inode, ctime_ns, size) when the worker measured the file: a later file
+    with the same triple has the same content, because no process can set a file's
+    ctime (only the kernel does, on every change), so capture need not read it again.
+    """
 
     kind: Kind
     mode: int
     size: int
     sha256: str | None = None
     target: str | None = None
+    seen: tuple[int, int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,29 +54,40 @@ class Change:
 Snapshot = Mapping[str, Entry]
 
 
-def snapshot(root: Path) -> dict[str, Entry]:
-    """Every path below ``root`` (relative, POSIX) with what it is; links not followed."""
-    return dict(_walk(root, ""))
+def snapshot(root: Path, known: Snapshot | None = None) -> dict[str, Entry]:
+    """Every path below ``root`` (relative, POSIX) with what it is; links not followed.
+
+    A file whose (inode, ctime, size) matches its entry in ``known`` keeps that entry's
+    digest without being read again.
+    """
+    return dict(_walk(root, "", known or {}))
 
 
-def _walk(directory: Path, prefix: str) -> Iterator[tuple[str, Entry]]:
+def _walk(directory: Path, prefix: str, known: Snapshot) -> Iterator[tuple[str, Entry]]:
     with os.scandir(directory) as entries:
         found = sorted(entries, key=lambda e: e.name)
     for item in found:
         if not prefix and item.name in SKIP_ROOT:
             continue
         rel = prefix + item.name
-        entry = _entry(item)
+        entry = _entry(item, known.get(rel))
         yield rel, entry
         if entry.kind == "dir":
-            yield from _walk(Path(item.path), rel + "/")
+            yield from _walk(Path(item.path), rel + "/", known)
 
 
-def _entry(item: os.DirEntry[str]) -> Entry:
+def seen_key(info: os.stat_result) -> tuple[int, int, int]:
+    return (info.st_ino, info.st_ctime_ns, info.st_size)
+
+
+def _entry(item: os.DirEntry[str], previous: Entry | None) -> Entry:
     info = item.stat(follow_symlinks=False)
     mode = stat.S_IMODE(info.st_mode)
     if stat.S_ISREG(info.st_mode):
-        return Entry("file", mode, info.st_size, sha256=file_sha256(item.path))
+        key = seen_key(info)
+        if previous is not None and previous.seen == key and previous.kind == "file":
+            return Entry("file", mode, info.st_size, sha256=previous.sha256, seen=key)
+        return Entry("file", mode, info.st_size, sha256=file_sha256(item.path), seen=key)
     if stat.S_ISDIR(info.st_mode):
         return Entry("dir", mode, 0)
     if stat.S_ISLNK(info.st_mode):

@@ -24,7 +24,7 @@ class Captured:
 def capture(staged: StagedWorkspace, *, inline_limit: int) -> Captured:
     """Compare the workspace now with what it held at the start (call after the agent
     and everything in its sandbox are gone, so nothing changes underneath)."""
-    changes = tuple(compare(staged.before, snapshot(staged.path)))
+    changes = tuple(compare(staged.before, snapshot(staged.path, staged.before)))
     patch = build_patch(
         changes, source=staged.source, workspace=staged.path, inline_limit=inline_limit
     )

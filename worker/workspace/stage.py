@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.errors import WorkspaceUnavailable
-from worker.workspace.capture import SKIP_ROOT, Entry
+from worker.workspace.capture import SKIP_ROOT, Entry, seen_key
 
 _CHUNK = 1024 * 1024
 
@@ -84,7 +84,9 @@ class _Copier:
             os.chown(dst, self.uid, self.gid)
             self.files += 1
             self.bytes += info.st_size
-            self._record(tracked, rel, Entry("file", mode, info.st_size, sha256=digest))
+            seen = seen_key(os.lstat(dst))  # after the last metadata change we make
+            entry_ = Entry("file", mode, info.st_size, sha256=digest, seen=seen)
+            self._record(tracked, rel, entry_)
         elif stat.S_ISLNK(info.st_mode):
             target = os.readlink(entry.path)
             os.symlink(target, dst)
