@@ -36,7 +36,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    from worker import admission_cli, agents_cli, images_cli, run_cli, service_cli
+    from worker import (
+        admission_cli,
+        agents_cli,
+        images_cli,
+        interactions_cli,
+        run_cli,
+        service_cli,
+    )
     from worker.packs import cli as packs_cli
 
     return [
@@ -44,6 +51,7 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
         packs_cli.register,
         admission_cli.register,
         service_cli.register,
+        interactions_cli.register,
         images_cli.register,
         agents_cli.register,
     ]

@@ -76,8 +76,14 @@ async def _run_async(
             environ=dict(os.environ),
             base_dir=base_dir,
             cancel=cancel,
+            control=_control_client(sinks),
         )
     return outcome.exit_code
+
+
+def _control_client(sinks: list[EventSink]) -> Any:
+    """With --redis, the same connection carries interaction answers (acpw:{J}:control)."""
+    return next((s.client for s in sinks if isinstance(s, RedisStreamSink)), None)
 
 
 async def _sinks(

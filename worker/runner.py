@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import token_hex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
-from worker.acp.cursor import CursorDialect
+from worker.acp.paths import WorkspacePaths
+from worker.acp.session import HOST_SHARED_BACKENDS, AcpSession, SessionWiring
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials
 from worker.errors import (
@@ -28,13 +29,13 @@ from worker.errors import (
     EXIT_SUCCEEDED,
     EXIT_TIMED_OUT,
     AgentError,
-    ModelUnavailable,
     ResultUploadFailed,
     WorkerError,
 )
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
+from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
 from worker.sandbox import base
@@ -46,6 +47,9 @@ from worker.workspace.changes import Captured, capture, write_patch
 from worker.workspace.changes import event_data as changes_event
 from worker.workspace.prepare import Prepared, prepare_workspace
 from worker.workspace.stage import StagedWorkspace
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 SUCCESS_STOPS = {"end_turn", "max_tokens", "max_turn_requests"}
 
@@ -93,8 +97,13 @@ async def run_job(
     attempt: int = 1,
     cancel: asyncio.Event | None = None,
     labels: Mapping[str, str] | None = None,
+    control: aioredis.Redis | None = None,
 ) -> JobOutcome:
-    """Run ``spec`` once and return how it settled; events go to ``sinks``."""
+    """Run ``spec`` once and return how it settled; events go to ``sinks``.
+
+    With ``control`` (Redis), questions, plans and permission asks become durable
+    interactions answered through ``acpw:{J}:control``; without it they are declined.
+    """
     redactor = Redactor()
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -112,6 +121,7 @@ async def run_job(
         base_dir=base_dir,
         attempt=attempt,
         labels=labels or {},
+        control=control,
     )
     try:
         outcome = await job.run(cancel or asyncio.Event())
@@ -132,6 +142,7 @@ class _Job:
         base_dir: Path | None,
         attempt: int,
         labels: Mapping[str, str],
+        control: aioredis.Redis | None = None,
     ) -> None:
         self.spec = spec
         self.settings = settings
@@ -149,6 +160,21 @@ class _Job:
         self.upload_error: ResultUploadFailed | None = None
         self.normalizer = Normalizer(
             workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes
+        )
+        self.control = control
+        self.host_workspace: Path | None = None
+        self.acp: AcpSession | None = None
+        store = None
+        if control is not None:
+            ttl = settings.events_ttl + int(spec.limits.timeout_s)
+            store = InteractionStore(control, spec.job_id, ttl_s=ttl)
+        self.broker = InteractionBroker(
+            job_id=spec.job_id,
+            attempt=attempt,
+            emit=emitter.emit,
+            store=store,
+            timeout_s=spec.interactions.answer_timeout_s,
+            max_event_bytes=settings.event_max_bytes,
         )
 
     async def run(self, cancel: asyncio.Event) -> JobOutcome:
@@ -195,6 +221,11 @@ class _Job:
         self.phases.mark("credentials")
         pack = await self._pack(declaration)
         workspace = await self._workspace(declaration.manifest.provider, credentials)
+        if self.backend.name in HOST_SHARED_BACKENDS:
+            # The agent's /workspace is this host directory: artifacts and fs/* are
+            # checked and served against it.
+            self.host_workspace = workspace
+            self.normalizer.artifacts = WorkspacePaths(workspace, base.WORKSPACE).artifact
         await self._sandbox(pack, workspace)
         agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
         client = await self._launch(pack.launch_plan(agent_credentials))
@@ -268,48 +299,42 @@ class _Job:
             on_notification=self._notification,
             on_malformed=self._malformed,
         )
-        client = AcpClient(self.agent.connection, emit=self.emitter.emit)
-        if plan.dialect == "cursor":
-            CursorDialect(self.agent.connection, emit=self.emitter.emit)
+        self.acp = AcpSession(
+            self.agent.connection,
+            SessionWiring(
+                spec=self.spec,
+                dialect=plan.dialect,
+                emit=self.emitter.emit,
+                normalizer=self.normalizer,
+                broker=self.broker,
+                sandbox=self.sandbox,
+                host_workspace=self.host_workspace,
+                terminal_output_bytes=settings.tool_output_bytes,
+            ),
+        )
         self.agent.start()
         self.phases.mark("agent_spawn")
-        return client
+        return self.acp.client
 
     async def _session(self, client: AcpClient) -> str:
-        init = await client.initialize()
-        self.phases.mark("initialize")
-        await self.emitter.emit("agent.initialized", _initialized_data(init))
-        session = await client.new_session(base.WORKSPACE)
-        session_id = str(session["sessionId"])
-        self.phases.mark("session_new")
-        await self.emitter.emit("session.started", _session_data(session_id, session))
-        if self.spec.mode is not None:
-            await client.set_mode(session_id, self.spec.mode)
-        if self.spec.model is not None:
-            await self._select_model(client, session_id, session)
-        return session_id
-
-    async def _select_model(
-        self, client: AcpClient, session_id: str, session: Mapping[str, Any]
-    ) -> None:
-        model = self.spec.model
-        assert model is not None
-        if model.params:
-            raise ModelUnavailable(
-                "model parameters are not supported by this worker yet; name a variant id",
-                model=model.id,
-            )
-        available = _model_ids(session)
-        if model.id not in available:
-            raise ModelUnavailable(
-                f"model {model.id!r} is not offered by the agent",
-                model=model.id,
-                available=sorted(available)[:50],
-            )
-        await client.set_model(session_id, model.id)
-        await self.emitter.emit("model.selected", {"model": model.id, "params": {}})
+        assert self.acp is not None
+        return await self.acp.open(self.phases.mark)
 
     async def _turn(
+        self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
+    ) -> str:
+        self.broker.begin_turn()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.control is not None:
+                    reader = AnswerReader(self.control, self.broker)
+                    await stack.enter_async_context(reader.running())
+                return await self._prompt(client, session_id, cancel, deadline)
+        finally:
+            await self.broker.end_turn("turn_ended")
+            self.normalizer.settled = True
+
+    async def _prompt(
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
     ) -> str:
         prompt = asyncio.create_task(client.prompt(session_id, self.spec.prompt_blocks()))
@@ -324,6 +349,8 @@ class _Job:
                 self.phases.mark("turn")
                 return stop
             status = "cancelled" if cancel.is_set() else "timed_out"
+            # Open questions are answered `cancelled` first, so nothing waits on them.
+            await self.broker.end_turn(status)
             raise _Stop(status, await self._interrupt(client, session_id, prompt))
         finally:
             cancelled.cancel()
@@ -368,6 +395,8 @@ class _Job:
         return exc
 
     async def _teardown(self) -> None:
+        if self.acp is not None:
+            await self.acp.terminals.close_all()
         if self.agent is not None:
             await self.agent.shutdown(
                 eof_grace=self.settings.shutdown_eof_grace,
@@ -483,38 +512,3 @@ def _settled(stop_reason: str) -> JobOutcome:
 def _interrupted(stop: _Stop) -> JobOutcome:
     code = EXIT_CANCELLED if stop.status == "cancelled" else EXIT_TIMED_OUT
     return JobOutcome(stop.status, stop.stop_reason, None, code)
-
-
-def _initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:
-    caps = init.get("agentCapabilities")
-    methods = init.get("authMethods")
-    info = init.get("agentInfo")
-    return {
-        "protocol_version": int(init["protocolVersion"]),
-        "agent_capabilities": dict(caps) if isinstance(caps, Mapping) else {},
-        "auth_methods": [m for m in methods if isinstance(m, Mapping)]
-        if isinstance(methods, list)
-        else [],
-        "agent_info": dict(info) if isinstance(info, Mapping) else None,
-    }
-
-
-def _session_data(session_id: str, session: Mapping[str, Any]) -> dict[str, Any]:
-    def mapping(key: str) -> dict[str, Any] | None:
-        value = session.get(key)
-        return dict(value) if isinstance(value, Mapping) else None
-
-    options = session.get("configOptions")
-    return {
-        "session_id": session_id,
-        "resumed": False,
-        "modes": mapping("modes"),
-        "models": mapping("models"),
-        "config_options": options if isinstance(options, list) else None,
-    }
-
-
-def _model_ids(session: Mapping[str, Any]) -> set[str]:
-    models = session.get("models")
-    listed = models.get("availableModels") if isinstance(models, Mapping) else None
-    return {str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m}

@@ -1,47 +1,81 @@
 """The client side of one ACP session: typed calls and the inbound request handlers.
 
-Calls translate JSON-RPC errors at this seam: -32000 becomes :class:`AuthRequired`, any
-other error object an :class:`AgentError` naming the method. Inbound requests the worker
-answers itself live here (permissions); dialect-specific ones (``cursor/*``) are
-registered by their dialect module.
+Calls translate JSON-RPC errors at this seam: -32000 becomes :class:`AuthRequired`,
+-32601 :class:`Unsupported` (fork/resume are asked, never inferred from the schema), any
+other error object an :class:`AgentError` naming the method. Inbound requests are
+registered by their own modules: ``permissions``, ``fs``, ``terminal``, ``cursor``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from worker import __version__
-from worker.acp.connection import AUTH_REQUIRED, Connection, RpcError
-from worker.errors import AgentError, AuthRequired, ProtocolError
+from worker.acp.connection import (
+    AUTH_REQUIRED,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Connection,
+    RpcError,
+)
+from worker.errors import (
+    AgentError,
+    AuthRequired,
+    ProtocolError,
+    SessionNotFound,
+    Unsupported,
+)
 from worker.events.bounded import bounded_json
 
 PROTOCOL_VERSION = 1
 Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class ClientCapabilities:
+    """What the worker offers the agent at initialize.
+
+    ``fs`` only when the host reaches the files the agent sees; ``terminal`` only when
+    commands can run in the agent's own sandbox; ``subagents`` asks Cursor for child
+    session updates; ``parameterized_models`` switches Cursor to base model ids plus
+    per-parameter options (the two id spaces are disjoint, so it is chosen up front).
+    """
+
+    fs: bool = False
+    terminal: bool = False
+    subagents: bool = True
+    parameterized_models: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        caps: dict[str, Any] = {
+            "fs": {"readTextFile": self.fs, "writeTextFile": self.fs},
+            "terminal": self.terminal,
+        }
+        meta = {}
+        if self.subagents:
+            meta["subagents"] = True
+        if self.parameterized_models:
+            meta["parameterizedModelPicker"] = True
+        if meta:
+            caps["_meta"] = meta
+        return caps
+
+
 class AcpClient:
     """Typed ACP calls over a :class:`Connection`."""
 
-    def __init__(self, connection: Connection, *, emit: Emit) -> None:
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self._emit = emit
-        connection.route("session/request_permission", self._permission)
 
     async def _call(self, method: str, params: Any, *, timeout: float | None = -1) -> Any:
         try:
             return await self.connection.request(method, params, timeout=timeout)
         except RpcError as exc:
-            detail = {"method": method, "rpc_code": exc.code}
-            if exc.data is not None:
-                detail["rpc_data"] = bounded_json(exc.data, 2048)["text"]
-            if exc.code == AUTH_REQUIRED:
-                raise AuthRequired(
-                    f"agent requires authentication: {exc.message}", **detail
-                ) from None
-            raise AgentError(f"agent refused {method}: {exc.message}", **detail) from None
+            raise _translated(method, exc) from None
 
-    async def initialize(self) -> Mapping[str, Any]:
+    async def initialize(self, capabilities: ClientCapabilities) -> Mapping[str, Any]:
         """Negotiate protocol 1.
 
         Raises:
@@ -51,10 +85,7 @@ class AcpClient:
             "initialize",
             {
                 "protocolVersion": PROTOCOL_VERSION,
-                "clientCapabilities": {
-                    "fs": {"readTextFile": False, "writeTextFile": False},
-                    "terminal": False,
-                },
+                "clientCapabilities": capabilities.to_wire(),
                 "clientInfo": {"name": "acp-worker", "version": __version__},
             },
         )
@@ -77,6 +108,55 @@ class AcpClient:
             raise ProtocolError("session/new returned no sessionId")
         return result
 
+    async def load_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+        """Resume a recorded session; its history is replayed before this returns.
+
+        Raises:
+            SessionNotFound: the agent rejected the id (-32602).
+            Unsupported: the agent has no session/load (-32601).
+            AuthRequired: the agent needs credentials.
+        """
+        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        try:
+            result = await self._call("session/load", params)
+        except AgentError as exc:
+            if exc.details.get("rpc_code") == INVALID_PARAMS:
+                raise SessionNotFound(
+                    f"the agent has no session {session_id!r} to resume", **exc.details
+                ) from None
+            raise
+        return result if isinstance(result, Mapping) else {}
+
+    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, Any]]:
+        """``session/list``: the agent's recorded sessions (no paging).
+
+        Raises:
+            Unsupported: the agent has no session/list.
+        """
+        result = await self._call("session/list", {} if cwd is None else {"cwd": cwd})
+        sessions = result.get("sessions") if isinstance(result, Mapping) else None
+        return [s for s in sessions or [] if isinstance(s, Mapping)]
+
+    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+        """``session/resume`` (never inferred from the schema: asked).
+
+        Raises:
+            Unsupported: the agent answered method-not-found (Cursor does).
+        """
+        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        result = await self._call("session/resume", params)
+        return result if isinstance(result, Mapping) else {}
+
+    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+        """``session/fork``.
+
+        Raises:
+            Unsupported: the agent answered method-not-found (Cursor does).
+        """
+        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        result = await self._call("session/fork", params)
+        return result if isinstance(result, Mapping) else {}
+
     async def set_mode(self, session_id: str, mode: str) -> None:
         await self._call("session/set_mode", {"sessionId": session_id, "modeId": mode})
 
@@ -89,6 +169,9 @@ class AcpClient:
 
     async def prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> str:
         """Run one turn; returns the stop reason. Waits as long as the turn lasts.
+
+        A second prompt on a busy session *interrupts* the first (Cursor cancels it);
+        ACP has no steering, so the worker never sends one concurrently.
 
         Raises:
             ProtocolError: the result carries no stop reason.
@@ -104,27 +187,14 @@ class AcpClient:
     async def cancel(self, session_id: str) -> None:
         await self.connection.notify("session/cancel", {"sessionId": session_id})
 
-    async def _permission(self, params: Any) -> Any:
-        """Deny by default: pick the agent's one-time reject option, never an "always"."""
-        options = params.get("options") if isinstance(params, Mapping) else None
-        reject = next(
-            (
-                o.get("optionId")
-                for o in options or []
-                if isinstance(o, Mapping) and o.get("kind") == "reject_once"
-            ),
-            None,
-        )
-        title = params.get("toolCall", {}).get("title") if isinstance(params, Mapping) else None
-        await self._emit(
-            "notice",
-            {
-                "level": "info",
-                "code": "permission_denied",
-                "message": "a permission request was denied by the job's policy (deny)",
-                "details": {"title": bounded_json(title, 512)["text"]},
-            },
-        )
-        if reject is None:
-            return {"outcome": {"outcome": "cancelled"}}
-        return {"outcome": {"outcome": "selected", "optionId": reject}}
+
+def _translated(method: str, exc: RpcError) -> AgentError:
+    """-32000 → ``auth_required``, -32601 → ``unsupported``, else ``agent_error``."""
+    detail: dict[str, Any] = {"method": method, "rpc_code": exc.code}
+    if exc.data is not None:
+        detail["rpc_data"] = bounded_json(exc.data, 2048)["text"]
+    if exc.code == AUTH_REQUIRED:
+        return AuthRequired(f"agent requires authentication: {exc.message}", **detail)
+    if exc.code == METHOD_NOT_FOUND:
+        return Unsupported(f"the agent does not implement {method}", **detail)
+    return AgentError(f"agent refused {method}: {exc.message}", **detail)

@@ -8,7 +8,10 @@ exact method name; unknown methods get -32601.
 - Requests go both ways concurrently; each outbound request has its own timeout
   (a malformed input gets *no* reply from Cursor, so nothing may wait forever).
 - Inbound notifications are dispatched in arrival order; inbound requests each run in
-  their own task so a blocking question never stalls the stream.
+  their own task so a blocking question never stalls the stream — except handlers
+  routed ``inline`` (quick acknowledgements), which run in arrival order too.
+- A handler may return a :class:`Reply` to learn whether its answer reached the agent's
+  stdin (durable interactions record a resolution only after the pipe write).
 - A malformed line (not JSON, not an object, not JSON-RPC) is reported through
   ``on_malformed`` and skipped; a line longer than ``line_limit`` is fatal
   (:class:`LineTooLong`), because memory must stay bounded.
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError
@@ -52,6 +56,14 @@ class RpcError(Exception):
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A handler's result plus ``after(sent)``, awaited once the write was attempted."""
+
+    result: Any
+    after: Callable[[bool], Awaitable[None]]
+
+
 class Connection:
     """One JSON-RPC peer reached through a reader/writer pair."""
 
@@ -72,6 +84,7 @@ class Connection:
         self._on_notification = on_notification
         self._on_malformed = on_malformed
         self._handlers: dict[str, RequestHandler] = {}
+        self._inline: set[str] = set()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -79,9 +92,17 @@ class Connection:
         self._write_lock = asyncio.Lock()
         self.closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
-    def route(self, method: str, handler: RequestHandler) -> None:
-        """Answer inbound requests for exactly ``method`` with ``handler(params)``."""
+    def route(self, method: str, handler: RequestHandler, *, inline: bool = False) -> None:
+        """Answer inbound requests for exactly ``method`` with ``handler(params)``.
+
+        ``inline`` handlers run before the next line is read, so what they emit keeps
+        its place in the stream; they must not wait on anything slow.
+        """
         self._handlers[method] = handler
+        if inline:
+            self._inline.add(method)
+        else:
+            self._inline.discard(method)
 
     def start(self) -> None:
         self._reader_task = asyncio.create_task(self._read_loop(), name="acp-reader")
@@ -205,6 +226,9 @@ class Connection:
             if self._on_notification is not None:
                 await self._on_notification(method, params)
             return
+        if method in self._inline:
+            await self._answer(message["id"], method, params)
+            return
         task = asyncio.create_task(self._answer(message["id"], method, params))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -212,15 +236,24 @@ class Connection:
     async def _answer(self, request_id: Any, method: str, params: Any) -> None:
         handler = self._handlers.get(method)
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+        after = None
         if handler is None:
             reply["error"] = RpcError(METHOD_NOT_FOUND, f'"Method not found": {method}').to_wire()
         else:
             try:
-                reply["result"] = await handler(params)
+                result = await handler(params)
             except RpcError as exc:
                 reply["error"] = exc.to_wire()
+            else:
+                if isinstance(result, Reply):
+                    result, after = result.result, result.after
+                reply["result"] = result
+        sent = False
         with contextlib.suppress(AgentExited, LineTooLong, ProtocolError):
             await self._send(reply)
+            sent = True
+        if after is not None:
+            await after(sent)
 
     async def _reply(self, message: dict[str, Any], line: bytes) -> None:
         future = self._pending.get(message["id"]) if isinstance(message["id"], int) else None

@@ -1,60 +1,104 @@
 """Cursor's ACP dialect: the five ``cursor/*`` extension methods.
 
 Cursor sends them as JSON-RPC *requests with ids* (its docs call three of them
-notifications) and none carries a ``sessionId``. The non-blocking three are acknowledged
-at once and never turned into questions; the two blocking ones (questions and plans)
-need a durable interaction channel — until that exists they are answered ``cancelled``
-with a visible notice, never silently. Every payload is kept as ``provider.unmapped``.
+notifications) and none carries a ``sessionId``: they belong to the running turn.
+
+- ``cursor/update_todos``, ``cursor/task``, ``cursor/generate_image``: acknowledged at
+  once with ``{}`` — never turned into questions, never blocking — and normalized
+  (merged checklist, correlated subagent task, contained artifacts).
+- ``cursor/ask_question``, ``cursor/create_plan``: durable interactions (see
+  :mod:`worker.interactions.broker`). A request that cannot be presented faithfully
+  (malformed, or a plan document over 196 KiB) is declined with a notice, never cut.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from worker.acp.client import Emit
 from worker.acp.connection import Connection
-from worker.events.bounded import bounded_json
+from worker.events.normalizer import Normalizer
+from worker.interactions.broker import InteractionBroker
+from worker.interactions.requests import RequestInvalid, plan_request, question_request
 
 NON_BLOCKING = ("cursor/update_todos", "cursor/task", "cursor/generate_image")
-BLOCKING = ("cursor/ask_question", "cursor/create_plan")
-RAW_LIMIT = 16 * 1024
+CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
 
 class CursorDialect:
     """Registers handlers for Cursor's extension requests on a connection."""
 
-    def __init__(self, connection: Connection, *, emit: Emit) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        emit: Emit,
+        normalizer: Normalizer,
+        broker: InteractionBroker,
+    ) -> None:
         self._emit = emit
+        self._normalizer = normalizer
+        self._broker = broker
         for method in NON_BLOCKING:
-            connection.route(method, self._acknowledger(method))
-        for method in BLOCKING:
-            connection.route(method, self._decliner(method))
+            connection.route(method, self._acknowledger(method), inline=True)
+        connection.route("cursor/ask_question", self._question)
+        connection.route("cursor/create_plan", self._plan)
 
-    def _acknowledger(self, method: str) -> Any:
+    def _acknowledger(self, method: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
         async def acknowledge(params: Any) -> dict[str, Any]:
-            await self._keep(method, params)
+            for type_, data in self._normalizer.extension(method, params):
+                await self._emit(type_, data)
             return {}
 
         return acknowledge
 
-    def _decliner(self, method: str) -> Any:
-        async def decline(params: Any) -> dict[str, Any]:
-            await self._keep(method, params)
-            await self._emit(
-                "notice",
-                {
-                    "level": "warning",
-                    "code": "interaction_unavailable",
-                    "message": f"{method} needs an answer from the control plane; this worker "
-                    "has no interaction channel yet, so it was answered cancelled",
-                    "details": {"method": method},
-                },
-            )
-            return {"outcome": {"outcome": "cancelled"}}
+    async def _question(self, params: Any) -> Any:
+        try:
+            request = question_request(_mapping(params))
+        except RequestInvalid as exc:
+            return await self._declined("cursor/ask_question", exc, params)
+        tool_call_id = _tool_call_id(params)
+        return await self._broker.ask("question", request, tool_call_id=tool_call_id)
 
-        return decline
+    async def _plan(self, params: Any) -> Any:
+        revision = self._broker.plan_revision + 1
+        try:
+            request = plan_request(_mapping(params), revision)
+        except RequestInvalid as exc:
+            return await self._declined("cursor/create_plan", exc, params, rejected=True)
+        self._broker.plan_revision = revision
+        return await self._broker.ask("plan", request, tool_call_id=_tool_call_id(params))
 
-    async def _keep(self, method: str, params: Any) -> None:
+    async def _declined(
+        self, method: str, exc: RequestInvalid, params: Any, *, rejected: bool = False
+    ) -> dict[str, Any]:
         await self._emit(
-            "provider.unmapped", {"kind": method, "raw": bounded_json(params, RAW_LIMIT)}
+            "notice",
+            {
+                "level": "warning",
+                "code": "interaction_refused",
+                "message": f"{method} was declined: {exc.reason}",
+                "details": {"method": method, "reason": exc.code},
+            },
         )
+        if exc.code == "too_large":
+            return (
+                {"outcome": {"outcome": "rejected", "reason": exc.reason}}
+                if rejected
+                else CANCELLED
+            )
+        type_, data = self._normalizer.unmapped(method, params)  # kept, never dropped
+        await self._emit(type_, data)
+        return CANCELLED
+
+
+def _mapping(params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise RequestInvalid("malformed_request", "params must be an object")
+    return params
+
+
+def _tool_call_id(params: Any) -> str | None:
+    value = params.get("toolCallId") if isinstance(params, Mapping) else None
+    return value if isinstance(value, str) else None

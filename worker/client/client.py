@@ -21,8 +21,9 @@ import redis.exceptions
 from worker import keys
 from worker.client import queue
 from worker.control.watch import CANCEL, control_fields
-from worker.errors import JobNotFound, ServiceUnavailable
+from worker.errors import InteractionClosed, JobNotFound, ServiceUnavailable
 from worker.events.models import TERMINAL_TYPE
+from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
 from worker.leases import scripts
 from worker.leases.lease import job_keys
@@ -153,6 +154,34 @@ class Client:
                     approximate=True,
                 )
         return state
+
+    def answer(self, job_id: str, interaction_id: str, answer: Mapping[str, Any]) -> str:
+        """Answer an open interaction (question, plan, permission); returns the control
+        stream entry id. The worker validates again and reports the outcome as
+        ``interaction.resolved`` or ``interaction.answer_rejected``.
+
+        Raises:
+            InteractionNotFound, InteractionClosed, InvalidAnswer: refused before sending.
+            ServiceUnavailable: Redis did not answer.
+        """
+        try:
+            state: JobState | None = self.get(job_id)
+        except JobNotFound:
+            state = None  # a job run outside the service (`acp-worker run --redis`)
+        if state is not None and state.settled:
+            raise InteractionClosed(f"job {job_id!r} has settled ({state.status})", job_id=job_id)
+        current = None if state is None else state.attempt
+        with _translated():
+            return send_answer(self._redis, job_id, interaction_id, answer, current_attempt=current)
+
+    def interactions(self, job_id: str) -> list[dict[str, Any]]:
+        """Every interaction record of the job (open and resolved), oldest first.
+
+        Raises:
+            ServiceUnavailable: Redis did not answer.
+        """
+        with _translated():
+            return list_records(self._redis, job_id)
 
     def events(
         self,

@@ -1,102 +1,248 @@
-"""ACP ``session/update`` notifications → canonical events (pure, no I/O).
+"""ACP ``session/update`` notifications and Cursor's extension requests → canonical events.
 
-The normalizer never drops what the agent said: an update kind it does not know becomes
-``provider.unmapped`` with the raw payload (bounded). Untrusted text is bounded and
-marked when cut; paths are made relative to the workspace, and a location outside it is
+Pure mapping (no I/O: the artifact containment check is injected). Nothing the agent
+says is dropped: an unknown update kind becomes ``provider.unmapped`` with the raw
+payload (bounded), and fields of a known kind that no canonical field holds become a
+second ``provider.unmapped`` marked ``partial``. Untrusted text is bounded and marked
+when cut; paths are made relative to the workspace, and a location outside it is
 dropped with a notice rather than passed on.
+
+Updates are routed by ``sessionId``: the root session's are the job's own; a spawned
+subagent's are attributed to it (``child_id``), never flattened into the parent; an
+unknown session, a child that already ended, or any child after the turn settled is
+refused with a notice. Events of ``session/load`` history carry ``replay: true``.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from worker.events import artifacts
+from worker.events.artifacts import ArtifactCheck, refuse_all
 from worker.events.bounded import bounded, bounded_json
+from worker.events.delegations import TASK_FIELDS, Delegations, Refused
+from worker.events.todos import KNOWN_FIELDS as TODO_FIELDS
+from worker.events.todos import TodoList
 
 Out = list[tuple[str, dict[str, Any]]]
+Handler = Callable[[Mapping[str, Any], str | None], Out]
 
 _TERMINAL_TOOL = {"completed", "failed"}
+_TOOL = ("sessionUpdate", "toolCallId", "title", "kind", "status", "rawInput", "locations")
+KNOWN_FIELDS: dict[str, frozenset[str]] = {
+    "agent_message_chunk": frozenset({"sessionUpdate", "content"}),
+    "agent_thought_chunk": frozenset({"sessionUpdate", "content"}),
+    "user_message_chunk": frozenset({"sessionUpdate", "content"}),
+    "tool_call": frozenset(_TOOL),
+    "tool_call_update": frozenset({*_TOOL, "rawOutput", "content"}),
+    "plan": frozenset({"sessionUpdate", "entries"}),
+    "available_commands_update": frozenset({"sessionUpdate", "availableCommands"}),
+    "current_mode_update": frozenset({"sessionUpdate", "currentModeId"}),
+    "config_option_update": frozenset({"sessionUpdate", "configOptions"}),
+    "session_info_update": frozenset({"sessionUpdate", "title"}),
+    "usage_update": frozenset({"sessionUpdate", "used", "size", "cost"}),
+    "subagent_spawned": frozenset(
+        {"sessionUpdate", "subagentSessionId", "name", "task", "capabilities", "_meta"}
+    ),
+    "subagent_state_update": frozenset({"sessionUpdate", "subagentSessionId", "state", "_meta"}),
+}
+_SECRET_KEY = re.compile(r"(?i)(token|secret|passw|api[_-]?key|authorization|cookie|credential)")
+_TITLE_LIMIT = 1024
 
 
 class Normalizer:
-    """Stateful mapping of one session's updates (plan revisions, usage seen)."""
+    """Stateful mapping of one job's updates (routing, revisions, checklists, subagents)."""
 
-    def __init__(self, *, workspace_root: str, text_limit: int = 16 * 1024) -> None:
+    def __init__(
+        self,
+        *,
+        workspace_root: str,
+        text_limit: int = 16 * 1024,
+        artifacts: ArtifactCheck = refuse_all,
+    ) -> None:
         self._root = workspace_root.rstrip("/")
         self._limit = text_limit
-        self._plan_revision = 0
+        self.artifacts = artifacts
+        self.session_id: str | None = None
+        self.replay = False
+        self.settled = False
         self.usage_seen = False
-        self._kinds: dict[str, Callable[[Mapping[str, Any]], Out]] = {
-            "agent_message_chunk": lambda u: self._chunk(u, "assistant"),
-            "agent_thought_chunk": lambda u: self._chunk(u, "thought"),
-            "user_message_chunk": lambda u: self._chunk(u, "user"),
+        self._plan_revisions: dict[str | None, int] = {}
+        self.todos = TodoList()
+        self.delegations = Delegations(text_limit=text_limit)
+        self._kinds: dict[str, Handler] = {
+            "agent_message_chunk": lambda u, c: self._chunk(u, "assistant"),
+            "agent_thought_chunk": lambda u, c: self._chunk(u, "thought"),
+            "user_message_chunk": lambda u, c: self._chunk(u, "user"),
             "tool_call": self._tool_call,
             "tool_call_update": self._tool_update,
             "plan": self._plan,
             "available_commands_update": self._commands,
             "current_mode_update": self._mode,
+            "config_option_update": self._config,
             "session_info_update": self._info,
             "usage_update": self._usage,
+            "subagent_spawned": self._spawned,
+            "subagent_state_update": self._child_state,
         }
+
+    def bind(self, session_id: str) -> None:
+        """From now on, updates of other sessions must come from spawned children."""
+        self.session_id = session_id
 
     def normalize(self, params: Any) -> Out:
         """Events for one ``session/update`` params object."""
         update = params.get("update") if isinstance(params, Mapping) else None
         kind = update.get("sessionUpdate") if isinstance(update, Mapping) else None
-        handler = self._kinds.get(kind) if isinstance(kind, str) else None
-        if handler is None or not isinstance(update, Mapping):
-            return [self.unmapped(str(kind or "session/update"), params)]
+        if not isinstance(update, Mapping) or not isinstance(kind, str):
+            return [self.unmapped("session/update", params)]
+        source = params.get("sessionId")
+        child = None
+        if self.session_id is not None and source != self.session_id:
+            refusal = self._refusal(source, kind)
+            if refusal is not None:
+                return [refusal]
+            child = source
+        out = self._mapped(kind, update, child, params)
+        if child is not None or self.replay:
+            self._stamp(out, child)
+        return out
+
+    def _mapped(self, kind: str, update: Mapping[str, Any], child: str | None, raw: Any) -> Out:
+        handler = self._kinds.get(kind)
+        if handler is None:
+            return [self.unmapped(kind, raw)]
         try:
-            return handler(update)
+            out = handler(update, child)
         except (KeyError, TypeError, ValueError, AttributeError):
-            return [self.unmapped(str(kind), params)]
+            return [self.unmapped(kind, raw)]
+        known = KNOWN_FIELDS[kind]
+        if len(update) > len(known) or any(key not in known for key in update):
+            out.extend(self._partial(kind, update, known))
+        return out
 
     def unmapped(self, kind: str, raw: Any) -> tuple[str, dict[str, Any]]:
         return "provider.unmapped", {"kind": kind, "raw": bounded_json(raw, self._limit)}
 
-    # -- kinds ----------------------------------------------------------------------
+    def _partial(self, kind: str, update: Mapping[str, Any], known: frozenset[str]) -> Out:
+        extra = {key: value for key, value in update.items() if key not in known}
+        if not extra:
+            return []
+        return [("provider.unmapped", {**self.unmapped(kind, extra)[1], "partial": True})]
+
+    # -- routing --------------------------------------------------------------------------
+
+    def _refusal(self, source: Any, kind: str) -> tuple[str, dict[str, Any]] | None:
+        if self.settled:
+            reason = "turn_settled"
+        elif self.delegations.live_child(source) is not None:
+            return None
+        elif self.delegations.known_child(source):
+            reason = "child_settled"
+        else:
+            reason = "unknown_session"
+        return _child_refused(source, kind, reason)
+
+    def _stamp(self, out: Out, child: str | None) -> None:
+        for type_, data in out:
+            if type_ == "notice":
+                if child is not None:
+                    data["details"] = {**(data.get("details") or {}), "child_id": child}
+                continue
+            if child is not None and not type_.startswith("delegation."):
+                data["child_id"] = child
+            if self.replay:
+                data["replay"] = True
+
+    # -- Cursor extension requests (no sessionId: they belong to the root session) -------
+
+    def extension(self, method: str, params: Any) -> Out:
+        """Events for a non-blocking ``cursor/*`` request."""
+        mapped = _EXTENSIONS.get(method)
+        if mapped is None or not isinstance(params, Mapping):
+            return [self.unmapped(method, params)]
+        handler, known = mapped
+        try:
+            out = handler(self, params)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return [self.unmapped(method, params)]
+        return out + self._partial(method, params, known)
+
+    def _todos(self, params: Mapping[str, Any]) -> Out:
+        return [("todos.updated", self.todos.apply(params))]
+
+    def _task(self, params: Mapping[str, Any]) -> Out:
+        return self.delegations.cursor_task(params)
+
+    def _image(self, params: Mapping[str, Any]) -> Out:
+        return artifacts.image_events(self.artifacts, params)
+
+    # -- kinds ----------------------------------------------------------------------------
 
     def _chunk(self, update: Mapping[str, Any], role: str) -> Out:
         content = update["content"]
-        data: dict[str, Any] = {"role": role, "text": ""}
         if content.get("type") == "text":
-            data["text"] = str(content["text"])
-        else:
-            raw = bounded_json(content, self._limit)
-            data["content"] = (
-                dict(content)
-                if not raw["truncated"]
-                else {"type": str(content.get("type")), "truncated": True, "bytes": raw["bytes"]}
-            )
-        return [("message.delta", data)]
+            return [("message.delta", {"role": role, "text": str(content["text"])})]
+        raw = bounded_json(content, self._limit)
+        block = (
+            dict(content)
+            if not raw["truncated"]
+            else {"type": str(content.get("type")), "truncated": True, "bytes": raw["bytes"]}
+        )
+        return [("message.delta", {"role": role, "text": "", "content": block})]
 
-    def _tool_call(self, update: Mapping[str, Any]) -> Out:
-        out: Out = []
+    def _tool_call(self, update: Mapping[str, Any], child: str | None) -> Out:
+        notices: Out = []
+        tool_call_id = str(update["toolCallId"])
         raw_input = update.get("rawInput")
         data = {
-            "tool_call_id": str(update["toolCallId"]),
-            "title": _opt_str(update.get("title")),
+            "tool_call_id": tool_call_id,
+            "title": _title(update.get("title")),
             "kind": _opt_str(update.get("kind")),
             "status": str(update.get("status") or "pending"),
-            "raw_input": None if raw_input is None else bounded_json(raw_input, self._limit),
-            "locations": self._locations(update.get("locations"), out),
+            "raw_input": self._raw_input(raw_input),
+            "locations": self._locations(update.get("locations"), notices),
         }
-        return [("tool.started", data), *out]
+        out: Out = [("tool.started", data)]
+        if isinstance(raw_input, Mapping) and raw_input.get("_toolName") == "task":
+            parent = child or self.session_id
+            out += self.delegations.task_tool(tool_call_id, raw_input, parent)
+        return out + notices
 
-    def _tool_update(self, update: Mapping[str, Any]) -> Out:
+    def _tool_update(self, update: Mapping[str, Any], child: str | None) -> Out:
         notices: Out = []
+        tool_call_id = str(update["toolCallId"])
         status = _opt_str(update.get("status"))
-        data: dict[str, Any] = {"tool_call_id": str(update["toolCallId"]), "status": status}
+        data: dict[str, Any] = {"tool_call_id": tool_call_id, "status": status}
+        self._tool_fields(update, data)
+        content = update.get("content")
+        data["diffs"] = self._diffs(content, notices)
+        data["locations"] = self._locations(update.get("locations"), notices)
+        type_ = "tool.completed" if status in _TERMINAL_TOOL else "tool.updated"
+        out: Out = [(type_, data)]
+        if self.delegations.is_task_tool(tool_call_id):
+            out += self.delegations.task_output(tool_call_id, status, update.get("rawOutput"))
+        return out + self._resources(content, tool_call_id) + notices
+
+    def _tool_fields(self, update: Mapping[str, Any], data: dict[str, Any]) -> None:
         if update.get("title") is not None:
-            data["title"] = str(update["title"])
+            data["title"] = _title(update["title"])
         output = self._output(update)
         if output is not None:
             data["output"] = output
-        data["diffs"] = self._diffs(update.get("content"), notices)
-        data["locations"] = self._locations(update.get("locations"), notices)
-        type_ = "tool.completed" if status in _TERMINAL_TOOL else "tool.updated"
-        return [(type_, data), *notices]
+        raw_output = update.get("rawOutput")
+        if isinstance(raw_output, Mapping) and type(raw_output.get("exitCode")) is int:
+            data["exit_code"] = raw_output["exitCode"]
+        if update.get("rawInput") is not None:
+            data["raw_input"] = self._raw_input(update["rawInput"])
+
+    def _raw_input(self, raw_input: Any) -> dict[str, Any] | None:
+        if raw_input is None:
+            return None
+        return bounded_json(_redacted(raw_input), self._limit)
 
     def _output(self, update: Mapping[str, Any]) -> dict[str, Any] | None:
         texts = [
@@ -112,6 +258,22 @@ class Normalizer:
         if update.get("rawOutput") is not None:
             return bounded_json(update["rawOutput"], self._limit)
         return None
+
+    def _resources(self, content: Any, tool_call_id: str) -> Out:
+        """``resource_link`` blocks of a tool's content that name workspace files."""
+        out: Out = []
+        for block in content if isinstance(content, list) else []:
+            inner = block.get("content") if isinstance(block, Mapping) else None
+            if not isinstance(inner, Mapping) or inner.get("type") != "resource_link":
+                continue
+            uri = inner.get("uri")
+            path = (
+                uri[len("file://") :] if isinstance(uri, str) and uri.startswith("file://") else uri
+            )
+            out += artifacts.referenced(
+                self.artifacts, path, "tool_resource", tool_call_id=tool_call_id
+            )
+        return out
 
     def _diffs(self, content: Any, notices: Out) -> list[dict[str, Any]]:
         diffs = []
@@ -157,8 +319,9 @@ class Normalizer:
         notices.append(_outside_notice(path))
         return None
 
-    def _plan(self, update: Mapping[str, Any]) -> Out:
-        self._plan_revision += 1
+    def _plan(self, update: Mapping[str, Any], child: str | None) -> Out:
+        revision = self._plan_revisions.get(child, 0) + 1
+        self._plan_revisions[child] = revision
         entries = [
             {
                 "content": str(entry.get("content", "")),
@@ -168,29 +331,110 @@ class Normalizer:
             for entry in update["entries"]
             if isinstance(entry, Mapping)
         ]
-        return [("plan.updated", {"revision": self._plan_revision, "entries": entries})]
+        return [("plan.updated", {"revision": revision, "entries": entries})]
 
-    def _commands(self, update: Mapping[str, Any]) -> Out:
-        commands = [c for c in update["availableCommands"] if isinstance(c, Mapping)]
+    def _commands(self, update: Mapping[str, Any], child: str | None) -> Out:
+        commands = [dict(c) for c in update["availableCommands"] if isinstance(c, Mapping)]
         return [("commands.available", {"commands": commands})]
 
-    def _mode(self, update: Mapping[str, Any]) -> Out:
+    def _mode(self, update: Mapping[str, Any], child: str | None) -> Out:
         return [("mode.changed", {"mode": str(update["currentModeId"])})]
 
-    def _info(self, update: Mapping[str, Any]) -> Out:
+    def _config(self, update: Mapping[str, Any], child: str | None) -> Out:
+        options = [dict(o) for o in update["configOptions"] if isinstance(o, Mapping)]
+        return [("config.updated", {"config_options": options})]
+
+    def _info(self, update: Mapping[str, Any], child: str | None) -> Out:
         title = update.get("title")
         if not isinstance(title, str):
             return [self.unmapped("session_info_update", update)]
         return [("session.titled", {"title": bounded(title, 1024)["text"]})]
 
-    def _usage(self, update: Mapping[str, Any]) -> Out:
+    def _usage(self, update: Mapping[str, Any], child: str | None) -> Out:
         self.usage_seen = True
-        fields = {k: v for k, v in update.items() if k != "sessionUpdate"}
-        return [("usage.reported", {"available": True, "source": "agent", **fields})]
+        data: dict[str, Any] = {"available": True, "source": "agent"}
+        for key in ("used", "size"):
+            if type(update.get(key)) is int:
+                data[key] = update[key]
+        cost = update.get("cost")
+        if isinstance(cost, Mapping) and _is_cost(cost):
+            data["cost"] = {"amount": float(cost["amount"]), "currency": cost["currency"]}
+        malformed = {
+            k: update[k] for k in ("used", "size", "cost") if k in update and k not in data
+        }
+        return [("usage.reported", data), *self._partial("usage_update", malformed, frozenset())]
+
+    def _spawned(self, update: Mapping[str, Any], child: str | None) -> Out:
+        try:
+            return self.delegations.spawned(update, child or self.session_id)
+        except Refused as refused:
+            return [
+                _child_refused(update.get("subagentSessionId"), "subagent_spawned", refused.reason)
+            ]
+
+    def _child_state(self, update: Mapping[str, Any], child: str | None) -> Out:
+        try:
+            return self.delegations.state_update(update, child or self.session_id)
+        except Refused as refused:
+            kind = "subagent_state_update"
+            return [_child_refused(update.get("subagentSessionId"), kind, refused.reason)]
+
+
+_EXTENSIONS: dict[str, tuple[Callable[[Normalizer, Mapping[str, Any]], Out], frozenset[str]]] = {
+    "cursor/update_todos": (Normalizer._todos, TODO_FIELDS),
+    "cursor/task": (Normalizer._task, TASK_FIELDS),
+    "cursor/generate_image": (
+        Normalizer._image,
+        frozenset({"toolCallId", "description", "filePath", "referenceImagePaths"}),
+    ),
+}
+
+
+def _is_cost(cost: Any) -> bool:
+    return (
+        isinstance(cost, Mapping)
+        and isinstance(cost.get("amount"), int | float)
+        and not isinstance(cost.get("amount"), bool)
+        and isinstance(cost.get("currency"), str)
+    )
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with the values of secret-looking keys replaced (the emitter also
+    scrubs every bound credential; this covers secrets the worker does not know)."""
+    if isinstance(value, Mapping):
+        return {
+            k: "[REDACTED]" if _SECRET_KEY.search(str(k)) else _redacted(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _title(value: Any) -> str | None:
+    return None if value is None else bounded(str(value), _TITLE_LIMIT)["text"]
 
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _child_refused(session_id: Any, kind: str, reason: str) -> tuple[str, dict[str, Any]]:
+    return (
+        "notice",
+        {
+            "level": "warning",
+            "code": "subagent_update_refused",
+            "message": f"a {kind} update was refused ({reason}): it does not come from a "
+            "live subagent of this turn",
+            "details": {
+                "session_id": bounded(str(session_id), 256)["text"],
+                "kind": kind,
+                "reason": reason,
+            },
+        },
+    )
 
 
 def _outside_notice(path: str) -> tuple[str, dict[str, Any]]:

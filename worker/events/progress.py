@@ -29,6 +29,27 @@ _LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "usage.reported": lambda d: (
         "usage: " + ("reported" if d["available"] else "not reported by the agent")
     ),
+    "interaction.requested": lambda d: (
+        f"{d['kind']} {d['interaction_id']} waits for an answer "
+        f"(acp-worker answer {d['job']} {d['interaction_id']} ANSWER.json) until {d['expires_at']}"
+    ),
+    "interaction.resolved": lambda d: (
+        f"{d['kind']} {d['interaction_id']}: {d['outcome']} (by {d['resolved_by']})"
+    ),
+    "interaction.answer_rejected": lambda d: (
+        f"answer to {d['interaction_id']} refused ({d['code']}): {d['reason']}"
+    ),
+    "permission.decided": lambda d: f"permission {d['decision']}: {d.get('title') or ''}",
+    "todos.updated": lambda d: (
+        f"todos r{d['revision']}: "
+        + ", ".join(f"{t['content']} [{t['status']}]" for t in d["todos"])
+    ),
+    "delegation.started": lambda d: f"subagent started: {d.get('description') or d.get('role')}",
+    "delegation.completed": lambda d: (
+        f"subagent {d['state']}: {d.get('description') or d.get('role')}"
+    ),
+    "artifact.referenced": lambda d: f"artifact: {d['path']} ({d['kind']}, not uploaded)",
+    "model.selected": lambda d: f"model: {d['model']} {d['params']} (defaults {d['defaults']})",
 }
 
 
@@ -48,7 +69,7 @@ class ProgressSink:
         if type_ == "job.completed":
             self._line(_completed(data))
         elif render is not None:
-            self._line(render(data))
+            self._line(render({**data, "job": event.get("job_id")}))
 
     def _delta(self, role: str, text: str) -> None:
         if self._streaming != role:

@@ -80,6 +80,11 @@ class RedisStreamSink:
         self._error: BaseException | None = None
         self._closing = False
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection the sink writes through (shared with the control stream)."""
+        return self._client
+
     async def write(self, event: Mapping[str, Any], line: str) -> None:
         if self._error is not None:
             raise SinkUnavailable("Redis event stream is unavailable", key=self._key)

@@ -10,7 +10,14 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from worker.errors import InvalidJobSpec
 
@@ -69,9 +76,7 @@ class S3Workspace(_Strict):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="Pin.")
 
 
-Workspace = Annotated[
-    LocalWorkspace | GitWorkspace | S3Workspace, Field(discriminator="kind")
-]
+Workspace = Annotated[LocalWorkspace | GitWorkspace | S3Workspace, Field(discriminator="kind")]
 
 
 class ResultsTarget(_Strict):
@@ -87,10 +92,61 @@ class TextBlock(_Strict):
 
 
 class ModelSpec(_Strict):
-    """The model and every parameter the job wants, stated explicitly."""
+    """The model and every parameter the job wants, stated explicitly.
+
+    Cursor offers two disjoint id spaces: variant ids that encode their parameters
+    (``gpt-5.6-luna[context=272k,reasoning=medium,fast=false]``) and base ids whose
+    parameters are separate options (``gpt-5.6-luna`` + ``{"context": "272k", …}``).
+    Parameters the job omits stay the agent's defaults and are reported as such.
+    """
 
     id: str = Field(min_length=1, max_length=200)
-    params: dict[str, str] = Field(default_factory=dict, max_length=32)
+    params: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="e.g. context, reasoning, effort, reasoning_effort, thinking, fast.",
+    )
+    picker: Literal["auto", "variant", "parameterized"] = Field(
+        default="auto",
+        description="auto: variant ids (with `[...]`) use the variant picker, others the "
+        "parameterized one.",
+    )
+
+    @model_validator(mode="after")
+    def _one_id_space(self) -> ModelSpec:
+        if self.params and self.variant:
+            raise ValueError("a variant id (`base[k=v,…]`) already fixes its parameters")
+        return self
+
+    @property
+    def variant(self) -> bool:
+        """Whether this selection uses the variant-id picker."""
+        if self.picker != "auto":
+            return self.picker == "variant"
+        return "[" in self.id
+
+
+class Permissions(_Strict):
+    """How ``session/request_permission`` is answered (never with allow-always)."""
+
+    policy: Literal["deny", "allow_reads", "allow_all", "ask"] = Field(
+        default="deny",
+        description="deny; allow_reads (read/search tools); allow_all; ask (an interaction).",
+    )
+
+
+class Interactions(_Strict):
+    """Questions, plans and permission asks answered by the control plane."""
+
+    answer_timeout_s: float = Field(
+        default=600, gt=0, le=24 * 3600, description="Unanswered by then: declined."
+    )
+
+
+class SessionRef(_Strict):
+    """Resume a session this agent recorded earlier (``session/load``)."""
+
+    resume: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 
 
 class Limits(_Strict):
@@ -103,9 +159,30 @@ class Limits(_Strict):
 
 
 class Network(_Strict):
-    """Network policy. Only ``none`` exists in v1."""
+    """Network policy: ``none`` (no route out), or ``allowlist``: still no route out, but
+    a per-job proxy reachable from inside the sandbox relays HTTP CONNECT to exactly the
+    listed ``host:port`` entries (see ``worker.network``)."""
 
-    mode: Literal["none"] = "none"
+    mode: Literal["none", "allowlist"] = "none"
+    allow: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="`host:port` (hostname, IPv4 or [IPv6] literal; no wildcards); "
+        "lowercased. Private addresses are reachable only when named literally.",
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        from worker.network.allow import parse_endpoint
+
+        return [str(parse_endpoint(entry)) for entry in value]
+
+    @model_validator(mode="after")
+    def _allow_matches_mode(self) -> Network:
+        if (self.mode == "allowlist") != bool(self.allow):
+            raise ValueError("`allow` is required with mode allowlist and refused otherwise")
+        return self
 
 
 class JobSpec(_Strict):
@@ -123,6 +200,9 @@ class JobSpec(_Strict):
         max_length=16,
         description="Credential name -> reference (`env:NAME` or `file:PATH`), never a secret.",
     )
+    session: SessionRef | None = None
+    permissions: Permissions = Field(default_factory=Permissions)
+    interactions: Interactions = Field(default_factory=Interactions)
     limits: Limits = Field(default_factory=Limits)
     network: Network = Field(default_factory=Network)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)

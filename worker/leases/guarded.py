@@ -207,6 +207,7 @@ class _GuardedRun:
                 attempt=lease.attempt,
                 cancel=cancel,
                 labels={LABEL_TOKEN: str(lease.token)},
+                control=self.client,
             )
         return outcome.status
 

@@ -428,18 +428,16 @@ class Player:
             }
         )
         text = str(spec.get("childText", "Subagent finished."))
-        for piece in tokens(text):
+        child_updates = [
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": piece}}
+            for piece in tokens(text)
+        ]
+        # The child's own stream (thoughts, plans, tools) goes out on its session id.
+        extra = spec.get("childUpdates")
+        child_updates += [u for u in extra if isinstance(u, dict)] if isinstance(extra, list) else []
+        for update in child_updates:
             self.turn.check()
-            self.host.transport.notify(
-                "session/update",
-                {
-                    "sessionId": agent_id,
-                    "update": {
-                        "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": piece},
-                    },
-                },
-            )
+            self.host.transport.notify("session/update", {"sessionId": agent_id, "update": update})
         self.emit(
             {
                 "sessionUpdate": "subagent_state_update",
@@ -456,6 +454,18 @@ class Player:
 
     def do_update(self, update: JSON) -> None:
         self.emit(update)
+
+    def do_call(self, spec: JSON) -> None:
+        """A client method (fs/*, terminal/*, …) the real agent never calls (FACTS §2);
+        the reply goes to `{{reply}}` (JSON) and `{{reply_<key>}}` (top-level scalars)."""
+        params = dict(spec.get("params") or {})
+        params.setdefault("sessionId", self.session.session_id)
+        reply = self.turn.wait_reply(self.request(str(spec.get("method")), params))
+        value = reply.result if reply.error is None else {"error": reply.error}
+        self.turn.vars["reply"] = json.dumps(value, separators=(",", ":"), sort_keys=True)
+        for key, item in (value.items() if isinstance(value, dict) else []):
+            if isinstance(item, (str, int, float, bool)):
+                self.turn.vars[f"reply_{key}"] = str(item)
 
     def do_raw(self, message: Any) -> None:
         self.turn.check()
@@ -563,6 +573,7 @@ HANDLERS: dict[str, Callable[[Player, Any], None]] = {
         "task",
         "plan",
         "update",
+        "call",
         "raw",
         "garbage",
         "bigline",

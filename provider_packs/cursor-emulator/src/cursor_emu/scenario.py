@@ -35,6 +35,7 @@ VERBS: dict[str, str] = {
     "task": "object?",
     "generate-image": "object?",
     "update": "object",
+    "call": "object",
     "raw": "json",
     "sleep": "number",
     "bigline": "int",

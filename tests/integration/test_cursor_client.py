@@ -1,0 +1,176 @@
+"""The client side of Cursor jobs: permission policies, fs/* and terminal/* served by the
+worker (inside the job's sandbox and workspace), and exact model selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cursor_jobs import run_job
+
+Events = list[dict[str, Any]]
+PERMISSIONS = """#!scenario
+permission {"title": "Read README.md", "kind": "read", "reason": "read"}
+say {{permission}}|
+permission {"title": "`rm -rf build`", "kind": "execute", "reason": "Not in allowlist: rm"}
+say {{permission}}|
+permission {"title": "Which colour?", "kind": "think", "reason": "question fallback", \
+"options": [{"optionId": "red", "name": "Red", "kind": "allow_once"}, \
+{"optionId": "skip", "name": "Skip", "kind": "reject_once"}]}
+say {{permission}}
+"""
+
+
+def _of(events: Events, type_: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == type_]
+
+
+def _said(events: Events) -> str:
+    return "".join(d["text"] for d in _of(events, "message.delta") if d["role"] == "assistant")
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("deny", "reject-once|reject-once|skip"),
+        ("allow_reads", "allow-once|reject-once|skip"),
+        ("allow_all", "allow-once|allow-once|skip"),
+    ],
+)
+def test_permission_policies_never_allow_always(tmp_path: Path, policy: str, expected: str) -> None:
+    events = run_job(tmp_path, PERMISSIONS, permissions={"policy": policy})
+    assert _said(events) == expected
+    decided = _of(events, "permission.decided")
+    assert [d["policy"] for d in decided] == [policy] * 3
+    assert all(d["option_id"] != "allow-always" for d in decided)
+    assert [d["decision"] for d in decided] == [
+        "allowed" if option.startswith("allow") else "denied" for option in expected.split("|")
+    ]
+
+
+def test_fs_is_served_inside_the_workspace_only(tmp_path: Path) -> None:
+    calls = [
+        {"method": "fs/read_text_file", "params": {"path": "/workspace/README.md"}},
+        {
+            "method": "fs/write_text_file",
+            "params": {"path": "/workspace/out/new.txt", "content": "written by fs\n"},
+        },
+        {"method": "fs/read_text_file", "params": {"path": "/workspace/out/new.txt"}},
+        {"method": "fs/read_text_file", "params": {"path": "/workspace/../etc/passwd"}},
+        {"method": "fs/read_text_file", "params": {"path": "/etc/passwd"}},
+        {"method": "fs/read_text_file", "params": {"path": "/workspace/pw"}},
+        {"method": "fs/write_text_file", "params": {"path": "/workspace/pw", "content": "x"}},
+    ]
+    lines = [f'call {json.dumps(c)}\nsay {{{{reply}}}}\nsay "\\n"\n' for c in calls]
+    script = "#!scenario\nexec ln -s /etc/passwd pw\n" + "".join(lines)
+    events = run_job(tmp_path, script)
+    init = _of(events, "agent.initialized")[0]
+    assert init["agent_capabilities"]["sessionCapabilities"]["subagents"] == {}
+    replies = [json.loads(line) for line in _said(events).strip().split("\n")]
+    assert replies[0] == {"content": "# hello\n"}
+    assert replies[1] == {}
+    assert replies[2] == {"content": "written by fs\n"}
+    reasons = [r["error"]["data"]["reason"] for r in replies[3:]]
+    assert reasons == ["traversal", "outside_workspace", "symlink", "symlink"]
+    changed = {p["path"] for p in _of(events, "workspace.changed")[0]["paths"]}
+    assert "out/new.txt" in changed
+
+
+def test_terminals_run_in_the_sandbox_with_stdin_closed_and_bounded_output(
+    tmp_path: Path,
+) -> None:
+    create = {
+        "method": "terminal/create",
+        "params": {
+            "command": "/bin/sh",
+            "outputByteLimit": 64,
+            "args": [
+                "-c",
+                "cat; id -u; ls /opt/acp-pack >/dev/null && echo in-sandbox; seq 1 200 >&2; exit 3",
+            ],
+        },
+    }
+    wait = {"method": "terminal/wait_for_exit", "params": {"terminalId": "{{reply_terminalId}}"}}
+    output = {"method": "terminal/output", "params": {"terminalId": "{{reply_terminalId}}"}}
+    release = {"method": "terminal/release", "params": {"terminalId": "{{reply_terminalId}}"}}
+    script = (
+        f"#!scenario\ncall {json.dumps(create)}\ncall {json.dumps(wait)}\nsay {{{{reply}}}}|\n"
+        f"call {json.dumps(output)}\nsay {{{{reply}}}}|\ncall {json.dumps(release)}\n"
+        'call {"method": "terminal/output", "params": {"terminalId": "term-1"}}\nsay {{reply}}\n'
+    )
+    events = run_job(tmp_path, script)
+    exited, out, released = (json.loads(p) for p in _said(events).split("|"))
+    assert exited == {"exitCode": 3, "signal": None}
+    assert out["truncated"] is True
+    assert len(out["output"].encode()) <= 64
+    assert out["output"].endswith("199\n200\n")
+    assert out["exitStatus"] == {"exitCode": 3, "signal": None}
+    assert released["error"]["code"] == -32602  # released: gone
+
+
+def test_terminal_identity_is_the_sandbox_user(tmp_path: Path) -> None:
+    create = {
+        "method": "terminal/create",
+        "params": {
+            "command": "/bin/sh",
+            "args": ["-c", "id -u; test -d /opt/acp-pack && echo sandboxed"],
+        },
+    }
+    script = (
+        f"#!scenario\ncall {json.dumps(create)}\n"
+        'call {"method": "terminal/wait_for_exit", "params": '
+        '{"terminalId": "{{reply_terminalId}}"}}\n'
+        'call {"method": "terminal/output", "params": {"terminalId": "term-1"}}\nsay {{reply}}\n'
+    )
+    out = json.loads(_said(run_job(tmp_path, script)))
+    assert out["output"] == "1000\nsandboxed\n"
+
+
+def test_parameterized_model_is_selected_exactly_and_defaults_are_visible(
+    tmp_path: Path,
+) -> None:
+    events = run_job(
+        tmp_path, "scenario: hello", model={"id": "grok-4.6", "params": {"effort": "low"}}
+    )
+    [selected] = _of(events, "model.selected")
+    assert selected == {
+        "model": "grok-4.6",
+        "params": {"effort": "low"},
+        "defaults": {"fast": "true"},  # the catalog's pricier default: shown, not chosen
+        "picker": "parameterized",
+        "via": "config_option",
+        "verified": True,
+    }
+    assert events[-1]["data"]["status"] == "succeeded"
+
+
+def test_variant_model_id_uses_the_variant_picker(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: hello", model={"id": "grok-4.6[effort=high,fast=true]"})
+    [selected] = _of(events, "model.selected")
+    assert (selected["picker"], selected["params"]) == (
+        "variant",
+        {"effort": "high", "fast": "true"},
+    )
+    assert selected["verified"] is True
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"id": "gpt-9-imaginary"},
+        {"id": "grok-4.6", "params": {"context": "1m"}},
+        {"id": "grok-4.6", "params": {"effort": "ludicrous"}},
+        {"id": "grok-4.6", "picker": "variant"},
+    ],
+)
+def test_unavailable_models_are_refused_not_substituted(
+    tmp_path: Path, model: dict[str, Any]
+) -> None:
+    events = run_job(tmp_path, "scenario: hello", model=model)
+    done = events[-1]["data"]
+    assert (done["status"], done["error"]["code"]) == ("failed", "model_unavailable")
+    assert _of(events, "model.selected") == []
+    assert not any(e["type"] == "message.delta" for e in events)

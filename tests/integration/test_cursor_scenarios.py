@@ -1,0 +1,120 @@
+"""Cursor emulator scenarios end to end: golden event streams, subagents, checklists,
+artifacts, unmapped fields, permission policies, fs/terminal, models, session resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cursor_jobs import check_golden, run_job
+
+Events = list[dict[str, Any]]
+
+
+def _of(events: Events, type_: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == type_]
+
+
+def _text(events: Events, *, child: str | None = None, role: str = "assistant") -> str:
+    return "".join(
+        d["text"]
+        for d in _of(events, "message.delta")
+        if d["role"] == role and d.get("child_id") == child
+    )
+
+
+@pytest.mark.parametrize("name", ["subagents", "todos", "artifacts", "unmapped", "tour"])
+def test_scenario_matches_golden(tmp_path: Path, name: str) -> None:
+    events = run_job(tmp_path, f"scenario: {name}", job_id=f"golden-{name}")
+    assert events[-1]["data"]["status"] == "succeeded"
+    check_golden(name, events, tmp_path)
+
+
+def test_subagents_are_attributed_and_correlated(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: subagents")
+    first = "11111111-1111-4111-8111-111111111111"
+    assert _text(events, child=first) == "There are 2 files."
+    assert "There are 2 files." not in _text(events)  # never flattened into the parent
+    assert _text(events, child=first, role="thought") == "Listing the workspace."
+    child_tools = [d for d in _of(events, "tool.completed") if d.get("child_id") == first]
+    assert [t["tool_call_id"] for t in child_tools] == ["child-tool-1"]
+    assert [p["child_id"] for p in _of(events, "plan.updated")] == [first]
+    by_child = _latest_delegations(events)
+    assert by_child[first]["model"] == "gpt-5.4-mini-medium"  # cursor/task wins over _meta
+    assert by_child[first]["state"] == "completed"
+    assert by_child[first]["duration_ms"] == 1234
+    background = by_child["22222222-2222-4222-8222-222222222222"]
+    assert background["background"] is True
+    assert background["subagent_type"] == "custom:watcher"
+    flaky = by_child["33333333-3333-4333-8333-333333333333"]
+    assert (flaky["state"], flaky["reason"]) == ("failed", "disconnected")
+    refused = [n["details"]["reason"] for n in _of(events, "notice")]
+    assert refused == ["unknown_session", "child_settled"]
+
+
+def _latest_delegations(events: Events) -> dict[str | None, dict[str, Any]]:
+    """The last snapshot of every delegation, by child id."""
+    latest = {
+        e["data"]["tool_call_id"]: e["data"] for e in events if e["type"].startswith("delegation.")
+    }
+    return {d["child_id"]: d for d in latest.values()}
+
+
+def test_todos_merge_by_native_id(tmp_path: Path) -> None:
+    todos = _of(run_job(tmp_path, "scenario: todos"), "todos.updated")
+    assert [t["revision"] for t in todos] == [1, 2, 3, 4]
+    assert [(i["id"], i["status"]) for i in todos[2]["todos"]] == [
+        ("inspect", "completed"),
+        ("change", "cancelled"),
+        ("test", "pending"),
+    ]
+    assert todos[2]["todos"][0]["content"] == "Inspect the code"  # kept across the merge
+    assert [i["id"] for i in todos[3]["todos"]] == ["ship"]  # merge: false replaces
+
+
+def test_artifacts_only_regular_files_inside_the_workspace(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: artifacts")
+    found = [(a["kind"], a["path"], a["registered"]) for a in _of(events, "artifact.referenced")]
+    assert found == [
+        ("generated_image", "images/badge.png", False),
+        ("reference_image", "images/badge.png", False),
+        ("tool_resource", "images/badge.png", False),
+    ]
+    reasons = [n["details"]["reason"] for n in _of(events, "notice")]
+    assert reasons == [
+        "outside_workspace",
+        "traversal",
+        "symlink",
+        "symlink",
+        "missing",
+        "not_regular_file",
+        "outside_workspace",
+    ]
+
+
+def test_unknown_kinds_and_fields_are_kept(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: unmapped")
+    unmapped = _of(events, "provider.unmapped")
+    assert [(u["kind"], u.get("partial", False)) for u in unmapped] == [
+        ("hologram_update", False),
+        ("agent_message_chunk", True),
+    ]
+    assert '"messageId": "m-1"' in unmapped[1]["raw"]["text"]
+    assert _of(events, "config.updated")[0]["config_options"][0]["id"] == "mode"
+    assert _of(events, "usage.reported") == [
+        {
+            "available": True,
+            "source": "agent",
+            "used": 1200,
+            "size": 200000,
+            "cost": {"amount": 0.01, "currency": "USD"},
+        }
+    ]
+    [started] = _of(events, "tool.started")
+    assert "sk-not-a-real-key" not in started["raw_input"]["text"]
+    assert _of(events, "tool.completed")[0]["exit_code"] == 1
+    # An entitlement refusal is plain text: kept as text, the turn still ends normally.
+    assert _text(events).endswith("\n\nError: Upgrade your plan to continue.")
+    assert events[-1]["data"]["status"] == "succeeded"

@@ -1,0 +1,75 @@
+"""``fs/read_text_file`` and ``fs/write_text_file``, served from the host copy of the
+workspace — registered (and advertised at initialize) only when the host reaches the
+files the agent sees. Every path goes through :class:`worker.acp.paths.WorkspacePaths`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
+from worker.acp.paths import PathRefused, WorkspacePaths
+
+
+class FileService:
+    """Text file access for the agent, confined to the workspace."""
+
+    def __init__(self, paths: WorkspacePaths, *, read_limit: int) -> None:
+        self._paths = paths
+        self._limit = read_limit
+
+    def register(self, connection: Connection) -> None:
+        connection.route("fs/read_text_file", self.read)
+        connection.route("fs/write_text_file", self.write)
+
+    async def read(self, params: Any) -> dict[str, Any]:
+        """``{content}``, optionally from 1-based ``line`` for ``limit`` lines.
+
+        Raises:
+            RpcError: -32602 when the path is refused or the params are malformed.
+        """
+        path = _path(params)
+        try:
+            text = await asyncio.to_thread(self._paths.read_text, path, limit=self._limit)
+        except PathRefused as exc:
+            raise _refused(exc) from None
+        return {"content": _lines(text, params.get("line"), params.get("limit"))}
+
+    async def write(self, params: Any) -> dict[str, Any]:
+        """Create or replace a text file inside the workspace.
+
+        Raises:
+            RpcError: -32602 when the path is refused or the params are malformed.
+        """
+        path = _path(params)
+        content = params.get("content")
+        if not isinstance(content, str):
+            raise RpcError(INVALID_PARAMS, "Invalid params", {"message": "content is required"})
+        try:
+            await asyncio.to_thread(self._paths.write_text, path, content)
+        except PathRefused as exc:
+            raise _refused(exc) from None
+        return {}
+
+
+def _path(params: Any) -> str:
+    path = params.get("path") if isinstance(params, Mapping) else None
+    if not isinstance(path, str):
+        raise RpcError(INVALID_PARAMS, "Invalid params", {"message": "path is required"})
+    return path
+
+
+def _lines(text: str, line: Any, limit: Any) -> str:
+    if not isinstance(line, int) and not isinstance(limit, int):
+        return text
+    lines = text.splitlines(keepends=True)
+    start = max(line - 1, 0) if isinstance(line, int) else 0
+    end = start + limit if isinstance(limit, int) and limit >= 0 else None
+    return "".join(lines[start:end])
+
+
+def _refused(exc: PathRefused) -> RpcError:
+    message = f"path refused: {exc.reason}"
+    return RpcError(INVALID_PARAMS, "Invalid params", {"message": message, "reason": exc.reason})

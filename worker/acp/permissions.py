@@ -1,0 +1,101 @@
+"""``session/request_permission`` answered by the job's permission policy.
+
+    deny         every request: the agent's one-time reject option
+    allow_reads  ``read``/``search`` tools allowed once; everything else rejected
+    allow_all    every tool allowed once (never a question in disguise: ``think``)
+    ask          a durable interaction; unanswered → rejected once
+
+``allow-always`` is never chosen, by any policy or any answer: Cursor turns it into a
+global rule in the user's config. Every decision is recorded as ``permission.decided``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from worker.acp.client import Emit
+from worker.acp.connection import Reply
+from worker.interactions.broker import InteractionBroker
+from worker.interactions.requests import permission_request
+
+READ_KINDS = frozenset({"read", "search"})
+CANCELLED = {"outcome": {"outcome": "cancelled"}}
+
+
+class PermissionPolicy:
+    """The handler of ``session/request_permission`` for one job."""
+
+    def __init__(self, policy: str, *, emit: Emit, broker: InteractionBroker) -> None:
+        self.policy = policy
+        self._emit = emit
+        self._broker = broker
+
+    async def __call__(self, params: Any) -> Any:
+        params = params if isinstance(params, Mapping) else {}
+        request = permission_request(params)
+        tool_call_id = _tool_call_id(params)
+        if self.policy == "ask":
+            return await self._ask(request, tool_call_id)
+        allowed = self._allows(request["kind"])
+        option = _option(request, "allow_once" if allowed else "reject_once")
+        await self._decided(request, tool_call_id, option if allowed else None, option)
+        return _reply(option)
+
+    def _allows(self, kind: str | None) -> bool:
+        if self.policy == "allow_all":
+            return kind != "think"
+        return self.policy == "allow_reads" and kind in READ_KINDS
+
+    async def _ask(self, request: dict[str, Any], tool_call_id: str | None) -> Any:
+        async def settled(record: dict[str, Any]) -> None:
+            answer = record["answer"]
+            option = answer.get("option_id")
+            kind = next((o["kind"] for o in request["options"] if o["option_id"] == option), "")
+            allowed = option if kind.startswith("allow") else None
+            await self._decided(request, tool_call_id, allowed, option, record["interaction_id"])
+
+        reply = await self._broker.ask(
+            "permission", request, tool_call_id=tool_call_id, settled=settled
+        )
+        if not isinstance(reply, Reply):  # declined at once: nobody could answer
+            option = _option(request, "reject_once")
+            await self._decided(request, tool_call_id, None, option)
+        return reply
+
+    async def _decided(
+        self,
+        request: Mapping[str, Any],
+        tool_call_id: str | None,
+        allowed: str | None,
+        option: str | None,
+        interaction_id: str | None = None,
+    ) -> None:
+        await self._emit(
+            "permission.decided",
+            {
+                "tool_call_id": tool_call_id,
+                "title": request["title"],
+                "kind": request["kind"],
+                "policy": self.policy,
+                "decision": "allowed" if allowed else "denied",
+                "option_id": option,
+                "interaction_id": interaction_id,
+            },
+        )
+
+
+def _option(request: Mapping[str, Any], kind: str) -> str | None:
+    return next((o["option_id"] for o in request["options"] if o["kind"] == kind), None)
+
+
+def _reply(option: str | None) -> dict[str, Any]:
+    if option is None:
+        return CANCELLED
+    return {"outcome": {"outcome": "selected", "optionId": option}}
+
+
+def _tool_call_id(params: Mapping[str, Any]) -> str | None:
+    tool = params.get("toolCall")
+    value = tool.get("toolCallId") if isinstance(tool, Mapping) else None
+    return value if isinstance(value, str) else None

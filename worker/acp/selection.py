@@ -1,0 +1,180 @@
+"""Selecting the job's model exactly, or refusing with ``model_unavailable``.
+
+Models are config options (``category: "model"``); ``session/set_model`` is the legacy
+path, used only when the agent offers no model option or does not implement
+``session/set_config_option``. The model is set first (switching it resets its
+parameters), then each parameter the job names, and after every call the agent's echo
+must match exactly — no silent substitution. Parameters the agent exposes but the job
+did not name are never set on its behalf (a catalog default such as ``fast=true`` can
+raise cost): they are reported in ``model.selected`` as the agent's defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from worker.acp.client import AcpClient
+from worker.errors import AgentError, ModelUnavailable, Unsupported
+
+NON_PARAMS = frozenset({"mode", "model"})
+
+
+def variant_params(model_id: str) -> dict[str, str]:
+    """The parameters encoded in a variant id ``base[k=v,…]``."""
+    if not model_id.endswith("]") or "[" not in model_id:
+        return {}
+    inner = model_id[model_id.index("[") + 1 : -1]
+    pairs = [part.split("=", 1) for part in inner.split(",") if "=" in part]
+    return {key: value for key, value in pairs}
+
+
+def _options(result: Any) -> list[Mapping[str, Any]] | None:
+    options = result.get("configOptions") if isinstance(result, Mapping) else None
+    if not isinstance(options, list):
+        return None
+    return [o for o in options if isinstance(o, Mapping)]
+
+
+def _find(options: Sequence[Mapping[str, Any]], *, id_: str) -> Mapping[str, Any] | None:
+    return next((o for o in options if o.get("id") == id_), None)
+
+
+def _model_option(options: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    return next((o for o in options if o.get("category") == "model"), None) or _find(
+        options, id_="model"
+    )
+
+
+def _values(option: Mapping[str, Any]) -> list[str]:
+    choices = option.get("options")
+    return [str(c["value"]) for c in choices or [] if isinstance(c, Mapping) and "value" in c]
+
+
+class ModelSelector:
+    """Selects ``model`` with ``params`` in one session."""
+
+    def __init__(self, client: AcpClient, session_id: str, *, parameterized: bool) -> None:
+        self._client = client
+        self._session = session_id
+        self._picker = "parameterized" if parameterized else "variant"
+
+    async def select(
+        self, session: Mapping[str, Any], model: str, params: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The ``model.selected`` data once the agent echoed exactly this selection.
+
+        Raises:
+            ModelUnavailable: the model, a parameter or a value is not offered, the agent
+                refused it, or it echoed something else.
+        """
+        options = _options(session) or []
+        option = _model_option(options)
+        if option is not None:
+            try:
+                return await self._by_config(options, option, model, params)
+            except Unsupported:
+                pass  # the agent lists options but cannot set them: the legacy call
+        return await self._by_set_model(session, model, params)
+
+    async def _by_config(
+        self,
+        options: list[Mapping[str, Any]],
+        option: Mapping[str, Any],
+        model: str,
+        params: Mapping[str, str],
+    ) -> dict[str, Any]:
+        _offered(option, model, what="model")
+        options = await self._set(str(option["id"]), model, options)
+        for name, value in params.items():
+            param = _find(options, id_=name)
+            if param is None or name in NON_PARAMS:
+                raise ModelUnavailable(
+                    f"model {model!r} has no parameter {name!r}",
+                    model=model,
+                    parameters=sorted(
+                        str(o.get("id")) for o in options if o.get("id") not in NON_PARAMS
+                    ),
+                )
+            _offered(param, value, what=f"{name} value")
+            options = await self._set(name, value, options)
+        return self._selected(model, params, options, via="config_option", verified=True)
+
+    async def _set(
+        self, config_id: str, value: str, options: list[Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        try:
+            result = await self._client.set_config_option(self._session, config_id, value)
+        except Unsupported:
+            raise
+        except AgentError as exc:
+            raise ModelUnavailable(
+                f"the agent refused {config_id}={value!r}: {exc.message}", **exc.details
+            ) from None
+        refreshed = _options(result)
+        echoed = _find(refreshed or [], id_=config_id)
+        if echoed is None or echoed.get("currentValue") != value:
+            got = None if echoed is None else echoed.get("currentValue")
+            raise ModelUnavailable(
+                f"the agent did not echo {config_id}={value!r} (it reports {got!r})",
+                config_id=config_id,
+                requested=value,
+                echoed=got,
+            )
+        return refreshed or options
+
+    async def _by_set_model(
+        self, session: Mapping[str, Any], model: str, params: Mapping[str, str]
+    ) -> dict[str, Any]:
+        if params:
+            raise ModelUnavailable(
+                "the agent offers no config options, so model parameters cannot be set",
+                model=model,
+            )
+        models = session.get("models")
+        listed = models.get("availableModels") if isinstance(models, Mapping) else None
+        ids = [str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m]
+        if model not in ids:
+            raise ModelUnavailable(
+                f"model {model!r} is not offered by the agent", model=model, available=ids[:50]
+            )
+        try:
+            await self._client.set_model(self._session, model)
+        except AgentError as exc:
+            raise ModelUnavailable(f"the agent refused model {model!r}", **exc.details) from None
+        return self._selected(model, {}, [], via="set_model", verified=False)
+
+    def _selected(
+        self,
+        model: str,
+        params: Mapping[str, str],
+        options: Sequence[Mapping[str, Any]],
+        *,
+        via: str,
+        verified: bool,
+    ) -> dict[str, Any]:
+        named = dict(params) or variant_params(model)
+        defaults = {
+            str(o["id"]): str(o.get("currentValue"))
+            for o in options
+            if o.get("id") not in NON_PARAMS
+            and o.get("id") not in named
+            and "id" in o
+            and o.get("category") != "mode"
+        }
+        return {
+            "model": model,
+            "params": named,
+            "defaults": defaults,
+            "picker": self._picker,
+            "via": via,
+            "verified": verified,
+        }
+
+
+def _offered(option: Mapping[str, Any], value: str, *, what: str) -> None:
+    values = _values(option)
+    if value not in values:
+        raise ModelUnavailable(
+            f"{what} {value!r} is not offered by the agent", requested=value, available=values[:50]
+        )

@@ -1,0 +1,167 @@
+"""One job's ACP session: wiring, initialize, new or resumed session, mode and model.
+
+    initialize (capabilities we can honour) → session/new | session/load (history
+    replayed, marked ``replay``) → session/set_mode → model selection (exact, echoed)
+
+Inbound requests are wired here: ``session/request_permission`` (the job's policy),
+``cursor/*`` (the Cursor dialect), ``fs/*`` (only when the host reaches the agent's
+files, and then advertised), ``terminal/*`` (run in the job's own sandbox).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.acp.client import AcpClient, ClientCapabilities
+from worker.acp.connection import Connection
+from worker.acp.cursor import CursorDialect
+from worker.acp.fs import FileService
+from worker.acp.paths import WorkspacePaths
+from worker.acp.permissions import PermissionPolicy
+from worker.acp.selection import ModelSelector
+from worker.acp.terminal import Terminals
+from worker.errors import Unsupported
+from worker.events.normalizer import Normalizer
+from worker.interactions.broker import InteractionBroker
+from worker.jobs.spec import JobSpec
+from worker.sandbox.base import WORKSPACE, Sandbox
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
+#: Backends whose sandbox bind-mounts the host's staged workspace at /workspace.
+HOST_SHARED_BACKENDS = frozenset({"local", "fake"})
+FS_READ_LIMIT = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWiring:
+    """What the session needs from the job."""
+
+    spec: JobSpec
+    dialect: str | None
+    emit: Emit
+    normalizer: Normalizer
+    broker: InteractionBroker
+    sandbox: Sandbox
+    host_workspace: Path | None
+    terminal_output_bytes: int
+
+
+class AcpSession:
+    """The worker's side of one agent connection."""
+
+    def __init__(self, connection: Connection, wiring: SessionWiring) -> None:
+        self.client = AcpClient(connection)
+        self._wiring = wiring
+        self._spec = wiring.spec
+        self._emit = wiring.emit
+        self.terminals = Terminals(wiring.sandbox, output_limit=wiring.terminal_output_bytes)
+        self.capabilities = ClientCapabilities(
+            fs=wiring.host_workspace is not None,
+            terminal=True,
+            subagents=True,
+            parameterized_models=self._parameterized(),
+        )
+        self._register(connection)
+
+    def _parameterized(self) -> bool:
+        model = self._spec.model
+        return model is not None and self._wiring.dialect == "cursor" and not model.variant
+
+    def _register(self, connection: Connection) -> None:
+        wiring = self._wiring
+        policy = PermissionPolicy(
+            self._spec.permissions.policy, emit=self._emit, broker=wiring.broker
+        )
+        connection.route("session/request_permission", policy)
+        if wiring.dialect == "cursor":
+            CursorDialect(
+                connection, emit=self._emit, normalizer=wiring.normalizer, broker=wiring.broker
+            )
+        if wiring.host_workspace is not None:
+            paths = WorkspacePaths(wiring.host_workspace, WORKSPACE)
+            FileService(paths, read_limit=FS_READ_LIMIT).register(connection)
+        self.terminals.register(connection)
+
+    async def open(self, mark: Callable[[str], None] = lambda phase: None) -> str:
+        """Initialize, then start or resume the session; returns its id.
+
+        ``mark`` is called after ``initialize`` and after ``session_new``/``session_load``.
+
+        Raises:
+            AuthRequired, SessionNotFound, Unsupported, ModelUnavailable, AgentError.
+        """
+        init = await self.client.initialize(self.capabilities)
+        mark("initialize")
+        await self._emit("agent.initialized", initialized_data(init))
+        resume = self._spec.session.resume if self._spec.session is not None else None
+        if resume is not None:
+            session = await self._load(init, resume)
+            session_id = resume
+            mark("session_load")
+        else:
+            session = await self.client.new_session(WORKSPACE)
+            session_id = str(session["sessionId"])
+            self._wiring.normalizer.bind(session_id)
+            mark("session_new")
+        await self._emit("session.started", session_data(session_id, session, resume is not None))
+        await self._configure(session_id, session)
+        return session_id
+
+    async def _load(self, init: Mapping[str, Any], session_id: str) -> Mapping[str, Any]:
+        caps = init.get("agentCapabilities")
+        if not (isinstance(caps, Mapping) and caps.get("loadSession") is True):
+            raise Unsupported(
+                "the agent does not offer session/load, so the session cannot be resumed",
+                session_id=session_id,
+            )
+        normalizer = self._wiring.normalizer
+        normalizer.bind(session_id)
+        normalizer.replay = True  # the history arrives before the result
+        try:
+            return await self.client.load_session(session_id, WORKSPACE)
+        finally:
+            normalizer.replay = False
+
+    async def _configure(self, session_id: str, session: Mapping[str, Any]) -> None:
+        if self._spec.mode is not None:
+            await self.client.set_mode(session_id, self._spec.mode)
+        model = self._spec.model
+        if model is not None:
+            selector = ModelSelector(
+                self.client, session_id, parameterized=self.capabilities.parameterized_models
+            )
+            await self._emit(
+                "model.selected", await selector.select(session, model.id, model.params)
+            )
+
+
+def initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:
+    caps = init.get("agentCapabilities")
+    methods = init.get("authMethods")
+    info = init.get("agentInfo")
+    return {
+        "protocol_version": int(init["protocolVersion"]),
+        "agent_capabilities": dict(caps) if isinstance(caps, Mapping) else {},
+        "auth_methods": [m for m in methods if isinstance(m, Mapping)]
+        if isinstance(methods, list)
+        else [],
+        "agent_info": dict(info) if isinstance(info, Mapping) else None,
+    }
+
+
+def session_data(session_id: str, session: Mapping[str, Any], resumed: bool) -> dict[str, Any]:
+    def mapping(key: str) -> dict[str, Any] | None:
+        value = session.get(key)
+        return dict(value) if isinstance(value, Mapping) else None
+
+    options = session.get("configOptions")
+    return {
+        "session_id": session_id,
+        "resumed": resumed,
+        "modes": mapping("modes"),
+        "models": mapping("models"),
+        "config_options": options if isinstance(options, list) else None,
+    }
