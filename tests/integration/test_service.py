@@ -35,7 +35,9 @@ from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/14"
+# The broker gets its own database (another suite running on this Redis must not steal
+# this one's messages); ACPW_TEST_BROKER_URL moves it.
+BROKER_URL = os.environ.get("ACPW_TEST_BROKER_URL", REDIS_URL.rsplit("/", 1)[0] + "/14")
 ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
 FAST = {
     "ACPW_LEASE_TTL": "3",
