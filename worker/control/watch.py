@@ -1,8 +1,11 @@
-"""Follows a job's control stream and turns ``cancel`` into the runner's cancel event.
+"""Following a job's control stream ``acpw:{J}:control``.
 
-The watcher reads the stream from its first entry, so a cancel written while the job
-was still queued is honoured as soon as the job starts. Entries name the attempt they
-are meant for; a cancel of an earlier attempt does not touch a later one.
+One reader, :class:`ControlStream`, follows the stream from its first entry (so a cancel
+written while the job was still queued is honoured as soon as the job starts) and hands
+every entry of its attempt to the handler registered for the entry's ``type``. Entries
+name the attempt they are meant for; a cancel of an earlier attempt does not touch a
+later one. :class:`ControlWatcher` is the reader for ``cancel``; interactions register
+their own reader for ``answer`` (``worker.interactions.control``).
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Self
 
 import redis.asyncio as aioredis
 
@@ -21,7 +24,9 @@ from worker.leases.lease import REDIS_ERRORS
 log = logging.getLogger(__name__)
 
 CANCEL = "cancel"
-BLOCK_MS = 1000
+BLOCK_MS = 500
+
+Handler = Callable[[Mapping[str, str]], Awaitable[None]]
 
 
 def control_fields(kind: str, attempt: int) -> dict[str, str]:
@@ -30,23 +35,28 @@ def control_fields(kind: str, attempt: int) -> dict[str, str]:
 
 
 def _decode(fields: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in fields.items()}
+    return {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
 
 
-class ControlWatcher:
-    """Sets ``cancel`` when a cancel entry for ``attempt`` of ``job_id`` arrives."""
+class ControlStream:
+    """Dispatches the control entries of one attempt of one job by their ``type``."""
 
     def __init__(
-        self, client: aioredis.Redis, job_id: str, attempt: int, cancel: asyncio.Event
+        self,
+        client: aioredis.Redis,
+        job_id: str,
+        attempt: int,
+        handlers: Mapping[str, Handler],
     ) -> None:
         self._client = client
         self._key = keys.control(job_id)
         self._attempt = str(attempt)
-        self._cancel = cancel
+        self._handlers = dict(handlers)
         self._last = "0-0"
 
     async def run(self) -> None:
-        while not self._cancel.is_set():
+        """Follow the stream until cancelled; a Redis hiccup is logged and retried."""
+        while True:
             try:
                 reply: Any = await self._client.xread({self._key: self._last}, block=BLOCK_MS)
             except REDIS_ERRORS as exc:
@@ -56,17 +66,17 @@ class ControlWatcher:
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     self._last = entry_id.decode()
-                    self._apply(_decode(fields))
+                    await self._dispatch(_decode(fields))
 
-    def _apply(self, fields: Mapping[str, str]) -> None:
+    async def _dispatch(self, fields: Mapping[str, str]) -> None:
         if fields.get("attempt", self._attempt) != self._attempt:
             return
-        if fields.get("type") == CANCEL:
-            log.info("cancel requested for %s", self._key)
-            self._cancel.set()
+        handler = self._handlers.get(fields.get("type", ""))
+        if handler is not None:
+            await handler(fields)
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[ControlWatcher]:
+    async def running(self) -> AsyncIterator[Self]:
         task = asyncio.create_task(self.run(), name=f"control-{self._key}")
         try:
             yield self
@@ -74,3 +84,16 @@ class ControlWatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class ControlWatcher(ControlStream):
+    """Sets ``cancel`` when a cancel entry for ``attempt`` of ``job_id`` arrives."""
+
+    def __init__(
+        self, client: aioredis.Redis, job_id: str, attempt: int, cancel: asyncio.Event
+    ) -> None:
+        async def on_cancel(fields: Mapping[str, str]) -> None:
+            log.info("cancel requested for %s", keys.control(job_id))
+            cancel.set()
+
+        super().__init__(client, job_id, attempt, {CANCEL: on_cancel})
