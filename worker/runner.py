@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from worker.errors import (
     ResultUploadFailed,
     WorkerError,
 )
-from worker.events.emitter import EventEmitter
+from worker.events.emitter import EventEmitter, utc_timestamp
 from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
@@ -45,7 +46,7 @@ from worker.settings import Settings
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import Captured, capture, write_patch
 from worker.workspace.changes import event_data as changes_event
-from worker.workspace.prepare import Prepared, prepare_workspace
+from worker.workspace.prepare import Prepared, prepare_workspace, write_labels
 from worker.workspace.stage import StagedWorkspace
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ class _Job:
         self.sandbox: Sandbox | None = None
         self.agent: AgentProcess | None = None
         self.prepared = Prepared()
+        self.job_dir: Path | None = None
         self.result: dict[str, Any] | None = None
         self.upload_error: ResultUploadFailed | None = None
         self.normalizer = Normalizer(
@@ -246,6 +248,9 @@ class _Job:
         job_dir = self.settings.work_dir / name
         job_dir.mkdir(mode=0o711)
         self.prepared.cleanup.append(job_dir)
+        self.job_dir = job_dir
+        labels = {**self._sandbox_labels(), "pid": str(os.getpid())}
+        await asyncio.to_thread(write_labels, job_dir, labels)
         staged = await prepare_workspace(
             self.spec.workspace,
             self.prepared,
@@ -271,12 +276,7 @@ class _Job:
             limits=base.ResourceLimits(
                 memory_bytes=limits.memory_mb * 1024 * 1024, cpus=limits.cpus, pids=limits.pids
             ),
-            labels={
-                base.LABEL_JOB: self.spec.job_id,
-                base.LABEL_ATTEMPT: str(self.attempt),
-                base.LABEL_TOKEN: self.labels.get(base.LABEL_TOKEN, "0"),
-                base.LABEL_WORKER: self.settings.worker_id,
-            },
+            labels=self._sandbox_labels(),
             network=self.spec.network.mode,
         )
         self.sandbox = await self.backend.create(spec)
@@ -284,6 +284,14 @@ class _Job:
         await self.emitter.emit(
             "sandbox.ready", {"backend": self.backend.name, "sandbox_id": self.sandbox.sandbox_id}
         )
+
+    def _sandbox_labels(self) -> dict[str, str]:
+        return {
+            base.LABEL_JOB: self.spec.job_id,
+            base.LABEL_ATTEMPT: str(self.attempt),
+            base.LABEL_TOKEN: self.labels.get(base.LABEL_TOKEN, "0"),
+            base.LABEL_WORKER: self.settings.worker_id,
+        }
 
     async def _launch(self, plan: LaunchPlan) -> AcpClient:
         assert self.sandbox is not None
@@ -407,7 +415,25 @@ class _Job:
         self.phases.mark("teardown")
         if self.prepared.staged is not None and self.sandbox is not None:
             await self._capture(self.prepared.staged)
-        await self.prepared.remove()
+        if self.spec.keep_workspace and self.job_dir is not None:
+            await self._keep(self.job_dir)
+        else:
+            await self.prepared.remove()
+
+    async def _keep(self, job_dir: Path) -> None:
+        until = time.time() + self.settings.keep_workspace_s
+        kept = await self.prepared.keep(job_dir, until=until)
+        if kept is not None:
+            await self.emitter.emit(
+                "notice",
+                {
+                    "level": "info",
+                    "code": "workspace_kept",
+                    "message": f"the job's workspace is kept at {kept} until the reaper "
+                    "removes it",
+                    "details": {"path": str(kept), "until": utc_timestamp(until)},
+                },
+            )
 
     async def _capture(self, workspace: StagedWorkspace) -> None:
         """What the agent changed, measured after nothing in its sandbox can run."""

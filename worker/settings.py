@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     )
     image_suite: str = Field(default="bookworm", description="Debian suite of the base image.")
     image_registry: str | None = Field(default=None, description="Push pack images here.")
+    keep_workspace_s: float = Field(
+        default=3600.0, description="How long a workspace a job asked to keep is kept."
+    )
     secrets_dir: Path | None = Field(
         default=None,
         description="Root that `file:` credential references resolve under (required for them).",

@@ -322,3 +322,63 @@ def test_ambient_hooks_refuse_the_job_before_launch(tmp_path: Path) -> None:
     assert {f["rule"] for f in error["details"]["findings"]} == {"cursor.hooks", "mcp.project"}
     assert "sandbox.ready" not in [e["type"] for e in events]
     assert not (tmp_path / "ws" / ".cursor-emulator-hook-ran").exists()
+
+
+def test_kept_workspace_is_reaped_after_its_time(tmp_path: Path, redis_url: str) -> None:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from worker.leases.reaper import reap_workspaces
+
+    job = _job(tmp_path, "#!scenario\nwrite kept.txt still here\n", keep_workspace=True)
+    env = _env(tmp_path, ACPW_KEEP_WORKSPACE_S="0")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet", env=env)
+    assert result.returncode == 0, result.stderr
+    kept = next(
+        e["data"]
+        for e in _events(result.stdout)
+        if e["type"] == "notice" and e["data"]["code"] == "workspace_kept"
+    )
+    assert (Path(kept["details"]["path"]) / "kept.txt").read_text() == "still here"
+    [job_dir] = list((tmp_path / "work").iterdir())
+
+    async def reap() -> list[str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await reap_workspaces(client, tmp_path / "work")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(reap()) == [job_dir.name]  # its time is up and its process is gone
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_reaper_spares_live_and_still_kept_work_dirs(tmp_path: Path, redis_url: str) -> None:
+    import asyncio
+    import time as clock
+
+    import redis.asyncio as aioredis
+
+    from worker.leases.reaper import reap_workspaces
+    from worker.workspace.prepare import write_labels
+
+    work = tmp_path / "work"
+    (work / "live").mkdir(parents=True)
+    write_labels(work / "live", {"acpw.job": "j", "acpw.token": "0", "pid": str(os.getpid())})
+    (work / "kept").mkdir()
+    write_labels(
+        work / "kept",
+        {"acpw.job": "k", "acpw.token": "0", "pid": "0", "keep_until": str(clock.time() + 3600)},
+    )
+    (work / "unlabelled").mkdir()
+
+    async def reap() -> list[str]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await reap_workspaces(client, work)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(reap()) == []
+    assert sorted(p.name for p in work.iterdir()) == ["kept", "live", "unlabelled"]

@@ -206,6 +206,11 @@ class JobSpec(_Strict):
     limits: Limits = Field(default_factory=Limits)
     network: Network = Field(default_factory=Network)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    keep_workspace: bool = Field(
+        default=False,
+        description="Keep the staged workspace after the job (ACPW_KEEP_WORKSPACE_S), "
+        "then the reaper removes it.",
+    )
     results: ResultsTarget | None = Field(
         default=None, description="Export a result bundle to S3 (default: the worker's bucket)."
     )

@@ -7,7 +7,10 @@ and concurrently with other reapers:
    ``job.completed`` ``lost`` (``scripts.MARK_LOST`` refuses a job that settled, whose
    lease is alive, or that moved to another attempt);
 2. every sandbox of every configured backend whose ``acpw.token`` label is not the
-   job's live lease token is destroyed, and its job is settled as in 1.
+   job's live lease token is destroyed, and its job is settled as in 1;
+3. every labelled job directory under ``work_dir`` (staged workspaces) whose job no
+   longer holds its lease — or, for ``acp-worker run`` jobs, whose process is gone — is
+   removed once any ``keep_until`` the job asked for has passed.
 
 Sandboxes without a fencing token (``acp-worker run`` in-process jobs label token ``0``)
 belong to no lease and are left alone, and so are sandboxes whose token this Redis never
@@ -16,11 +19,14 @@ issued (another deployment sharing the host's sandbox state).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -33,6 +39,8 @@ from worker.leases.lease import job_keys, redis_client
 from worker.sandbox import get_backend
 from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
 from worker.settings import Settings
+from worker.workspace.prepare import read_labels
+from worker.workspace.stage import remove_staged
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +55,14 @@ class ReapReport:
     lost: tuple[str, ...]
     destroyed: tuple[str, ...]
     failed: tuple[str, ...]
+    workspaces: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, list[str]]:
         return {
             "lost": list(self.lost),
             "destroyed": list(self.destroyed),
             "failed": list(self.failed),
+            "workspaces": list(self.workspaces),
         }
 
 
@@ -72,7 +82,46 @@ async def reap_once(
                 lost.append(info.labels[LABEL_JOB])
             (destroyed if await _destroy(backend, info) else failed).append(info.sandbox_id)
         metrics.sandboxes_reaped(name, len(destroyed) - before)
-    return ReapReport(tuple(lost), tuple(destroyed), tuple(failed))
+    workspaces = await reap_workspaces(client, settings.work_dir)
+    return ReapReport(tuple(lost), tuple(destroyed), tuple(failed), tuple(workspaces))
+
+
+async def reap_workspaces(client: aioredis.Redis, work_dir: Path) -> list[str]:
+    """Remove the job directories whose job is over (see the module docstring, 3)."""
+    removed = []
+    for job_dir in await asyncio.to_thread(_job_dirs, work_dir):
+        labels = read_labels(job_dir)
+        if labels is None or not await _workspace_done(client, job_dir.name, labels):
+            continue
+        await asyncio.to_thread(remove_staged, job_dir)
+        log.info("removed the work directory %s of job %s", job_dir.name, labels.get(LABEL_JOB))
+        removed.append(job_dir.name)
+    return removed
+
+
+def _job_dirs(work_dir: Path) -> list[Path]:
+    return sorted(work_dir.iterdir()) if work_dir.is_dir() else []
+
+
+async def _workspace_done(client: aioredis.Redis, name: str, labels: Mapping[str, str]) -> bool:
+    keep_until = labels.get("keep_until")
+    if keep_until is not None and time.time() < float(keep_until):
+        return False
+    if labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
+        return not _alive(int(labels.get("pid", "0") or 0))
+    return await _is_orphan(client, SandboxInfo(name, "workspace", labels))
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def _expired(client: aioredis.Redis) -> list[str]:

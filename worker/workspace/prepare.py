@@ -8,6 +8,7 @@ source tree, up to its Git root, before anything is staged.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,37 @@ class Prepared:
     async def remove(self) -> None:
         for path in self.cleanup:
             await asyncio.to_thread(remove_staged, path)
+
+    async def keep(self, job_dir: Path, *, until: float) -> Path | None:
+        """Keep the staged workspace (drop the rest) until ``until`` (epoch seconds);
+        the reaper removes it afterwards. Returns its path."""
+        if self.staged is None:
+            await self.remove()
+            return None
+        for path in self.cleanup:
+            if path not in (job_dir, self.staged.path):
+                await asyncio.to_thread(remove_staged, path)
+        labels = read_labels(job_dir) or {}
+        await asyncio.to_thread(write_labels, job_dir, {**labels, "keep_until": str(until)})
+        return self.staged.path
+
+
+LABELS_FILE = "labels.json"
+
+
+def write_labels(job_dir: Path, labels: Mapping[str, str]) -> None:
+    """Label a job's work directory (job, attempt, token, worker, pid) for the reaper."""
+    tmp = job_dir / f".{LABELS_FILE}.tmp"
+    tmp.write_text(json.dumps(dict(labels), sort_keys=True))
+    tmp.replace(job_dir / LABELS_FILE)
+
+
+def read_labels(job_dir: Path) -> dict[str, str] | None:
+    try:
+        data = json.loads((job_dir / LABELS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
 
 async def prepare_workspace(
