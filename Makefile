@@ -3,24 +3,26 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs lock-packs demo docker-up docker-down base-image demo-docker test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs demo docker-up docker-down base-image demo-docker test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
 
 # Rebuild pack archives deterministically from source (digests are pinned in pack.json).
-packs: bootstrap
-	@$(PY) $(PACKS)/build.py
+packs: emulator-pack
 	@./scripts/npm-packs.sh
 
+emulator-pack: bootstrap
+	@$(PY) $(PACKS)/build.py >/dev/null
+
 # After editing the emulator's source: rebuild and re-pin (commit pack.json and lock/).
-lock-packs: packs
+lock-packs: emulator-pack
 	@$(VENV)/bin/acp-worker pack lock $(PACKS)/dist/cursor-emulator-linux.tar --pack cursor-emulator --platform any
 
-demo: packs
-	@$(VENV)/bin/acp-worker run examples/hello.json
+demo: emulator-pack
+	@$(VENV)/bin/acp-worker run examples/hello.json --json
 
-test: packs
+test: packs lint
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 unit: bootstrap
@@ -46,7 +48,7 @@ docker-down:
 base-image: bootstrap docker-up
 	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker image base
 
-demo-docker: packs base-image
+demo-docker: emulator-pack base-image
 	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker image build cursor-emulator
 	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(VENV)/bin/acp-worker run examples/hello.json --backend docker
 

@@ -429,8 +429,7 @@ class _Job:
                 {
                     "level": "info",
                     "code": "workspace_kept",
-                    "message": f"the job's workspace is kept at {kept} until the reaper "
-                    "removes it",
+                    "message": f"the job's workspace is kept at {kept} until the reaper removes it",
                     "details": {"path": str(kept), "until": utc_timestamp(until)},
                 },
             )

@@ -43,8 +43,14 @@ def test_snapshot_is_fetched_verified_and_extracted(s3: Any, tmp_path: Path) -> 
     bucket = _bucket(s3)
     body = _tar([("src/a.py", None, b"print(1)\n"), ("README.md", None, b"# r\n")])
     s3.put_object(Bucket=bucket, Key="snap.tar", Body=body)
-    digest = fetch_snapshot(s3, bucket=bucket, key="snap.tar", sha256=hashlib.sha256(body).hexdigest(),
-                            dest=tmp_path / "src", max_bytes=10**6)
+    digest = fetch_snapshot(
+        s3,
+        bucket=bucket,
+        key="snap.tar",
+        sha256=hashlib.sha256(body).hexdigest(),
+        dest=tmp_path / "src",
+        max_bytes=10**6,
+    )
     assert digest == hashlib.sha256(body).hexdigest()
     assert (tmp_path / "src" / "src" / "a.py").read_bytes() == b"print(1)\n"
 
@@ -61,7 +67,9 @@ def test_traversal_and_links_are_refused(s3: Any, tmp_path: Path, members: list[
     bucket = _bucket(s3)
     s3.put_object(Bucket=bucket, Key="bad.tar", Body=_tar(members))
     with pytest.raises(ArchiveRefused):
-        fetch_snapshot(s3, bucket=bucket, key="bad.tar", sha256=None, dest=tmp_path / "src", max_bytes=10**6)
+        fetch_snapshot(
+            s3, bucket=bucket, key="bad.tar", sha256=None, dest=tmp_path / "src", max_bytes=10**6
+        )
     assert not (tmp_path / "escape.txt").exists()
 
 
@@ -69,18 +77,32 @@ def test_pin_mismatch_and_missing_object(s3: Any, tmp_path: Path) -> None:
     bucket = _bucket(s3)
     s3.put_object(Bucket=bucket, Key="snap.tar", Body=_tar([("a", None, b"1")]))
     with pytest.raises(WorkspaceUnavailable, match="pinned"):
-        fetch_snapshot(s3, bucket=bucket, key="snap.tar", sha256="0" * 64, dest=tmp_path / "a", max_bytes=10**6)
+        fetch_snapshot(
+            s3, bucket=bucket, key="snap.tar", sha256="0" * 64, dest=tmp_path / "a", max_bytes=10**6
+        )
     assert not (tmp_path / "a").exists()
     with pytest.raises(WorkspaceUnavailable, match="cannot fetch"):
-        fetch_snapshot(s3, bucket=bucket, key="nope.tar", sha256=None, dest=tmp_path / "b", max_bytes=10**6)
+        fetch_snapshot(
+            s3, bucket=bucket, key="nope.tar", sha256=None, dest=tmp_path / "b", max_bytes=10**6
+        )
 
 
-def test_s3_job_exports_a_bundle_read_back_byte_exact(s3: Any, s3_endpoint: str, tmp_path: Path) -> None:
+def test_s3_job_exports_a_bundle_read_back_byte_exact(
+    s3: Any, s3_endpoint: str, tmp_path: Path
+) -> None:
     bucket = _bucket(s3)
-    s3.put_object(Bucket=bucket, Key="snap.tar", Body=_tar([("a.txt", None, b"one\n"), ("b.bin", None, b"\0\1")]))
+    s3.put_object(
+        Bucket=bucket,
+        Key="snap.tar",
+        Body=_tar([("a.txt", None, b"one\n"), ("b.bin", None, b"\0\1")]),
+    )
     script = "#!scenario\nwrite a.txt two\nwrite c.txt new file\n"
-    job = _job(tmp_path, script, workspace={"kind": "s3", "bucket": bucket, "key": "snap.tar"},
-               results={"bucket": bucket, "prefix": "results"})
+    job = _job(
+        tmp_path,
+        script,
+        workspace={"kind": "s3", "bucket": bucket, "key": "snap.tar"},
+        results={"bucket": bucket, "prefix": "results"},
+    )
     env = _env(tmp_path, ACPW_S3_ENDPOINT_URL=s3_endpoint, **S3_ENV)
     result = run_cli(tmp_path, "run", str(job), "--json", "--quiet", env=env)
     assert result.returncode == 0, result.stderr
