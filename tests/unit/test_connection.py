@@ -179,3 +179,31 @@ async def test_peer_exit_fails_pending_requests(pair: tuple[Connection, Peer, li
     peer.writer.close()
     with pytest.raises(AgentExited):
         await call
+
+
+async def test_deeply_nested_json_is_malformed_not_fatal() -> None:
+    left, right = socket.socketpair()
+    r1, w1 = await asyncio.open_connection(sock=left, limit=2**24)
+    _, w2 = await asyncio.open_connection(sock=right, limit=2**24)
+    seen: list[Any] = []
+
+    async def on_note(method: str, params: Any) -> None:
+        seen.append(("note", method))
+
+    async def on_bad(preview: str, reason: str) -> None:
+        seen.append(("bad", reason))
+
+    conn = Connection(r1, w1, line_limit=2**22, on_notification=on_note, on_malformed=on_bad)
+    conn.start()
+    w2.write(b"[" * 200_000 + b"]" * 200_000 + b"\n")
+    w2.write(b'{"jsonrpc":"2.0","method":"session/update","params":{}}\n')
+    await w2.drain()
+    for _ in range(200):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == [("bad", "JSON nested too deeply"), ("note", "session/update")]
+    assert not conn.closed.done()
+    await conn.aclose()
+    w1.close()
+    w2.close()

@@ -211,6 +211,9 @@ class Connection:
         except ValueError as exc:
             await self._malformed(line, f"not JSON: {exc}")
             return
+        except RecursionError:  # "[[[[…" nested deeper than the parser's stack
+            await self._malformed(line, "JSON nested too deeply")
+            return
         if not isinstance(message, dict):
             await self._malformed(line, "not a JSON object")
         elif "method" in message and isinstance(message["method"], str):

@@ -16,6 +16,15 @@ def bounded(text: str, limit: int) -> dict[str, Any]:
 
 
 def bounded_json(value: Any, limit: int) -> dict[str, Any]:
-    """A JSON value serialized, then bounded like :func:`bounded`."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """A JSON value serialized, then bounded like :func:`bounded`.
+
+    A value nested too deeply to serialize again (the agent's JSON can sit just under
+    the parser's depth limit) is replaced by a marker and counted as cut.
+    """
+    if isinstance(value, str):
+        return bounded(value, limit)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        return {"text": "<nested too deeply to show>", "truncated": True, "bytes": -1}
     return bounded(text, limit)
