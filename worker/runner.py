@@ -38,6 +38,7 @@ from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
+from worker.network import NetworkDenial
 from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
@@ -278,11 +279,24 @@ class _Job:
             ),
             labels=self._sandbox_labels(),
             network=self.spec.network.mode,
+            network_allow=tuple(self.spec.network.allow),
+            on_network_denial=self._network_denied,
         )
         self.sandbox = await self.backend.create(spec)
         self.phases.mark("sandbox_create")
         await self.emitter.emit(
             "sandbox.ready", {"backend": self.backend.name, "sandbox_id": self.sandbox.sandbox_id}
+        )
+
+    async def _network_denied(self, denial: NetworkDenial) -> None:
+        await self.emitter.emit(
+            "notice",
+            {
+                "level": "warning",
+                "code": "network_denied",
+                "message": denial.message,
+                "details": {"reason": denial.reason, "target": denial.target, "seq": denial.seq},
+            },
         )
 
     def _sandbox_labels(self) -> dict[str, str]:

@@ -75,6 +75,7 @@ def test_clean_workspace_is_admitted(ws: Path, sysroot: Path) -> None:
         (".cursor/extensions", True, "cursor.plugins"),
         (".cursor/plugins", False, "cursor.plugins"),  # any entry where plugins load
         (".mcp.json", False, "mcp.project"),
+        (".codex/config.toml", False, "codex.config"),
     ],
 )
 def test_presence_rules(ws: Path, sysroot: Path, rel: str, is_dir: bool, rule: str) -> None:
@@ -86,6 +87,17 @@ def test_presence_rules(ws: Path, sysroot: Path, rel: str, is_dir: bool, rule: s
     assert not result.admitted
     assert pairs(result) == {(rel, rule)}
     assert result.findings[0].reason.endswith(".")
+
+
+@pytest.mark.parametrize("provider", ["claude", "codex", "cursor", "gemini"])
+def test_codex_project_config_is_refused_for_every_provider(
+    ws: Path, sysroot: Path, provider: str
+) -> None:
+    # A workspace is admitted or not on its own: which agent runs it does not matter.
+    put(ws, ".codex/config.toml", '[mcp_servers.x]\ncommand = "/bin/sh"\n')
+    put(ws, ".codex/prompts/p.md", "other .codex content is admitted")
+    result = check_workspace(ws, provider=provider, system_roots=[sysroot])
+    assert pairs(result) == {(".codex/config.toml", "codex.config")}
 
 
 @pytest.mark.parametrize("name", ["settings.json", "settings.local.json"])
@@ -206,7 +218,14 @@ def test_dangling_symlink_is_refused(ws: Path, sysroot: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "rel", [".cursor/hooks.json", ".cursor/mcp.json", ".mcp.json", ".claude/settings.json"]
+    "rel",
+    [
+        ".cursor/hooks.json",
+        ".cursor/mcp.json",
+        ".mcp.json",
+        ".claude/settings.json",
+        ".codex/config.toml",
+    ],
 )
 def test_directory_where_a_file_is_expected(ws: Path, sysroot: Path, rel: str) -> None:
     (ws / rel).mkdir(parents=True)
@@ -219,7 +238,7 @@ def test_fifo_settings_refused_without_blocking(ws: Path, sysroot: Path) -> None
     assert pairs(check(ws, sysroot)) == {(".claude/settings.json", "config.not_regular")}
 
 
-@pytest.mark.parametrize("name", [".cursor", ".claude"])
+@pytest.mark.parametrize("name", [".cursor", ".claude", ".codex"])
 def test_config_dir_that_is_a_file_is_refused(ws: Path, sysroot: Path, name: str) -> None:
     put(ws, name, "not a directory")
     assert pairs(check(ws, sysroot)) == {(name, "config.not_regular")}

@@ -23,9 +23,11 @@ NAMES = (
     ".claude",
     ".claude/settings.json",
     ".claude/settings.local.json",
+    ".codex",
+    ".codex/config.toml",
     ".git",
 )
-DIR_NAMES = frozenset({".cursor", ".claude"})
+DIR_NAMES = frozenset({".cursor", ".claude", ".codex"})
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

@@ -1,8 +1,10 @@
-"""Agent config paths stay masked for the whole run: real bubblewrap, the real emulator.
+"""Agent config paths stay masked for the whole run: the real emulator in real sandboxes.
 
-The Cursor emulator "runs" any project config it can see at session/new, at each prompt and
-on `load-config` by appending to `<cwd>/.cursor-emulator-hook-ran`; no marker means nothing
-was loaded. The emulator speaks ACP over the sandbox's stdio, driven here line by line.
+The attack, its control experiment and the mount point bookkeeping run on both backends:
+real bubblewrap (``local``) and a real container engine (``docker``: Podman's Docker API).
+The Cursor emulator "runs" any project config it can see at session/new, at each prompt
+and on `load-config` by appending to `<cwd>/.cursor-emulator-hook-ran`; no marker means
+nothing was loaded. The emulator speaks ACP over the sandbox's stdio, driven line by line.
 """
 
 from __future__ import annotations
@@ -19,10 +21,21 @@ from typing import Any
 
 import pytest
 
+from tests.integration.docker_engine import base_image, docker_host, engine_config
 from worker.errors import AdmissionRefused, SandboxError
-from worker.sandbox.base import ResourceLimits, SandboxSpec
+from worker.sandbox.base import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    ResourceLimits,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+)
+from worker.sandbox.docker import DockerBackend, DockerSandbox
 from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox, sandbox_owner
 from worker.settings import Settings
+
+__all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -47,13 +60,17 @@ CREATED = {
     ".claude",
     ".claude/settings.json",
     ".claude/settings.local.json",
+    ".codex",
+    ".codex/config.toml",
 }
+WRITTEN = (".cursor/hooks.json", ".mcp.json", ".claude/settings.json", ".codex/config.toml")
 ATTACK = "\n".join(
     [
         "#!scenario",
         'write .cursor/hooks.json {"hooks":{"stop":[{"command":"touch /workspace/pwned"}]}}',
         'write .mcp.json {"mcpServers":{"x":{"command":"/bin/sh"}}}',
         'write .claude/settings.json {"hooks":{"Stop":[{"command":"true"}]}}',
+        "write .codex/config.toml [mcp_servers.x]",
         "exec mkdir .cursor/plugins/x",
         "exec mv .cursor .cursor-away",
         "exec rm -rf .cursor",
@@ -110,6 +127,21 @@ def _spec(ws: Path, pack: Path, **kw: Any) -> SandboxSpec:
     )
 
 
+@pytest.fixture(params=["local", "docker"])
+def any_backend(request: pytest.FixtureRequest, tmp_path: Path, etc: Path) -> SandboxBackend:
+    if request.param == "local":
+        return _backend(tmp_path, etc)
+    request.getfixturevalue("base_image")
+    return DockerBackend(Settings(), config=request.getfixturevalue("engine_config"))
+
+
+def _owner(backend: SandboxBackend) -> tuple[int, int]:
+    """The host (uid, gid) that what the agent writes belongs to."""
+    if isinstance(backend, DockerBackend):
+        return SANDBOX_UID, SANDBOX_GID
+    return sandbox_owner(Settings())
+
+
 @pytest.fixture
 async def box(
     tmp_path: Path, etc: Path, closure: Path
@@ -157,7 +189,7 @@ class Acp:
         ]
 
 
-async def _play(sandbox: LocalSandbox, prompt: str) -> Acp:
+async def _play(sandbox: Sandbox, prompt: str) -> Acp:
     proc = await sandbox.spawn(EMULATOR, env=ENV)
     acp = Acp(proc)
     try:
@@ -178,19 +210,23 @@ async def _play(sandbox: LocalSandbox, prompt: str) -> Acp:
 
 
 async def test_config_written_mid_turn_is_never_loaded(
-    box: tuple[LocalBackend, LocalSandbox], tmp_path: Path
+    any_backend: SandboxBackend, tmp_path: Path, closure: Path
 ) -> None:
-    backend, sandbox = box
-    ws = tmp_path / "ws"
-    assert _tree(ws) >= CREATED  # the mount points exist on the host during the run
-    acp = await _play(sandbox, ATTACK)
+    backend = any_backend
+    ws = _workspace(tmp_path)
+    sandbox = await backend.create(_spec(ws, closure))
+    try:
+        assert _tree(ws) >= CREATED  # the mount points exist on the host during the run
+        acp = await _play(sandbox, ATTACK)
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    assert _tree(ws) == {"README.md"}  # every mount point made for the run is gone
 
     outputs = acp.tool_outputs()
-    writes, (mkdir_plugin, mv, rm, recreate) = outputs[:3], outputs[3:]
+    writes, (mkdir_plugin, mv, rm, recreate) = outputs[:4], outputs[4:]
     # Each write hit a mask: /dev/null on a nodev mount cannot be opened at all.
     assert [w["error"] for w in writes] == [
-        f"[Errno 13] Permission denied: '/workspace/{p}'"
-        for p in (".cursor/hooks.json", ".mcp.json", ".claude/settings.json")
+        f"[Errno 13] Permission denied: '/workspace/{p}'" for p in WRITTEN
     ]
     assert "Read-only file system" in mkdir_plugin["stderr"]
     assert "Device or resource busy" in mv["stderr"]  # .cursor is a mount point
@@ -201,23 +237,33 @@ async def test_config_written_mid_turn_is_never_loaded(
     # Nothing was "run": not at session/new, not at the prompt, not on load-config.
     assert not (ws / MARKER).exists()
     assert not (ws / "pwned").exists()
-    assert not (ws / ".cursor-away").exists()
-    for rel in (".cursor/hooks.json", ".mcp.json", ".claude/settings.json"):
-        assert (ws / rel).read_bytes() == b"", rel  # the host files were never written
+    assert not (ws / ".cursor-away").exists()  # and no host config file was ever written
 
-    await backend.destroy(sandbox.sandbox_id)
-    assert _tree(ws) == {"README.md"}  # every mount point made for the run is gone
+
+async def test_mask_mount_points_are_empty_on_the_host_during_the_run(
+    any_backend: SandboxBackend, tmp_path: Path, closure: Path
+) -> None:
+    ws = _workspace(tmp_path)
+    sandbox = await any_backend.create(_spec(ws, closure))
+    try:
+        await _play(sandbox, ATTACK)
+        for rel in WRITTEN:
+            assert (ws / rel).read_bytes() == b"", rel  # the host files were never written
+        assert not any((ws / ".cursor" / "plugins").iterdir())
+    finally:
+        await any_backend.destroy(sandbox.sandbox_id)
 
 
 async def test_without_masks_the_same_run_loads_the_config(
-    tmp_path: Path, etc: Path, closure: Path
+    any_backend: SandboxBackend, tmp_path: Path, closure: Path
 ) -> None:
     # The control experiment: the attack works when masking is off, so the test above
     # proves the masks, not a broken scenario.
-    backend = _backend(tmp_path, etc)
+    backend = any_backend
     ws = _workspace(tmp_path)
     sandbox = await backend.create(_spec(ws, closure, mask_config=False))
     try:
+        assert isinstance(sandbox, LocalSandbox | DockerSandbox)
         assert sandbox.masks == ()
         await _play(sandbox, ATTACK)
         assert (ws / MARKER).read_text().splitlines() == [
@@ -225,8 +271,9 @@ async def test_without_masks_the_same_run_loads_the_config(
             ".mcp.json",
             ".claude/settings.json",
         ]
-        owner = sandbox_owner(Settings())
-        assert (os.stat(ws / ".mcp.json").st_uid, os.stat(ws / ".mcp.json").st_gid) == owner
+        assert (ws / ".codex" / "config.toml").read_text() == "[mcp_servers.x]"
+        stat = os.stat(ws / ".mcp.json")
+        assert (stat.st_uid, stat.st_gid) == _owner(backend)
     finally:
         await backend.destroy(sandbox.sandbox_id)
 
@@ -275,27 +322,36 @@ async def test_existing_config_is_hidden_and_kept(tmp_path: Path, etc: Path) -> 
     assert (ws / ".cursor" / "rules").read_text() == "be nice\n"
 
 
-async def test_a_symlinked_config_dir_is_refused(tmp_path: Path, etc: Path) -> None:
+async def test_a_symlinked_config_dir_is_refused(
+    any_backend: SandboxBackend, tmp_path: Path
+) -> None:
     ws = _workspace(tmp_path)
     (ws / ".cursor").symlink_to("/etc")
     pack = tmp_path / "pack"
     pack.mkdir()
-    backend = _backend(tmp_path, etc)
+    backend = any_backend
     with pytest.raises(SandboxError, match=r"\.cursor is not a directory"):
         await backend.create(_spec(ws, pack))
     assert await backend.list({}) == []
     assert _tree(ws) == {"README.md", ".cursor"}  # nothing made, nothing left
 
 
-async def test_a_reaper_removes_the_mount_points(tmp_path: Path, etc: Path) -> None:
+async def test_a_reaper_removes_the_mount_points(
+    any_backend: SandboxBackend, tmp_path: Path
+) -> None:
     ws = _workspace(tmp_path)
     pack = tmp_path / "pack"
     pack.mkdir()
-    sandbox = await _backend(tmp_path, etc).create(_spec(ws, pack))
+    sandbox = await any_backend.create(_spec(ws, pack))
     assert _tree(ws) >= CREATED
-    reaper = LocalBackend(Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
+    reaper: SandboxBackend
+    if isinstance(any_backend, DockerBackend):  # another instance knows only the engine
+        reaper = DockerBackend(Settings(), config=any_backend.config)
+    else:
+        reaper = LocalBackend(Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
     await reaper.destroy(sandbox.sandbox_id)
     assert _tree(ws) == {"README.md"}
+    assert await reaper.list({"suite": "masking"}) == []
 
 
 # --- admission in the mount view ------------------------------------------------------

@@ -382,3 +382,20 @@ def test_reaper_spares_live_and_still_kept_work_dirs(tmp_path: Path, redis_url: 
 
     assert asyncio.run(reap()) == []
     assert sorted(p.name for p in work.iterdir()) == ["kept", "live", "unlabelled"]
+
+
+def test_network_denials_become_notices(tmp_path: Path) -> None:
+    script = (
+        "#!scenario\n"
+        "exec curl -s -o /dev/null -w '%{http_code}' https://denied.example:443/ || true\n"
+    )
+    job = _job(tmp_path, script, network={"mode": "allowlist", "allow": ["allowed.example:443"]})
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    _check_stream(events)
+    denied = [
+        e["data"] for e in events if e["type"] == "notice" and e["data"]["code"] == "network_denied"
+    ]
+    assert [d["details"]["target"] for d in denied] == ["denied.example:443"]
+    assert denied[0]["details"]["reason"] == "not_allowed"

@@ -53,6 +53,7 @@ def test_rule_ids_are_stable() -> None:
         "claude.hooks",
         "claude.plugins",
         "claude.mcp",
+        "codex.config",
         "config.symlink",
         "config.unreadable",
         "config.not_regular",

@@ -23,10 +23,10 @@ MASKED_PATHS: tuple[PurePosixPath, ...] = tuple(spec.path for spec in rules.PROJ
 class MaskKind(enum.Enum):
     """How one path is mounted inside the sandbox."""
 
-    #: A config directory (``.cursor``, ``.claude``) pinned as a mount point: bind it onto
-    #: itself read-write (``--bind P P``). Mount points cannot be renamed or removed
-    #: (EBUSY), so the agent cannot move it aside and build an unmasked twin; its other
-    #: content (e.g. ``.cursor/rules``) stays editable.
+    #: A config directory (``.cursor``, ``.claude``, ``.codex``) pinned as a mount point:
+    #: bind it onto itself read-write (``--bind P P``). Mount points cannot be renamed or
+    #: removed (EBUSY), so the agent cannot move it aside and build an unmasked twin; its
+    #: other content (e.g. ``.cursor/rules``) stays editable.
     ANCHOR = "anchor"
     #: An empty read-only file: ``--ro-bind /dev/null P``.
     FILE = "file"
@@ -56,7 +56,7 @@ def mask_plan(workspace: Path, *, cwd: Path | None = None) -> list[MaskEntry]:
     * Each mount point must exist before binding, or bubblewrap would create it inside
       the host workspace on its own terms. Create missing ones on the host without
       following symlinks (``mkdir``/``O_CREAT|O_EXCL|O_NOFOLLOW`` under an ``O_NOFOLLOW``
-      directory fd): the ``.cursor``/``.claude`` anchor directories, then empty files for
+      directory fd): the ``.cursor``/``.claude``/``.codex`` anchor directories, then empty files for
       FILE and empty directories for DIR entries. Remove after the run only what it
       created, and only while still empty.
     * An existing admitted file (ordinary ``.claude/settings.json``) is hidden by the

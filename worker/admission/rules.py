@@ -19,6 +19,7 @@ MCP_PROJECT = "mcp.project"
 CLAUDE_HOOKS = "claude.hooks"
 CLAUDE_PLUGINS = "claude.plugins"
 CLAUDE_MCP = "claude.mcp"
+CODEX_CONFIG = "codex.config"
 CONFIG_SYMLINK = "config.symlink"
 CONFIG_UNREADABLE = "config.unreadable"
 CONFIG_NOT_REGULAR = "config.not_regular"
@@ -35,6 +36,7 @@ RULES: frozenset[str] = frozenset(
         CLAUDE_HOOKS,
         CLAUDE_PLUGINS,
         CLAUDE_MCP,
+        CODEX_CONFIG,
         CONFIG_SYMLINK,
         CONFIG_UNREADABLE,
         CONFIG_NOT_REGULAR,
@@ -100,7 +102,7 @@ def _claude(path: str) -> ConfigPath:
 
 
 #: Directories that hold config files; each must itself be a real directory.
-CONFIG_DIRS: tuple[str, ...] = (".cursor", ".claude")
+CONFIG_DIRS: tuple[str, ...] = (".cursor", ".claude", ".codex")
 
 PROJECT_CONFIG: tuple[ConfigPath, ...] = (
     _cfg(
@@ -135,6 +137,17 @@ PROJECT_CONFIG: tuple[ConfigPath, ...] = (
     ),
     _claude(".claude/settings.json"),
     _claude(".claude/settings.local.json"),
+    # Refused whatever agent the job runs: a workspace is admitted or not on its own, and
+    # the mask plan is the same for every provider. codex-acp 2.6.0 started an MCP server
+    # declared here in an untrusted workspace (tests/conformance/README.md). The file is
+    # TOML and also declares notify commands and profiles; nothing in it is needed to run
+    # a job, so it is refused whole rather than parsed.
+    _cfg(
+        ".codex/config.toml",
+        Expect.FILE,
+        CODEX_CONFIG,
+        "Codex project config (.codex/config.toml) can start MCP servers and notify commands.",
+    ),
 )
 
 _KEY_REASONS: Mapping[str, str] = {
@@ -191,7 +204,7 @@ SYSTEM_CONFIG: Mapping[str, tuple[ConfigPath, ...]] = {
     # Project config: Gemini CLI ignores .gemini/ hooks, agents and MCP servers in an
     # untrusted folder (every sandbox HOME is new, so nothing is trusted). Codex does
     # NOT: codex-acp 2.6.0 started an MCP server from an untrusted .codex/config.toml,
-    # which PROJECT_CONFIG does not list yet (see tests/conformance/README.md).
+    # which PROJECT_CONFIG refuses (rule codex.config) and the sandbox masks.
     "codex": (
         _cfg(
             "etc/codex/managed_config.toml",

@@ -14,7 +14,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from worker.network import DenialHandler
 
 WORKSPACE = "/workspace"
 PACK_ROOT = "/opt/acp-pack"
@@ -53,7 +56,15 @@ class SandboxSpec:
     pack_closure: Path
     limits: ResourceLimits
     labels: Mapping[str, str]
+    #: ``none`` (no route out) or ``allowlist``: the sandbox still has no route out, but a
+    #: per-job proxy (``worker.network``) reachable through a Unix socket bound into it
+    #: relays HTTP CONNECT to ``network_allow``; every spawn then runs behind the
+    #: in-sandbox forwarder and its ``env`` gains ``worker.network.proxy_env()``.
     network: str = "none"
+    #: ``host:port`` entries (``worker.network.parse_endpoint``) for ``allowlist``.
+    network_allow: Sequence[str] = field(default_factory=tuple)
+    #: Awaited for each request the proxy refuses (the runner emits a ``notice``).
+    on_network_denial: DenialHandler | None = None
     extra_mounts: Sequence[ReadOnlyMount] = field(default_factory=tuple)
     #: Mount the agent config paths of :func:`worker.admission.mask_plan` empty and
     #: read-only for the whole run, so config cannot appear or change mid-run.

@@ -16,13 +16,29 @@ enters the container's configuration (``docker inspect`` shows no credentials).
 stdout/stderr arrive multiplexed in 8-byte-framed chunks and are split here.
 
 Every container: user 1000:1000, read-only root filesystem, tmpfs HOME and /tmp, the
-workspace bind-mounted read-write, ``extra_mounts`` read-only (admission masking),
+workspace bind-mounted read-write, ``extra_mounts`` read-only,
 ``cap_drop=ALL``, ``no-new-privileges``, the engine's default seccomp profile, pids /
 memory (no swap) / CPU limits, network ``none``, an init process (so SIGTERM reaches the
 program with its default action), no log driver (output is not kept on disk), and the
 labels job, attempt, token, worker plus ``acpw.sandbox`` (the sandbox id), so
 ``list``/``destroy`` work from any process. Podman's ``OOMKilled`` is unreliable: an
 exit status 137 that this backend did not cause is reported as an OOM kill.
+
+Agent config paths (``worker.admission.mask_plan``) are masked as in the local backend:
+the ``.cursor``/``.claude``/``.codex`` directories bound onto themselves (a mount point
+cannot be renamed or removed: EBUSY), ``/dev/null`` bound read-only over each config file
+(with ``nodev`` on Podman, so every open fails; Docker's bind options have no ``nodev``,
+so there the device opens, reads empty and swallows writes — never a regular file), and a
+read-only empty tmpfs over each plugin directory. Missing mount points are made in the
+host workspace before the first container (``mountpoints``), and what was made is
+recorded in the container labels ``acpw.mask_points``/``acpw.workspace`` so ``destroy``
+from any process removes exactly those, after the containers are dead.
+
+Network ``allowlist`` works as in the local backend (``netpolicy``): the container keeps
+network mode ``none`` (loopback only); the job's proxy socket and the forwarder script
+are bound read-only at ``/run/acpw``, the launch header runs the program behind the
+forwarder with the proxy variables added, and ``destroy`` closes the proxy (in this
+process) and removes its directory (label ``acpw.proxy_dir``, from any process).
 """
 
 from __future__ import annotations
@@ -42,10 +58,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import ImageMismatch, SandboxError
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect, translate
 from worker.images.identity import ImageIdentity, PinnedImage
+from worker.network import (
+    FORWARDER_SOURCE,
+    SANDBOX_FORWARDER,
+    SANDBOX_SOCKET,
+    AllowlistProxy,
+    forwarder_argv,
+    proxy_env,
+)
+from worker.sandbox import mountpoints, netpolicy
 from worker.sandbox.base import (
     HOME,
     LABEL_ATTEMPT,
@@ -66,6 +92,14 @@ if TYPE_CHECKING:
 
 LABEL_SANDBOX = "acpw.sandbox"
 LABEL_BACKEND = "acpw.backend"
+#: JSON list of the mask mount points ``create`` made (workspace-relative) and the host
+#: workspace they are in: what ``destroy`` removes, from any process.
+LABEL_MASK_POINTS = "acpw.mask_points"
+LABEL_WORKSPACE = "acpw.workspace"
+#: The host directory of the network proxy's socket (``allowlist`` only).
+LABEL_PROXY_DIR = "acpw.proxy_dir"
+_INTERNAL_LABELS = frozenset({LABEL_MASK_POINTS, LABEL_WORKSPACE, LABEL_PROXY_DIR})
+DEV_NULL = "/dev/null"
 HOSTNAME = "acpw"
 SANDBOX_TMP = "/tmp"  # noqa: S108 - the container's private tmpfs
 TMPFS_BYTES = 256 * 1024 * 1024
@@ -138,12 +172,20 @@ class ImagePlan:
 
 
 def _container_config(
-    api: Any, spec: SandboxSpec, plan: ImagePlan, labels: Mapping[str, str], *, podman: bool
+    api: Any,
+    spec: SandboxSpec,
+    plan: ImagePlan,
+    labels: Mapping[str, str],
+    *,
+    podman: bool,
+    masks: Sequence[MaskEntry] = (),
 ) -> dict[str, Any]:
     """The create request body (pure apart from the SDK's helpers)."""
     host_config = api.create_host_config(
-        binds=_binds(spec, plan),
-        tmpfs=_tmpfs(podman=podman),
+        binds=_binds(spec, plan)
+        + _mask_binds(spec.workspace.resolve(), masks, podman=podman)
+        + _network_binds(labels),
+        tmpfs={**_tmpfs(podman=podman), **_mask_tmpfs(masks)},
         read_only=True,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
@@ -173,13 +215,43 @@ def _container_config(
     return config
 
 
-def _binds(spec: SandboxSpec, plan: ImagePlan) -> dict[str, dict[str, str]]:
-    binds = {str(spec.workspace): {"bind": WORKSPACE, "mode": "rw"}}
+def _binds(spec: SandboxSpec, plan: ImagePlan) -> list[str]:
+    # A list, not the SDK's dict keyed by source: /dev/null is the source of several masks.
+    binds = [f"{spec.workspace}:{WORKSPACE}:rw"]
     if plan.bind_closure is not None:
-        binds[str(plan.bind_closure)] = {"bind": PACK_ROOT, "mode": "ro"}
-    for mount in spec.extra_mounts:
-        binds[str(mount.source)] = {"bind": mount.target, "mode": "ro"}
+        binds.append(f"{plan.bind_closure}:{PACK_ROOT}:ro")
+    binds += [f"{m.source}:{m.target}:ro" for m in spec.extra_mounts]
     return binds
+
+
+def _network_binds(labels: Mapping[str, str]) -> list[str]:
+    proxy_dir = labels.get(LABEL_PROXY_DIR)
+    if not proxy_dir:
+        return []
+    # Read-only binds: connect() on a socket is not a write to its filesystem.
+    return [
+        f"{Path(proxy_dir) / netpolicy.SOCKET_NAME}:{SANDBOX_SOCKET}:ro",
+        f"{FORWARDER_SOURCE}:{SANDBOX_FORWARDER}:ro",
+    ]
+
+
+def _mask_binds(workspace: Path, masks: Sequence[MaskEntry], *, podman: bool) -> list[str]:
+    # The engine orders mounts by destination depth, so an anchor precedes its masks.
+    file_mode = "ro,nodev" if podman else "ro"
+    binds: list[str] = []
+    for entry in masks:
+        dest = f"{WORKSPACE}/{entry.path}"
+        if entry.kind is MaskKind.ANCHOR:
+            binds.append(f"{workspace / entry.path}:{dest}:rw")
+        elif entry.kind is MaskKind.FILE:
+            binds.append(f"{DEV_NULL}:{dest}:{file_mode}")
+    return binds
+
+
+def _mask_tmpfs(masks: Sequence[MaskEntry]) -> dict[str, str]:
+    # An empty read-only tmpfs: no host directory to keep empty, nothing to write into.
+    opts = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
+    return {f"{WORKSPACE}/{e.path}": opts for e in masks if e.kind is MaskKind.DIR}
 
 
 def _tmpfs(*, podman: bool) -> dict[str, str]:
@@ -319,12 +391,14 @@ class DockerSandbox:
         plan: ImagePlan,
         labels: Mapping[str, str],
         first_container: str,
+        masks: Sequence[MaskEntry] = (),
     ) -> None:
         self.backend = backend
         self._sandbox_id = sandbox_id
         self._spec = spec
         self.plan = plan
         self.labels = dict(labels)
+        self._masks = tuple(masks)
         self._pending: str | None = first_container
         self._count = 1
         self.processes: list[DockerProcess] = []
@@ -336,6 +410,11 @@ class DockerSandbox:
     @property
     def spec(self) -> SandboxSpec:
         return self._spec
+
+    @property
+    def masks(self) -> tuple[MaskEntry, ...]:
+        """The mask mounts every container gets (empty when ``spec.mask_config`` is off)."""
+        return self._masks
 
     def oom_killed(self) -> bool:
         """True once a process of this sandbox was OOM-killed (inferred, see module)."""
@@ -356,6 +435,8 @@ class DockerSandbox:
             SandboxError: the engine could not attach or start the container.
         """
         _check_command(argv, env, cwd)
+        if self._spec.network == "allowlist":
+            argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
         container = self._pending or await self._next_container()
         self._pending = None
         process = await self.backend.start(
@@ -367,7 +448,9 @@ class DockerSandbox:
     async def _next_container(self) -> str:
         name = f"{self._sandbox_id}-{self._count}"
         self._count += 1
-        return await self.backend.create_container(self._spec, self.plan, self.labels, name)
+        return await self.backend.create_container(
+            self._spec, self.plan, self.labels, name, self._masks
+        )
 
 
 def _check_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> None:
@@ -397,6 +480,7 @@ class DockerBackend:
         self._client = client
         self._images: PackImages | None = None
         self._podman: bool | None = None
+        self._proxies: dict[str, AllowlistProxy] = {}
         self.build_missing = build_missing
 
     # --- engine -------------------------------------------------------------------------
@@ -436,9 +520,29 @@ class DockerBackend:
         await asyncio.to_thread(_own_workspace, spec.workspace)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = sandbox_labels(spec, self._settings.worker_id, sandbox_id)
-        first = await self.create_container(spec, plan, labels, sandbox_id)
+        workspace = spec.workspace.resolve()
+        masks = mask_plan(workspace) if spec.mask_config else []
+        made = await asyncio.to_thread(_ensure_mask_points, workspace, masks)
+        labels[LABEL_MASK_POINTS] = json.dumps(made)
+        labels[LABEL_WORKSPACE] = str(workspace)
+        try:
+            if spec.network == "allowlist":
+                proxy = await netpolicy.start_proxy(spec, (SANDBOX_UID, SANDBOX_GID))
+                self._proxies[sandbox_id] = proxy
+                labels[LABEL_PROXY_DIR] = str(proxy.socket_path.parent)
+            first = await self.create_container(spec, plan, labels, sandbox_id, masks)
+        except BaseException:
+            await asyncio.to_thread(mountpoints.remove, workspace, made)
+            await self._close_proxy(sandbox_id, labels)
+            raise
         return DockerSandbox(
-            self, sandbox_id=sandbox_id, spec=spec, plan=plan, labels=labels, first_container=first
+            self,
+            sandbox_id=sandbox_id,
+            spec=spec,
+            plan=plan,
+            labels=labels,
+            first_container=first,
+            masks=masks,
         )
 
     def _plan(self, spec: SandboxSpec) -> ImagePlan:
@@ -467,28 +571,41 @@ class DockerBackend:
 
     @staticmethod
     def _check_spec(spec: SandboxSpec) -> None:
-        if spec.network != "none":
-            raise SandboxError(
-                "docker backend supports only network 'none' so far", network=spec.network
-            )
+        netpolicy.check(spec, python=None)  # the base image has the launcher's python3
         for what, path in (("workspace", spec.workspace), ("pack_closure", spec.pack_closure)):
             if not path.is_dir():
                 raise SandboxError(f"{what} is not a directory", **{what: str(path)})
         for mount in spec.extra_mounts:
             if not mount.source.exists() or not mount.target.startswith("/"):
                 raise SandboxError("bad extra mount", source=str(mount.source))
+        sources = (spec.workspace, spec.pack_closure, *(m.source for m in spec.extra_mounts))
+        for path in sources:
+            if ":" in str(path) or "," in str(path):
+                # A bind is "source:target:options" on the Docker API.
+                raise SandboxError("a bind source path contains ':' or ','", path=str(path))
 
     async def create_container(
-        self, spec: SandboxSpec, plan: ImagePlan, labels: Mapping[str, str], name: str
+        self,
+        spec: SandboxSpec,
+        plan: ImagePlan,
+        labels: Mapping[str, str],
+        name: str,
+        masks: Sequence[MaskEntry] = (),
     ) -> str:
         """Create (not start) one container of the sandbox; returns its id."""
-        return await asyncio.to_thread(self._create_container, spec, plan, labels, name)
+        return await asyncio.to_thread(self._create_container, spec, plan, labels, name, masks)
 
     def _create_container(
-        self, spec: SandboxSpec, plan: ImagePlan, labels: Mapping[str, str], name: str
+        self,
+        spec: SandboxSpec,
+        plan: ImagePlan,
+        labels: Mapping[str, str],
+        name: str,
+        masks: Sequence[MaskEntry],
     ) -> str:
         api: Any = self.client.api
-        config = _container_config(api, spec, plan, labels, podman=self._is_podman())
+        podman = self._is_podman()
+        config = _container_config(api, spec, plan, labels, podman=podman, masks=masks)
         with translate("create container", sandbox_id=labels.get(LABEL_SANDBOX)):
             created = api.create_container_from_config(config, name=name)
         return str(created["Id"])
@@ -583,28 +700,55 @@ class DockerBackend:
             SandboxError: the engine failed to remove a container.
         """
         _check_id(sandbox_id)
-        await asyncio.to_thread(self._destroy, sandbox_id)
+        found = await asyncio.to_thread(self._kill_all, sandbox_id)
+        # Mount points and the proxy go while the containers (and their labels) still
+        # exist: a destroy that dies here is finished by the next one.
+        for labels in [c.get("Labels") or {} for c in found] or [{}]:
+            await asyncio.to_thread(_remove_mask_points, labels)
+            await self._close_proxy(sandbox_id, labels)
+        await asyncio.to_thread(self._remove_all, found)
 
-    def _destroy(self, sandbox_id: str) -> None:
+    def network_proxy(self, sandbox_id: str) -> AllowlistProxy | None:
+        """This process's proxy of a sandbox with network ``allowlist`` (else None)."""
+        return self._proxies.get(sandbox_id)
 
+    async def _close_proxy(self, sandbox_id: str, labels: Mapping[str, str]) -> None:
+        proxy = self._proxies.pop(sandbox_id, None)
+        if proxy is not None:
+            await proxy.close()
+        if labels.get(LABEL_PROXY_DIR):
+            netpolicy.remove_dir(Path(labels[LABEL_PROXY_DIR]))
+
+    def _kill_all(self, sandbox_id: str) -> builtins.list[dict[str, Any]]:
         api = self.client.api
         with translate("destroy", sandbox_id=sandbox_id):
-            found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})
+            found: builtins.list[dict[str, Any]] = api.containers(
+                all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"}
+            )
             for container in found:
-                self._remove(container["Id"], running=container.get("State") == "running")
+                if container.get("State") == "running":
+                    self._kill(container["Id"])
+        return found
 
-    def _remove(self, container: str, *, running: bool) -> None:
+    def _remove_all(self, found: builtins.list[dict[str, Any]]) -> None:
+        with translate("destroy"):
+            for container in found:
+                self._remove(container["Id"])
+
+    def _kill(self, container: str) -> None:
         import docker.errors
 
-        api = self.client.api
         # SIGKILL first and wait for the exit: a forced removal alone stops the
         # container with SIGTERM, which the program could answer with a clean exit 0.
-        if running:
-            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                api.kill(container, signal=int(signal.SIGKILL))
-                api.wait(container, timeout=30)
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            self.client.api.kill(container, signal=int(signal.SIGKILL))
+            self.client.api.wait(container, timeout=30)
+
+    def _remove(self, container: str) -> None:
+        import docker.errors
+
         with contextlib.suppress(docker.errors.NotFound):
-            api.remove_container(container, force=True, v=True)
+            self.client.api.remove_container(container, force=True, v=True)
 
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
@@ -644,7 +788,42 @@ class DockerBackend:
 
 
 def _own_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in labels.items() if not k.startswith(_IMAGE_LABEL_PREFIXES)}
+    return {
+        k: v
+        for k, v in labels.items()
+        if not k.startswith(_IMAGE_LABEL_PREFIXES) and k not in _INTERNAL_LABELS
+    }
+
+
+def _ensure_mask_points(workspace: Path, masks: Sequence[MaskEntry]) -> list[str]:
+    """Make the missing mount points, owned by the container user when we may chown.
+
+    Raises:
+        SandboxError: a config path is a symlink or the wrong kind, or the workspace
+            could not be written.
+    """
+    owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
+    try:
+        return mountpoints.ensure(workspace, masks, owner)
+    except OSError as exc:
+        raise SandboxError(
+            f"docker sandbox: mask mount points failed: {exc.strerror or exc}",
+            workspace=str(workspace),
+            errno=exc.errno,
+        ) from exc
+
+
+def _remove_mask_points(labels: Mapping[str, str]) -> None:
+    """Remove the mount points recorded in a container's labels (what create made)."""
+    workspace, raw = labels.get(LABEL_WORKSPACE), labels.get(LABEL_MASK_POINTS)
+    if not workspace or not raw:
+        return
+    try:
+        made = [str(p) for p in json.loads(raw)]
+    except (ValueError, TypeError):
+        return  # not ours to interpret: leave the workspace alone
+    with contextlib.suppress(OSError):
+        mountpoints.remove(Path(workspace), made)
 
 
 def _own_workspace(workspace: Path) -> None:

@@ -22,11 +22,17 @@ refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non
 worker runs bubblewrap as itself. The seccomp program still refuses set-id mode bits.
 
 Agent config paths (``worker.admission.mask_plan``) are masked for the whole run: the
-``.cursor``/``.claude`` directories bound onto themselves (so they cannot be renamed),
+``.cursor``/``.claude``/``.codex`` directories bound onto themselves (so they cannot be renamed),
 ``/dev/null`` bound read-only over each config file (a character device on a ``nodev``
 mount: it is not a regular file, and every open fails), an empty read-only directory over
 each plugin directory. Missing mount points are made before the run (``mountpoints``),
 recorded, and removed by ``destroy``.
+
+Network ``allowlist`` (see ``netpolicy``): bubblewrap still unshares the network
+namespace; the job's proxy socket and the forwarder script are bound read-only at
+``/run/acpw``, each spawn runs behind the forwarder (``127.0.0.1:3128`` on the sandbox's
+own loopback) with the proxy variables added to its environment, and ``destroy`` closes
+the proxy.
 """
 
 from __future__ import annotations
@@ -48,7 +54,15 @@ from typing import Any
 
 from worker.admission import AdmissionResult, MaskEntry, MaskKind, check_workspace, mask_plan
 from worker.errors import SandboxError
-from worker.sandbox import cgroups, mountpoints, seccomp, staging
+from worker.network import (
+    FORWARDER_SOURCE,
+    SANDBOX_FORWARDER,
+    SANDBOX_SOCKET,
+    AllowlistProxy,
+    forwarder_argv,
+    proxy_env,
+)
+from worker.sandbox import cgroups, mountpoints, netpolicy, seccomp, staging
 from worker.sandbox.base import (
     HOME,
     LABEL_ATTEMPT,
@@ -147,6 +161,8 @@ class SandboxRecord:
     #: The staging directory (root worker only) and the names staged in it.
     stage: Path | None = None
     staged: tuple[str, ...] = ()
+    #: The directory of the network proxy's socket (``allowlist`` only).
+    proxy_dir: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,6 +178,7 @@ class SandboxRecord:
             "mask_points": list(self.mask_points),
             "stage": None if self.stage is None else str(self.stage),
             "staged": list(self.staged),
+            "proxy_dir": None if self.proxy_dir is None else str(self.proxy_dir),
         }
 
     @classmethod
@@ -178,6 +195,7 @@ class SandboxRecord:
             mask_points=tuple(str(p) for p in data.get("mask_points", ())),
             stage=None if data.get("stage") is None else Path(data["stage"]),
             staged=tuple(str(n) for n in data.get("staged", ())),
+            proxy_dir=None if data.get("proxy_dir") is None else Path(data["proxy_dir"]),
         )
 
 
@@ -317,6 +335,9 @@ class BindSources:
     etc: Path
     empty_dir: Path
     extras: tuple[Path, ...] = ()
+    #: The network proxy's socket and the forwarder script (``allowlist`` only).
+    proxy: Path | None = None
+    forwarder: Path | None = None
 
 
 def _mount_args(spec: SandboxSpec, sources: BindSources, masks: Sequence[MaskEntry]) -> list[str]:
@@ -327,6 +348,10 @@ def _mount_args(spec: SandboxSpec, sources: BindSources, masks: Sequence[MaskEnt
     args += ["--ro-bind", str(sources.pack), PACK_ROOT]
     for source, mount in zip(sources.extras, spec.extra_mounts, strict=True):
         args += ["--ro-bind", str(source), mount.target]
+    if sources.proxy is not None and sources.forwarder is not None:
+        # Read-only binds: connect() on a socket is not a write to its filesystem.
+        args += ["--ro-bind", str(sources.proxy), SANDBOX_SOCKET]
+        args += ["--ro-bind", str(sources.forwarder), SANDBOX_FORWARDER]
     return args
 
 
@@ -395,7 +420,14 @@ def drop_privileges_argv(
 
 def _staged_names(spec: SandboxSpec) -> tuple[str, ...]:
     extras = (f"x{i}" for i in range(len(spec.extra_mounts)))
-    return ("workspace", "pack", "etc", "empty", *extras)
+    network = ("proxy", "forward") if spec.network == "allowlist" else ()
+    return ("workspace", "pack", "etc", "empty", *extras, *network)
+
+
+def _proxy_socket(record: SandboxRecord) -> Path:
+    if record.proxy_dir is None:
+        raise SandboxError("sandbox has no network proxy", sandbox_id=record.sandbox_id)
+    return record.proxy_dir / netpolicy.SOCKET_NAME
 
 
 def sandbox_owner(settings: Settings) -> tuple[int, int]:
@@ -615,6 +647,8 @@ class LocalSandbox:
             SandboxError: the sandbox could not start the process.
         """
         _check_command(argv, env, cwd)
+        if self._spec.network == "allowlist":
+            argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
         if before_launch is not None:
             await before_launch()
         with _translate("spawn", self.sandbox_id):
@@ -682,6 +716,7 @@ class LocalBackend:
         self._layout: HostLayout | None = None
         self._bwrap: str | None = None
         self._tools: dict[str, str] = {}
+        self._proxies: dict[str, AllowlistProxy] = {}
         self.privileged = os.geteuid() == 0
         self.owner = sandbox_owner(settings)
 
@@ -740,6 +775,7 @@ class LocalBackend:
 
     def bind_sources(self, record: SandboxRecord, spec: SandboxSpec) -> BindSources:
         """Host paths of the bind sources, or (root worker) their staged twins."""
+        network = record.proxy_dir is not None
         if record.stage is None:
             return BindSources(
                 workspace=record.workspace,
@@ -747,6 +783,8 @@ class LocalBackend:
                 etc=record.etc_dir,
                 empty_dir=self.empty_dir,
                 extras=tuple(m.source for m in spec.extra_mounts),
+                proxy=_proxy_socket(record) if network else None,
+                forwarder=FORWARDER_SOURCE if network else None,
             )
         stage = record.stage
         return BindSources(
@@ -755,6 +793,8 @@ class LocalBackend:
             etc=stage / "etc",
             empty_dir=stage / "empty",
             extras=tuple(stage / f"x{i}" for i in range(len(spec.extra_mounts))),
+            proxy=stage / "proxy" if network else None,
+            forwarder=stage / "forward" if network else None,
         )
 
     def _stage_sources(self, record: SandboxRecord, spec: SandboxSpec) -> dict[str, Path]:
@@ -765,6 +805,8 @@ class LocalBackend:
             "empty": self.empty_dir,
         }
         sources.update({f"x{i}": m.source for i, m in enumerate(spec.extra_mounts)})
+        if record.proxy_dir is not None:
+            sources.update({"proxy": _proxy_socket(record), "forward": FORWARDER_SOURCE})
         return sources
 
     def cgroup_driver(self) -> cgroups.CgroupDriver:
@@ -775,9 +817,10 @@ class LocalBackend:
 
         Raises:
             SandboxError: bubblewrap, a system tool or a cgroup controller is missing, a path
-                in the spec is not a directory, the spec asks for a network this backend
-                lacks, the worker is root and the workspace is not owned by the sandbox's
-                host uid, or a config path to mask is a symlink or the wrong kind.
+                in the spec is not a directory, the network policy is malformed or
+                unsupported (``netpolicy.check``), the worker is root and the workspace is
+                not owned by the sandbox's host uid, a config path to mask is a symlink or
+                the wrong kind, or the network proxy did not start.
         """
         self._check_spec(spec)
         self._check_owner(spec.workspace)
@@ -822,6 +865,7 @@ class LocalBackend:
                 made = mountpoints.ensure(record.workspace, masks, owner)
                 record = replace(record, mask_points=tuple(made))
                 self.store.write(record)
+                record = await self._start_network(record, spec)
                 if record.stage is not None:
                     staging.prepare_root(self._stage_dir)
                     tools = {"unshare": self.tool("unshare"), "sh": self.tool("sh")}
@@ -830,6 +874,19 @@ class LocalBackend:
         except SandboxError:
             await self.destroy(record.sandbox_id)
             raise
+        return record
+
+    def network_proxy(self, sandbox_id: str) -> AllowlistProxy | None:
+        """This process's proxy of a sandbox with network ``allowlist`` (else None)."""
+        return self._proxies.get(sandbox_id)
+
+    async def _start_network(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        if spec.network != "allowlist":
+            return record
+        proxy = await netpolicy.start_proxy(spec, self.owner)
+        self._proxies[record.sandbox_id] = proxy
+        record = replace(record, proxy_dir=proxy.socket_path.parent)
+        self.store.write(record)
         return record
 
     def _shared_dirs(self) -> None:
@@ -872,8 +929,7 @@ class LocalBackend:
 
     @staticmethod
     def _check_spec(spec: SandboxSpec) -> None:
-        if spec.network != "none":
-            raise SandboxError("local backend supports only network 'none'", network=spec.network)
+        netpolicy.check(spec)
         for what, path in (("workspace", spec.workspace), ("pack_closure", spec.pack_closure)):
             if not path.is_dir():
                 raise SandboxError(f"{what} is not a directory", **{what: str(path)})
@@ -894,9 +950,14 @@ class LocalBackend:
             return
         with _translate("destroy", sandbox_id):
             await self._kill_and_remove(record.cgroups, sandbox_id)
+            proxy = self._proxies.pop(sandbox_id, None)
+            if proxy is not None:
+                await proxy.close()
             if record.stage is not None:
                 staging.remove(record.stage, record.staged)
             mountpoints.remove(record.workspace, record.mask_points)
+            if record.proxy_dir is not None:
+                netpolicy.remove_dir(record.proxy_dir)
             self.store.delete(sandbox_id)
 
     @staticmethod
