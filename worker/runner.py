@@ -159,6 +159,7 @@ class _Job:
         self.agent: AgentProcess | None = None
         self.prepared = Prepared()
         self.job_dir: Path | None = None
+        self.provider = "cursor"
         self.result: dict[str, Any] | None = None
         self.upload_error: ResultUploadFailed | None = None
         self.normalizer = Normalizer(
@@ -223,7 +224,8 @@ class _Job:
         )
         self.phases.mark("credentials")
         pack = await self._pack(declaration)
-        workspace = await self._workspace(declaration.manifest.provider, credentials)
+        self.provider = declaration.manifest.provider
+        workspace = await self._workspace(self.provider, credentials)
         if self.backend.name in HOST_SHARED_BACKENDS:
             # The agent's /workspace is this host directory: artifacts and fs/* are
             # checked and served against it.
@@ -307,9 +309,18 @@ class _Job:
             base.LABEL_WORKER: self.settings.worker_id,
         }
 
+    async def _readmit(self) -> None:
+        """Admission again, in the sandbox's own mount view, right before launch (a backend
+        that can show its view: local; the masks guard both backends for the whole run)."""
+        view = getattr(self.sandbox, "admission_view", None)
+        if callable(view):
+            result = await asyncio.to_thread(view, provider=self.provider)
+            result.raise_if_refused()
+
     async def _launch(self, plan: LaunchPlan) -> AcpClient:
         assert self.sandbox is not None
         settings = self.settings
+        await self._readmit()
         process = await self.sandbox.spawn(
             plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
         )
