@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from worker.errors import SandboxError
+
 if TYPE_CHECKING:
     from worker.network import DenialHandler
 
@@ -108,6 +110,40 @@ class SandboxProcess(Protocol):
 
     def kill(self) -> None:
         """SIGKILL to the whole process group (idempotent)."""
+
+
+class PipedProcess:
+    """The stdio and exit status of a host subprocess, shared by backends whose
+    ``SandboxProcess`` is one (local, fake); each adds its own ``terminate``/``kill``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, *, what: str) -> None:
+        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+            raise SandboxError(f"{what} started without pipes", pid=proc.pid)
+        self._proc = proc
+        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter:
+        return self._stdin
+
+    @property
+    def stdout(self) -> asyncio.StreamReader:
+        return self._stdout
+
+    @property
+    def stderr(self) -> asyncio.StreamReader:
+        return self._stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
 
 
 class Sandbox(Protocol):

@@ -23,42 +23,17 @@ from worker.sandbox.base import (
     LABEL_JOB,
     PACK_ROOT,
     WORKSPACE,
+    PipedProcess,
     SandboxInfo,
     SandboxSpec,
 )
 
 
-class FakeProcess:
+class FakeProcess(PipedProcess):
     """A host subprocess in its own process group."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
-            raise SandboxError("fake spawn started without pipes", pid=proc.pid)
-        self._proc = proc
-        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def stdin(self) -> asyncio.StreamWriter:
-        return self._stdin
-
-    @property
-    def stdout(self) -> asyncio.StreamReader:
-        return self._stdout
-
-    @property
-    def stderr(self) -> asyncio.StreamReader:
-        return self._stderr
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
+        super().__init__(proc, what="fake spawn")
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)

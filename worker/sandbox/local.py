@@ -72,6 +72,7 @@ from worker.sandbox.base import (
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
+    PipedProcess,
     SandboxInfo,
     SandboxSpec,
 )
@@ -507,37 +508,11 @@ def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-class LocalProcess:
+class LocalProcess(PipedProcess):
     """A bwrap process; its pid is bwrap's (host pid), the program runs under it."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self._proc = proc
-        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
-            raise SandboxError("bwrap started without pipes", pid=proc.pid)
-        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def stdin(self) -> asyncio.StreamWriter:
-        return self._stdin
-
-    @property
-    def stdout(self) -> asyncio.StreamReader:
-        return self._stdout
-
-    @property
-    def stderr(self) -> asyncio.StreamReader:
-        return self._stderr
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
+        super().__init__(proc, what="bwrap")
 
     def terminate(self) -> None:
         """SIGTERM to every process of this spawn's tree inside the sandbox.
