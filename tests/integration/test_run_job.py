@@ -399,3 +399,40 @@ def test_network_denials_become_notices(tmp_path: Path) -> None:
     ]
     assert [d["details"]["target"] for d in denied] == ["denied.example:443"]
     assert denied[0]["details"]["reason"] == "not_allowed"
+
+
+def test_change_capture_of_a_real_run(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "gone.txt").write_text("bye\n")
+    (ws / "tool.sh").write_text("#!/bin/sh\n")
+    script = (
+        "#!scenario\n"
+        "exec sh -c 'echo more >> README.md && echo new > added.txt && rm gone.txt"
+        " && chmod 755 tool.sh && ln -s /etc/passwd passwd"
+        " && head -c 52428800 /dev/zero > big.bin'\n"
+    )
+    result = run_cli(tmp_path, "run", str(_job(tmp_path, script)), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    changed = next(e["data"] for e in events if e["type"] == "workspace.changed")
+    by_path = {p["path"]: p for p in changed["paths"]}
+    assert {k: v["status"] for k, v in by_path.items()} == {
+        "README.md": "modified",
+        "added.txt": "added",
+        "gone.txt": "deleted",
+        "tool.sh": "mode_changed",
+        "passwd": "added",
+        "big.bin": "added",
+    }
+    assert by_path["passwd"]["kind"] == "link"
+    assert by_path["passwd"]["target"] == "/etc/passwd"  # reported, never followed
+    assert by_path["big.bin"]["size"] == 52428800
+    assert by_path["big.bin"]["in_patch"] is False
+    assert changed["patch"]["omitted"] == ["big.bin"]
+    patch = Path(changed["patch"]["path"]).read_text()
+    assert "+more" in patch
+    assert "deleted file mode 100644" in patch
+    assert "new mode 100755" in patch
+    assert "+++ b/passwd" in patch
+    assert "root:" not in patch  # the link's target file was never read
