@@ -12,10 +12,10 @@ from typing import Any
 
 from worker.cli import add_json_flag
 from worker.packs.cache import materialize
-from worker.packs.lock import lock_archive
+from worker.packs.lock import LockResult, lock_archive
 from worker.packs.manifest import Pack, load_pack, load_pack_dir
 from worker.packs.names import PACK_NAME_RE, PLATFORMS
-from worker.packs.verify import verify_closure
+from worker.packs.runtime import prepare_pack
 from worker.settings import Settings
 
 
@@ -93,21 +93,26 @@ def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     print(json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else text)
 
 
-def lock_command(args: argparse.Namespace, settings: Settings) -> int:
-    """``pack lock ARCHIVE --pack NAME --platform P``."""
-    pack_dir = _pack_dir(args.pack, settings)
-    result = lock_archive(
-        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform
-    )
-    data = {
+def _lock_data(result: LockResult) -> dict[str, Any]:
+    return {
         "pack": result.pack,
         "platform": result.platform,
         "files": result.files,
         "bytes": result.bytes,
         "closure_digest": result.closure_digest,
         "archive_sha256": result.archive_sha256,
+        "archive_size": result.archive_size,
         "lock": str(result.lock_path),
     }
+
+
+def lock_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack lock ARCHIVE --pack NAME --platform P``."""
+    pack_dir = _pack_dir(args.pack, settings)
+    result = lock_archive(
+        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform
+    )
+    data = _lock_data(result)
     text = (
         f"locked {result.pack} for {result.platform}: {result.files} files, "
         f"{result.bytes} bytes, closure {result.closure_digest}"
@@ -119,9 +124,10 @@ def lock_command(args: argparse.Namespace, settings: Settings) -> int:
 def verify_command(args: argparse.Namespace, settings: Settings) -> int:
     """``pack verify PACK [--platform P] [--cache DIR]``."""
     pack = resolve_pack(args.pack, settings)
-    cache = args.cache or settings.cache_dir
-    path = materialize(pack, cache, platform=args.platform, verify_existing=False)
-    stats = verify_closure(path, pack.read_lock(pack.for_platform(args.platform)))
+    if args.cache is not None:
+        settings = settings.model_copy(update={"cache_dir": args.cache})
+    prepared = prepare_pack(settings, pack, args.platform)  # the same check as every launch
+    path, stats = prepared.closure, prepared.stats
     data = {
         "closure": str(path),
         "files": stats.files,
@@ -147,16 +153,7 @@ def lock_npm_command(args: argparse.Namespace, settings: Settings) -> int:
 
     pack_dir = _pack_dir(args.pack, settings)
     result = lock_npm(args.spec, pack_dir=pack_dir, platform=args.platform, bin_name=args.bin)
-    data = {
-        "pack": result.pack,
-        "platform": result.platform,
-        "files": result.files,
-        "bytes": result.bytes,
-        "closure_digest": result.closure_digest,
-        "archive_sha256": result.archive_sha256,
-        "archive_size": result.archive_size,
-        "lock": str(result.lock_path),
-    }
+    data = _lock_data(result)
     text = (
         f"locked {args.spec} as {result.pack} for {result.platform}: {result.files} files, "
         f"{result.bytes} bytes, archive sha256 {result.archive_sha256}"
