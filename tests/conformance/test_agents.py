@@ -39,6 +39,7 @@ from tests.conformance.agents import (
     shape,
     write_job,
 )
+from tests.procs import finish
 from worker.events.schema import event_schema
 
 pytestmark = pytest.mark.conformance
@@ -135,7 +136,7 @@ def test_cancel_during_a_hanging_prompt(
     assert proc.poll() is None, "the prompt did not hang"
     cancelled_at = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = finish(proc, timeout=60)
     elapsed = time.monotonic() - cancelled_at
 
     assert proc.returncode == 4, err

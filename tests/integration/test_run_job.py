@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import redis
 
+from tests.procs import finish
 from worker import keys
 from worker.events.schema import event_schema
 
@@ -251,7 +252,7 @@ def test_sigint_cancels_the_job(tmp_path: Path) -> None:
         if '"Working' in line or '"message.delta"' in line:
             break
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    out, _ = finish(proc, timeout=30)
     assert proc.returncode == 4
     done = _events(out)[-1]["data"]
     assert done["status"] == "cancelled"
