@@ -54,6 +54,29 @@ def test_subagents_are_attributed_and_correlated(tmp_path: Path) -> None:
     assert refused == ["unknown_session", "child_settled"]
 
 
+def test_subagent_permission_asks_are_attributed_to_the_child(tmp_path: Path) -> None:
+    events = run_job(
+        tmp_path, "scenario: subagent-permissions", permissions={"policy": "allow_reads"}
+    )
+    child = "55555555-5555-4555-8555-555555555555"
+    decided = [
+        (d["title"], d["decision"], d.get("child_id")) for d in _of(events, "permission.decided")
+    ]
+    assert decided == [
+        ("Read README.md", "allowed", child),  # on the child's own session id
+        ("`rm -rf build`", "denied", child),  # parent session id, the child's tool id
+        ("`ls late`", "denied", child),  # the child had finished: refused unasked
+        ("`ls ghost`", "denied", None),  # nobody spawned it: refused unasked
+        ("`ls own`", "allowed", None),  # the parent's own ask
+    ]
+    refused = [n["details"] for n in _of(events, "notice") if n["code"] == "permission_refused"]
+    assert [(n["session_id"], n["reason"]) for n in refused] == [
+        (child, "child_settled"),
+        ("66666666-6666-4666-8666-666666666666", "unknown_session"),
+    ]
+    assert events[-1]["data"]["status"] == "succeeded"
+
+
 def _latest_delegations(events: Events) -> dict[str | None, dict[str, Any]]:
     """The last snapshot of every delegation, by child id."""
     latest = {

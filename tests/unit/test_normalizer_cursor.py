@@ -271,3 +271,21 @@ def test_generated_images_go_through_the_containment_check() -> None:
         },
     )
     assert out[1][1]["details"]["reason"] == "symlink"
+
+
+def test_permission_asks_are_attributed_to_the_child_that_asks() -> None:
+    n = _norm()
+    _task_tool(n)
+    _spawn(n)
+    n.normalize(_up("tool_call", CHILD, toolCallId="child-tool", title="rm", kind="execute"))
+    n.normalize(_up("tool_call", ROOT, toolCallId="root-tool", title="ls", kind="read"))
+    assert n.permission_source(CHILD, "x") == (CHILD, None)  # the child's own session
+    assert n.permission_source(ROOT, "child-tool") == (CHILD, None)  # parent id, child's tool
+    assert n.permission_source(ROOT, "root-tool") == (None, None)
+    assert n.permission_source(None, None) == (None, None)
+    assert n.permission_source("ghost", "x") == (None, "unknown_session")
+    assert n.permission_source({"not": "a string"}, "x") == (None, "unknown_session")
+    n.normalize(_up("subagent_state_update", subagentSessionId=CHILD, state="completed"))
+    assert n.permission_source(CHILD, "x") == (CHILD, "child_settled")
+    assert n.permission_source(ROOT, "child-tool") == (CHILD, "child_settled")
+    assert n.permission_source(ROOT, "root-tool") == (None, None)

@@ -7,34 +7,60 @@
 
 ``allow-always`` is never chosen, by any policy or any answer: Cursor turns it into a
 global rule in the user's config. Every decision is recorded as ``permission.decided``.
+
+A subagent's ask is attributed to it (``child_id`` on the request and the decision);
+one from a child that is no longer live, or from a session nobody spawned, is rejected
+without asking anyone, with a ``permission_refused`` notice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.acp.client import Emit
 from worker.acp.connection import Reply
+from worker.events.bounded import bounded
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import permission_request
 
 READ_KINDS = frozenset({"read", "search"})
 CANCELLED = {"outcome": {"outcome": "cancelled"}}
 
+#: ``(sessionId, toolCallId) -> (child_id, refusal_reason)``, see
+#: :meth:`worker.events.normalizer.Normalizer.permission_source`.
+Attribute = Callable[[Any, "str | None"], "tuple[str | None, str | None]"]
+
+
+def _root(session_id: Any, tool_call_id: str | None) -> tuple[str | None, str | None]:
+    return None, None
+
 
 class PermissionPolicy:
     """The handler of ``session/request_permission`` for one job."""
 
-    def __init__(self, policy: str, *, emit: Emit, broker: InteractionBroker) -> None:
+    def __init__(
+        self,
+        policy: str,
+        *,
+        emit: Emit,
+        broker: InteractionBroker,
+        attribute: Attribute = _root,
+    ) -> None:
         self.policy = policy
         self._emit = emit
         self._broker = broker
+        self._attribute = attribute
 
     async def __call__(self, params: Any) -> Any:
         params = params if isinstance(params, Mapping) else {}
         request = permission_request(params)
         tool_call_id = _tool_call_id(params)
+        child, refused = self._attribute(params.get("sessionId"), tool_call_id)
+        if child is not None:
+            request["child_id"] = child
+        if refused is not None:
+            return await self._refuse(request, tool_call_id, params.get("sessionId"), refused)
         if self.policy == "ask":
             return await self._ask(request, tool_call_id)
         allowed = self._allows(request["kind"])
@@ -63,6 +89,27 @@ class PermissionPolicy:
             await self._decided(request, tool_call_id, None, option)
         return reply
 
+    async def _refuse(
+        self, request: dict[str, Any], tool_call_id: str | None, session_id: Any, reason: str
+    ) -> Any:
+        await self._emit(
+            "notice",
+            {
+                "level": "warning",
+                "code": "permission_refused",
+                "message": f"a permission request was rejected unasked ({reason}): it does "
+                "not come from the session or a live subagent of this turn",
+                "details": {
+                    "session_id": bounded(str(session_id), 256)["text"],
+                    "tool_call_id": tool_call_id,
+                    "reason": reason,
+                },
+            },
+        )
+        option = _option(request, "reject_once")
+        await self._decided(request, tool_call_id, None, option)
+        return _reply(option)
+
     async def _decided(
         self,
         request: Mapping[str, Any],
@@ -71,18 +118,18 @@ class PermissionPolicy:
         option: str | None,
         interaction_id: str | None = None,
     ) -> None:
-        await self._emit(
-            "permission.decided",
-            {
-                "tool_call_id": tool_call_id,
-                "title": request["title"],
-                "kind": request["kind"],
-                "policy": self.policy,
-                "decision": "allowed" if allowed else "denied",
-                "option_id": option,
-                "interaction_id": interaction_id,
-            },
-        )
+        data = {
+            "tool_call_id": tool_call_id,
+            "title": request["title"],
+            "kind": request["kind"],
+            "policy": self.policy,
+            "decision": "allowed" if allowed else "denied",
+            "option_id": option,
+            "interaction_id": interaction_id,
+        }
+        if request.get("child_id") is not None:
+            data["child_id"] = request["child_id"]
+        await self._emit("permission.decided", data)
 
 
 def _option(request: Mapping[str, Any], kind: str) -> str | None:

@@ -73,7 +73,10 @@ class AcpSession:
     def _register(self, connection: Connection) -> None:
         wiring = self._wiring
         policy = PermissionPolicy(
-            self._spec.permissions.policy, emit=self._emit, broker=wiring.broker
+            self._spec.permissions.policy,
+            emit=self._emit,
+            broker=wiring.broker,
+            attribute=wiring.normalizer.permission_source,
         )
         connection.route("session/request_permission", policy)
         if wiring.dialect == "cursor":

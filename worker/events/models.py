@@ -248,6 +248,9 @@ class PermissionRequest(_Data):
     kind: str | None
     reason: str | None
     options: list[PermissionOption] = Field(description="Never an allow-always option.")
+    child_id: str | None = Field(
+        default=None, description="The subagent session that asks; absent: the parent."
+    )
 
 
 InteractionKind = Literal["question", "plan", "permission"]
@@ -299,6 +302,9 @@ class PermissionDecided(_Data):
     decision: Literal["allowed", "denied"]
     option_id: str | None = Field(description="The option answered; null: cancelled.")
     interaction_id: str | None = None
+    child_id: str | None = Field(
+        default=None, description="The subagent session that asked; absent: the parent."
+    )
 
 
 class ModeChanged(_Attributed):

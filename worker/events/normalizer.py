@@ -51,6 +51,7 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
 }
 _SECRET_KEY = re.compile(r"(?i)(token|secret|passw|api[_-]?key|authorization|cookie|credential)")
 _TITLE_LIMIT = 1024
+MAX_TOOL_OWNERS = 65536
 
 
 class Normalizer:
@@ -73,6 +74,8 @@ class Normalizer:
         self._plan_revisions: dict[str | None, int] = {}
         self.todos = TodoList()
         self.delegations = Delegations(text_limit=text_limit)
+        #: Tool call id → the child session that started it (bounded: MAX_TOOL_OWNERS).
+        self._tool_owner: dict[str, str] = {}
         self._kinds: dict[str, Handler] = {
             "agent_message_chunk": lambda u, c: self._chunk(u, "assistant"),
             "agent_thought_chunk": lambda u, c: self._chunk(u, "thought"),
@@ -146,6 +149,29 @@ class Normalizer:
             reason = "unknown_session"
         return _child_refused(source, kind, reason)
 
+    def permission_source(
+        self, session_id: Any, tool_call_id: str | None
+    ) -> tuple[str | None, str | None]:
+        """Who asks a ``session/request_permission``: ``(child_id, refusal_reason)``.
+
+        A child may ask on its own session id, or on the parent's with the id of a tool
+        the child started (both are reported for Cursor, FACTS Q8). Either way the ask is
+        the child's; a child that is not live (or a session nobody spawned) is refused.
+        """
+        if session_id is None or self.session_id is None or session_id == self.session_id:
+            child = self._tool_owner.get(tool_call_id) if tool_call_id is not None else None
+            if child is None or self.delegations.live_child(child) is not None:
+                return child, None
+            return child, "child_settled"
+        child = session_id if self.delegations.known_child(session_id) else None
+        if child is None:
+            return None, "unknown_session"
+        if self.settled:
+            return child, "turn_settled"
+        if self.delegations.live_child(child) is None:
+            return child, "child_settled"
+        return child, None
+
     def _stamp(self, out: Out, child: str | None) -> None:
         for type_, data in out:
             if type_ == "notice":
@@ -207,6 +233,8 @@ class Normalizer:
             "locations": self._locations(update.get("locations"), notices),
         }
         out: Out = [("tool.started", data)]
+        if child is not None and len(self._tool_owner) < MAX_TOOL_OWNERS:
+            self._tool_owner.setdefault(tool_call_id, child)
         if isinstance(raw_input, Mapping) and raw_input.get("_toolName") == "task":
             parent = child or self.session_id
             out += self.delegations.task_tool(tool_call_id, raw_input, parent)

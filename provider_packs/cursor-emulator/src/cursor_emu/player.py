@@ -219,10 +219,24 @@ class Player:
         title = str(spec.get("title", "`echo hello`"))
         kind = str(spec.get("kind", "execute"))
         reason = str(spec.get("reason", "Not in allowlist: echo"))
-        self.ask_permission(tcid, title, kind, reason, spec.get("options"))
+        session_id = spec.get("sessionId")
+        self.ask_permission(
+            tcid,
+            title,
+            kind,
+            reason,
+            spec.get("options"),
+            session_id=session_id if isinstance(session_id, str) else None,
+        )
 
     def ask_permission(
-        self, tcid: str, title: str, kind: str, reason: str, options: Any = None
+        self,
+        tcid: str,
+        title: str,
+        kind: str,
+        reason: str,
+        options: Any = None,
+        session_id: str | None = None,
     ) -> str:
         """Send session/request_permission and wait; returns the optionId or "cancelled"."""
         tool = {
@@ -233,7 +247,7 @@ class Player:
             "content": [{"type": "content", "content": {"type": "text", "text": reason}}],
         }
         params = {
-            "sessionId": self.session.session_id,
+            "sessionId": session_id or self.session.session_id,
             "toolCall": tool,
             "options": options if isinstance(options, list) else catalog.PERMISSION_OPTIONS,
         }
@@ -392,6 +406,8 @@ class Player:
         self.tool_update(tcid, "in_progress")
         if self.host.subagents:
             self.run_subagent(tcid, agent_id, prompt, spec)
+        elif spec.get("childPermissions"):
+            self.child_permissions(agent_id, spec)
         duration = int(spec.get("durationMs", 1234))
         background = bool(spec.get("isBackground", False))
         self.tool_update(
@@ -438,6 +454,7 @@ class Player:
         for update in child_updates:
             self.turn.check()
             self.host.transport.notify("session/update", {"sessionId": agent_id, "update": update})
+        self.child_permissions(agent_id, spec)
         self.emit(
             {
                 "sessionUpdate": "subagent_state_update",
@@ -445,6 +462,22 @@ class Player:
                 "state": spec.get("state", "completed"),
             }
         )
+
+    def child_permissions(self, agent_id: str, spec: JSON) -> None:
+        """The child's permission asks (FACTS Q8, reported): on its own session id, or with
+        `onParent` on the parent's session id with the child's tool call id."""
+        asks = spec.get("childPermissions")
+        for ask in asks if isinstance(asks, list) else []:
+            if not isinstance(ask, dict):
+                continue
+            self.turn.check()
+            self.ask_permission(
+                str(ask.get("toolCallId") or self.new_tool_id()),
+                str(ask.get("title", "`ls`")),
+                str(ask.get("kind", "execute")),
+                str(ask.get("reason", "Not in allowlist: ls")),
+                session_id=None if ask.get("onParent") else agent_id,
+            )
 
     # --- raw wire and process control ------------------------------------------------------
 
