@@ -34,6 +34,9 @@ class LaunchPlan:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     dialect: str | None
+    #: The ``authenticate`` method id the worker calls after ``initialize`` (the pack's
+    #: ``launch.authenticate``); ``None``: the agent reads its credentials itself.
+    authenticate: str | None = None
 
 
 def expand(template: str) -> str:
@@ -49,9 +52,12 @@ def launch_plan(
     env: Mapping[str, str],
     dialect: str | None,
     credentials: Mapping[str, str],
+    authenticate: str | None = None,
 ) -> LaunchPlan:
     """The plan for one job: base env, then the pack's, then the bound credentials."""
     full = dict(BASE_ENV)
     full.update({name: expand(value) for name, value in env.items()})
     full.update(credentials)
-    return LaunchPlan(argv=tuple(expand(a) for a in argv), env=full, dialect=dialect)
+    return LaunchPlan(
+        argv=tuple(expand(a) for a in argv), env=full, dialect=dialect, authenticate=authenticate
+    )

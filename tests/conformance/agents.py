@@ -26,7 +26,8 @@ PACK_MOUNT = "/opt/acp-pack/node_modules/"
 class Agent:
     pack: str
     credential: str
-    # Where -32000 arrives without credentials.
+    # Where the job stops as auth_required without credentials: -32000 from the agent, or
+    # the pack's `authenticate` refused (then with the agent's own error code).
     auth_at: str
     # Extra (`_meta`) fields the agent sends at initialize, as paths into agent.initialized.
     extra_paths: tuple[tuple[str | int, ...], ...]
@@ -34,6 +35,7 @@ class Agent:
     # agent answer session/cancel within the grace period (else the worker kills it)?
     prompt_hangs: bool
     answers_cancel: bool
+    auth_rpc_code: int = -32000
 
 
 AGENTS = (
@@ -48,11 +50,12 @@ AGENTS = (
     Agent(
         pack="codex-acp",
         credential="OPENAI_API_KEY",
-        auth_at="session/new",
+        # The pack declares `authenticate: api-key`: without a key codex-acp refuses it
+        # (-32603, "CODEX_API_KEY or OPENAI_API_KEY is not set"); with one, the prompt runs.
+        auth_at="authenticate",
+        auth_rpc_code=-32603,
         extra_paths=(("agent_capabilities", "_meta"), ("auth_methods", 0, "_meta", "api-key")),
-        # An environment key is not enough: codex-acp wants an `authenticate` call
-        # (method "api-key") first, which the worker does not make; so no prompt runs.
-        prompt_hangs=False,
+        prompt_hangs=True,
         answers_cancel=False,
     ),
     Agent(

@@ -91,9 +91,14 @@ def test_initialize_then_auth_required_without_credentials(
     error = done["error"]
     assert error["code"] == "auth_required"
     assert error["details"]["method"] == agent.auth_at
-    assert error["details"]["rpc_code"] == -32000
-    assert error["message"].startswith("agent requires authentication: ")
-    assert len(error["message"]) > len("agent requires authentication: ")
+    assert error["details"]["rpc_code"] == agent.auth_rpc_code
+    prefix = (
+        "agent requires authentication: "
+        if agent.auth_rpc_code == -32000
+        else f"agent refused {agent.auth_at}: "
+    )
+    assert error["message"].startswith(prefix)
+    assert len(error["message"]) > len(prefix)  # the agent's own words are kept
     started = of_type(stream, "session.started")
     assert bool(started) == (agent.auth_at == "session/prompt")
 
@@ -179,7 +184,7 @@ def test_probe_prints_what_the_agent_advertises(
     assert report["pack"]["name"] == agent.pack
     assert isinstance(report["auth_methods"], list)
     session = report["session"]
-    if agent.auth_at == "session/new":
+    if agent.auth_at != "session/prompt":  # the probe binds no key and never authenticates
         assert not session["opened"]
         assert session["error"]["code"] == "auth_required"
     else:

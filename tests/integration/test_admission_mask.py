@@ -12,7 +12,6 @@ from worker.errors import InvalidInput, WorkspaceUnavailable
 LEVEL = [
     (".cursor", MaskKind.ANCHOR),
     (".claude", MaskKind.ANCHOR),
-    (".codex", MaskKind.ANCHOR),
     (".cursor/mcp.json", MaskKind.FILE),
     (".cursor/hooks.json", MaskKind.FILE),
     (".cursor/plugins", MaskKind.DIR),
@@ -20,7 +19,7 @@ LEVEL = [
     (".mcp.json", MaskKind.FILE),
     (".claude/settings.json", MaskKind.FILE),
     (".claude/settings.local.json", MaskKind.FILE),
-    (".codex/config.toml", MaskKind.FILE),
+    (".codex", MaskKind.DIR),  # masked whole: its config.toml must read as absent
 ]
 
 
@@ -37,7 +36,7 @@ def test_masked_paths_are_the_project_config_paths() -> None:
         ".mcp.json",
         ".claude/settings.json",
         ".claude/settings.local.json",
-        ".codex/config.toml",
+        ".codex",
     ]
 
 

@@ -2,14 +2,16 @@
 never duplicated as new output), ``session/list``, and fork/resume reported unsupported
 because the agent says method-not-found.
 
-The runner-level test uses the in-package fake backend with a persistent HOME: the
-local sandbox's HOME is a per-job tmpfs, so a real Cursor (and the emulator) keeps no
-sessions between jobs there (see the report: an agent-state volume is needed)."""
+The runner-level tests here use the in-package fake backend, with a fresh HOME per
+sandbox in which the job's state mounts appear (the worker's session store keeps the
+session between jobs); ``test_session_resume.py`` runs the same on real bubblewrap and
+Podman."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from worker.acp.client import AcpClient, ClientCapabilities
 from worker.errors import SessionNotFound, Unsupported
 from worker.jobs.spec import parse_job
 from worker.runner import run_job
-from worker.sandbox.base import HOME, PACK_ROOT, SandboxSpec
+from worker.sandbox.base import HOME, PACK_ROOT, SandboxSpec, home_relative
 from worker.sandbox.fake import FakeBackend, FakeProcess, FakeSandbox
 from worker.settings import Settings
 
@@ -31,11 +33,17 @@ EMULATOR = REPO / "provider_packs" / "cursor-emulator" / "src" / "cursor_emulato
 
 
 class _Sandbox(FakeSandbox):
-    """The fake sandbox with the pack root and a persistent HOME mapped to host dirs."""
+    """The fake sandbox with the pack root mapped and a fresh host HOME, in which each
+    state mount appears as a link to its source (the fake mounts nothing)."""
 
-    def __init__(self, sandbox_id: str, spec: SandboxSpec, home: Path) -> None:
+    def __init__(self, sandbox_id: str, spec: SandboxSpec, homes: Path) -> None:
         super().__init__(sandbox_id, spec)
-        self._home = home
+        homes.mkdir(exist_ok=True)
+        self._home = Path(tempfile.mkdtemp(prefix=f"{sandbox_id}-", dir=homes))
+        for mount in spec.state_mounts:
+            link = self._home / home_relative(mount.target)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(mount.source)
 
     async def spawn(
         self,
@@ -72,7 +80,7 @@ class _Collect:
         return None
 
 
-async def _run(tmp_path: Path, home: Path, **extra: Any) -> list[dict[str, Any]]:
+async def _run(tmp_path: Path, homes: Path, **extra: Any) -> list[dict[str, Any]]:
     (tmp_path / "ws").mkdir(exist_ok=True)
     (tmp_path / "ws" / "README.md").write_text("# hello\n")
     (tmp_path / "secrets").mkdir(exist_ok=True)
@@ -98,7 +106,7 @@ async def _run(tmp_path: Path, home: Path, **extra: Any) -> list[dict[str, Any]]
     await run_job(
         spec,
         settings=settings,
-        backend=_Backend(home),
+        backend=_Backend(homes),
         sinks=[sink],
         environ={},
         base_dir=tmp_path,
@@ -107,13 +115,14 @@ async def _run(tmp_path: Path, home: Path, **extra: Any) -> list[dict[str, Any]]
 
 
 async def test_resume_replays_history_marked_as_replay(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    first = await _run(tmp_path, home)
+    homes = tmp_path / "homes"
+    first = await _run(tmp_path, homes)
     assert first[-1]["data"]["status"] == "succeeded", first[-1]
     [started] = [e["data"] for e in first if e["type"] == "session.started"]
     session_id = started["session_id"]
-    second = await _run(tmp_path, home, session={"resume": session_id})
+    kept = tmp_path / "sessions" / "cursor-emulator" / session_id
+    assert (kept / "history.json").is_file()
+    second = await _run(tmp_path, homes, session={"resume": session_id})
     assert second[-1]["data"]["status"] == "succeeded", second[-1]
     [resumed] = [e["data"] for e in second if e["type"] == "session.started"]
     assert (resumed["session_id"], resumed["resumed"]) == (session_id, True)
@@ -130,11 +139,13 @@ async def test_resume_replays_history_marked_as_replay(tmp_path: Path) -> None:
     assert said.startswith("Hello!")
 
 
-async def test_resume_of_an_unknown_session_fails_typed(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    events = await _run(tmp_path, home, session={"resume": "0f0f0f0f-0000-4000-8000-000000000000"})
-    assert events[-1]["data"]["error"]["code"] == "session_not_found"
+async def test_resume_of_an_unknown_session_is_refused_before_launch(tmp_path: Path) -> None:
+    events = await _run(
+        tmp_path, tmp_path / "homes", session={"resume": "0f0f0f0f-0000-4000-8000-000000000000"}
+    )
+    error = events[-1]["data"]["error"]
+    assert (error["code"], error["details"]["reason"]) == ("session_not_found", "not_recorded")
+    assert "sandbox.ready" not in [e["type"] for e in events]
 
 
 @pytest.fixture

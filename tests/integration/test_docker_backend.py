@@ -9,6 +9,7 @@ cannot do. Containers run the sandbox base image (built once per machine).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from worker.sandbox.base import (
     Sandbox,
     SandboxBackend,
     SandboxSpec,
+    WritableMount,
 )
 from worker.sandbox.docker import DockerBackend, DockerSandbox, exit_status, launch_header
 from worker.sandbox.local import LocalBackend, chown_to_sandbox
@@ -192,6 +194,30 @@ async def test_an_allowlist_without_entries_is_refused(
     with pytest.raises(SandboxError, match="at least one host:port"):
         await backend.create(_spec(tmp_path, network="allowlist"))
     assert await backend.list({LABEL_JOB: "job/7 ünïcode"}) == []
+
+
+async def test_a_state_mount_below_home_is_writable_and_so_are_its_parents(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    state = tmp_path / "agent-state"
+    state.mkdir()
+    chown_to_sandbox(state, Settings())
+    target = "/home/agent/.cursor/acp-sessions"
+    box = await backend.create(_spec(tmp_path, state_mounts=(WritableMount(state, target),)))
+    script = (
+        f"echo kept > {target}/s1 && mkdir /home/agent/.cursor/plans"
+        " && echo tmp > /home/agent/.cursor/plans/p && stat -c %u /home/agent/.cursor"
+    )
+    try:
+        code, out, err = await _output(box, ["/bin/sh", "-c", script])
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert code == 0, err
+    assert out == "1000\n"  # ~/.cursor belongs to the agent, not to the engine
+    assert (state / "s1").read_text() == "kept\n"
+    assert os.listdir(state) == ["s1"]  # the rest stayed on the private HOME
+    with pytest.raises(SandboxError, match="below /home/agent"):
+        await backend.create(_spec(tmp_path, state_mounts=(WritableMount(state, "/etc/x"),)))
 
 
 # --- docker containment ----------------------------------------------------------------

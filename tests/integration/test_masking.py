@@ -60,10 +60,9 @@ CREATED = {
     ".claude",
     ".claude/settings.json",
     ".claude/settings.local.json",
-    ".codex",
-    ".codex/config.toml",
+    ".codex",  # masked whole: inside, .codex/config.toml is absent (codex-acp needs that)
 }
-WRITTEN = (".cursor/hooks.json", ".mcp.json", ".claude/settings.json", ".codex/config.toml")
+WRITTEN = (".cursor/hooks.json", ".mcp.json", ".claude/settings.json")
 ATTACK = "\n".join(
     [
         "#!scenario",
@@ -223,11 +222,13 @@ async def test_config_written_mid_turn_is_never_loaded(
     assert _tree(ws) == {"README.md"}  # every mount point made for the run is gone
 
     outputs = acp.tool_outputs()
-    writes, (mkdir_plugin, mv, rm, recreate) = outputs[:4], outputs[4:]
+    writes, codex, (mkdir_plugin, mv, rm, recreate) = outputs[:3], outputs[3], outputs[4:]
     # Each write hit a mask: /dev/null on a nodev mount cannot be opened at all.
     assert [w["error"] for w in writes] == [
         f"[Errno 13] Permission denied: '/workspace/{p}'" for p in WRITTEN
     ]
+    # .codex is an empty read-only directory: nothing can be created in it.
+    assert codex["error"] == "[Errno 30] Read-only file system: '/workspace/.codex/config.toml'"
     assert "Read-only file system" in mkdir_plugin["stderr"]
     assert "Device or resource busy" in mv["stderr"]  # .cursor is a mount point
     assert "Device or resource busy" in rm["stderr"]
@@ -250,6 +251,7 @@ async def test_mask_mount_points_are_empty_on_the_host_during_the_run(
         for rel in WRITTEN:
             assert (ws / rel).read_bytes() == b"", rel  # the host files were never written
         assert not any((ws / ".cursor" / "plugins").iterdir())
+        assert not any((ws / ".codex").iterdir())
     finally:
         await any_backend.destroy(sandbox.sandbox_id)
 

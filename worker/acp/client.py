@@ -96,6 +96,28 @@ class AcpClient:
             )
         return result
 
+    async def authenticate(self, method_id: str, offered: Any) -> None:
+        """``authenticate`` with the pack's method, which the agent must have offered.
+
+        Raises:
+            AuthRequired: the agent does not offer the method, or refused it (its message
+                is kept: e.g. no key in the environment).
+        """
+        methods = offered if isinstance(offered, list) else []
+        ids = [m.get("id") for m in methods if isinstance(m, Mapping)]
+        if method_id not in ids:
+            raise AuthRequired(
+                f"the pack authenticates with {method_id!r}, which the agent does not offer",
+                method="authenticate",
+                offered=[str(i) for i in ids][:16],
+            )
+        try:
+            await self._call("authenticate", {"methodId": method_id})
+        except AuthRequired:
+            raise
+        except AgentError as exc:
+            raise AuthRequired(str(exc), auth_method=method_id, **exc.details) from None
+
     async def new_session(self, cwd: str) -> Mapping[str, Any]:
         """Create a session; the result must carry a string ``sessionId``.
 

@@ -47,6 +47,8 @@ class SessionWiring:
     sandbox: Sandbox
     host_workspace: Path | None
     terminal_output_bytes: int
+    #: The pack's ``authenticate`` method id, called right after ``initialize``.
+    authenticate: str | None = None
 
 
 class AcpSession:
@@ -58,6 +60,8 @@ class AcpSession:
         self._spec = wiring.spec
         self._emit = wiring.emit
         self.terminals = Terminals(wiring.sandbox, output_limit=wiring.terminal_output_bytes)
+        #: Set once ``session.started`` went out: the session the agent may have recorded.
+        self.session_id: str | None = None
         self.capabilities = ClientCapabilities(
             fs=wiring.host_workspace is not None,
             terminal=True,
@@ -99,6 +103,8 @@ class AcpSession:
         init = await self.client.initialize(self.capabilities)
         mark("initialize")
         await self._emit("agent.initialized", initialized_data(init))
+        if self._wiring.authenticate is not None:
+            await self.client.authenticate(self._wiring.authenticate, init.get("authMethods"))
         resume = self._spec.session.resume if self._spec.session is not None else None
         if resume is not None:
             session = await self._load(init, resume)
@@ -110,6 +116,7 @@ class AcpSession:
             self._wiring.normalizer.bind(session_id)
             mark("session_new")
         await self._emit("session.started", session_data(session_id, session, resume is not None))
+        self.session_id = session_id
         await self._configure(session_id, session)
         return session_id
 

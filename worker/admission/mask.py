@@ -3,7 +3,8 @@
 Admission proves the workspace clean at one instant; the agent's own tools could create
 ``.cursor/hooks.json`` a second later. :func:`mask_plan` lists the mounts that make every
 config path of :data:`MASKED_PATHS` an empty, read-only file or directory for the whole
-run, at every level the agent's config discovery can reach inside the writable workspace.
+run, at every level the agent's config discovery can reach inside the writable workspace
+(a directory of :data:`WHOLE_DIRS` is masked whole, so the files in it read as absent).
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ from worker.admission import rules
 from worker.admission.walk import physical_workspace
 from worker.errors import InvalidInput
 
+#: Config directories masked whole, as an empty read-only directory, instead of anchored
+#: with their config files masked inside. Nothing in a project's ``.codex`` is needed to
+#: run a job, and its ``config.toml`` must read as *absent*: codex-acp refuses
+#: ``session/new`` when the file exists but cannot be opened (a masked file).
+WHOLE_DIRS: tuple[str, ...] = (".codex",)
+
 #: Config paths masked at each level, relative to that level.
-MASKED_PATHS: tuple[PurePosixPath, ...] = tuple(spec.path for spec in rules.PROJECT_CONFIG)
+MASKED_PATHS: tuple[PurePosixPath, ...] = (
+    *(spec.path for spec in rules.PROJECT_CONFIG if spec.path.parts[0] not in WHOLE_DIRS),
+    *(PurePosixPath(name) for name in WHOLE_DIRS),
+)
 
 
 class MaskKind(enum.Enum):
@@ -83,8 +93,14 @@ def _inside(root: Path, cwd: Path) -> Path:
 
 def _level_plan(root: Path, level: Path) -> list[MaskEntry]:
     rel = PurePosixPath(level.relative_to(root).as_posix())
-    anchors = [MaskEntry(rel / name, MaskKind.ANCHOR) for name in rules.CONFIG_DIRS]
-    masks = [
-        MaskEntry(rel / spec.path, MaskKind(spec.expect.value)) for spec in rules.PROJECT_CONFIG
+    anchors = [
+        MaskEntry(rel / name, MaskKind.ANCHOR)
+        for name in rules.CONFIG_DIRS
+        if name not in WHOLE_DIRS
     ]
-    return anchors + masks
+    masks = [
+        MaskEntry(rel / spec.path, MaskKind(spec.expect.value))
+        for spec in rules.PROJECT_CONFIG
+        if spec.path.parts[0] not in WHOLE_DIRS
+    ]
+    return anchors + masks + [MaskEntry(rel / name, MaskKind.DIR) for name in WHOLE_DIRS]

@@ -7,13 +7,17 @@ The manifest is hand-written (name, provider, launch) except ``platforms``, whos
      "provider": "cursor", "dialect": "cursor",
      "launch": {"argv": ["/usr/bin/python3", "{pack}/cursor_emulator.py", "acp"],
                 "env": {"PYTHONDONTWRITEBYTECODE": "1"},
-                "credentials": ["CURSOR_API_KEY", "CURSOR_AUTH_SLUG"]},
+                "credentials": ["CURSOR_API_KEY", "CURSOR_AUTH_SLUG"],
+                "session_store": ".cursor/acp-sessions"},
      "platforms": {"any": {
         "archive": {"source": "dist/cursor-emulator-linux.tar", "sha256": "<hex>",
                     "size": 12345, "format": "tar"},
         "closure": {"digest": "sha256:<hex>", "files": 7, "bytes": 40000}}}}
 
 ``{pack}`` in ``launch.argv`` stands for the verified closure directory.
+``launch.session_store`` (optional) is where the agent records its sessions, relative to
+its HOME, one directory per session id: the worker keeps them between jobs there
+(``worker.sessions``), so ``session.resume`` works across jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
     model_serializer,
@@ -50,6 +55,8 @@ from worker.packs.sources import HttpsSource, S3Source
 MANIFEST = "pack.json"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _SLUG = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+# A HOME-relative directory: plain components only (it becomes a bind target).
+_HOME_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,15}$"
 
 
 class _Strict(BaseModel):
@@ -128,6 +135,31 @@ class Launch(_Strict):
     argv: list[str] = Field(min_length=1, description="`{pack}` = the closure directory.")
     env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(default_factory=dict)
     credentials: list[Annotated[str, Field(pattern=_ENV_NAME)]] = Field(default_factory=list)
+    session_store: Annotated[str, Field(pattern=_HOME_PATH, max_length=255)] | None = Field(
+        default=None,
+        description="Where the agent records its sessions, relative to HOME, one directory "
+        "per session id (e.g. `.cursor/acp-sessions`); enables resume across jobs.",
+    )
+
+    authenticate: Annotated[str, Field(pattern=_SLUG, max_length=64)] | None = Field(
+        default=None,
+        description="An ACP `authenticate` method id the worker calls after `initialize` "
+        "(e.g. codex-acp's `api-key`, which reads the bound key from the environment).",
+    )
+
+    @field_validator("session_store")
+    @classmethod
+    def _below_home(cls, value: str | None) -> str | None:
+        problem = None if value is None else path_problem(value)
+        if problem:
+            raise ValueError(f"session_store must be a path relative to HOME: {problem}")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Optional fields left out dump left out, so a manifest dumps as it was written.
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value is not None}
 
     def render_argv(self, closure: Path) -> list[str]:
         """argv with ``{pack}`` replaced by *closure*."""

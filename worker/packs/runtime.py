@@ -35,7 +35,7 @@ class PreparedPack:
         launch = self.pack.manifest.launch
         return launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
-            credentials=credentials,
+            credentials=credentials, authenticate=launch.authenticate,
         )  # fmt: skip
 
     def event_data(self) -> dict[str, Any]:

@@ -49,6 +49,37 @@ class ReadOnlyMount:
 
 
 @dataclass(frozen=True, slots=True)
+class WritableMount:
+    """A host directory bound read-write at ``target``, a path strictly below ``HOME``.
+
+    For agent state that must outlive the job (e.g. recorded sessions): it is mounted over
+    the private HOME tmpfs, with any missing parents made writable for the sandbox user.
+    The backend makes ``source`` owned by the sandbox user; what the agent writes there is
+    untrusted.
+    """
+
+    source: Path
+    target: str
+
+
+def home_relative(target: str) -> str:
+    """``target`` relative to ``HOME`` (``.cursor/acp-sessions``), checked.
+
+    Raises:
+        SandboxError: ``target`` is not a plain path strictly below ``HOME`` (no ``..``,
+            ``.`` or empty component; no ``:``, ``,`` or control character, which a
+            bind string cannot carry).
+    """
+    prefix = HOME + "/"
+    rel = target.removeprefix(prefix) if target.startswith(prefix) else ""
+    bad_part = any(p in ("", ".", "..") for p in rel.split("/"))
+    bad_char = any(c in ":," or ord(c) < 32 for c in rel)
+    if not rel or bad_part or bad_char:
+        raise SandboxError(f"a writable mount must be below {HOME}", target=target)
+    return rel
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """What one job's sandbox needs. Backends must honour every field."""
 
@@ -68,6 +99,8 @@ class SandboxSpec:
     #: Awaited for each request the proxy refuses (the runner emits a ``notice``).
     on_network_denial: DenialHandler | None = None
     extra_mounts: Sequence[ReadOnlyMount] = field(default_factory=tuple)
+    #: Host directories bound read-write below ``HOME``, over its tmpfs (``home_relative``).
+    state_mounts: Sequence[WritableMount] = field(default_factory=tuple)
     #: Mount the agent config paths of :func:`worker.admission.mask_plan` empty and
     #: read-only for the whole run, so config cannot appear or change mid-run.
     mask_config: bool = True

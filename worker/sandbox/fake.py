@@ -2,9 +2,11 @@
 
 For unit tests of code that drives a backend (the runner, the reaper) without
 bubblewrap or cgroups. Processes run as the calling user on the host, with exactly the
-given env; a ``cwd`` under ``WORKSPACE`` or ``PACK_ROOT`` is mapped to the spec's host
-directory (argv is not rewritten). It is deliberately absent from
-``worker.sandbox.BACKENDS``, so settings cannot select it in production.
+given env; a ``cwd`` under ``WORKSPACE``, ``PACK_ROOT`` or a ``state_mounts`` target is
+mapped to the spec's host directory (argv and env are not rewritten: nothing is mounted,
+so an agent finds its state mounts only if a test points its HOME at them). It is
+deliberately absent from ``worker.sandbox.BACKENDS``, so settings cannot select it in
+production.
 """
 
 from __future__ import annotations
@@ -66,9 +68,11 @@ class FakeSandbox:
 
     def host_path(self, path: str) -> Path:
         """Where a sandbox path lives on the host in this fake."""
+        states = [(m.target, m.source) for m in self._spec.state_mounts]
         for inside, outside in (
             (WORKSPACE, self._spec.workspace),
             (PACK_ROOT, self._spec.pack_closure),
+            *states,
         ):
             if path == inside or path.startswith(inside + "/"):
                 return outside / path[len(inside) :].lstrip("/")

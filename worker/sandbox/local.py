@@ -5,8 +5,9 @@ in a state directory, which also holds the small ``/etc`` all sandboxes share (g
 users, a few copied host files). Each ``spawn`` runs one ``bwrap`` that unshares every
 namespace (so no network: the new net namespace has only loopback), maps the agent to
 uid/gid 1000 without capabilities, mounts ``/usr`` and that ``/etc`` read-only, the
-workspace read-write and the pack closure read-only, and installs the seccomp program
-before exec.
+workspace read-write and the pack closure read-only, the spec's ``state_mounts``
+read-write over the private HOME tmpfs (bubblewrap makes their missing parents there,
+owned by the sandbox user), and installs the seccomp program before exec.
 
 The record makes ``list`` and ``destroy`` work from another process (a reaper after the
 worker died): destroy needs only the record's cgroup paths, never the worker's memory.
@@ -75,6 +76,7 @@ from worker.sandbox.base import (
     PipedProcess,
     SandboxInfo,
     SandboxSpec,
+    home_relative,
 )
 from worker.settings import Settings
 
@@ -327,8 +329,9 @@ def _root_args(layout: HostLayout) -> list[str]:
 class BindSources:
     """Where bwrap finds each bind source: the host paths, or their staged twins.
 
-    ``extras`` are the sources of ``spec.extra_mounts``, in order; ``empty_dir`` is the
-    empty directory bound read-only over masked directories.
+    ``extras`` are the sources of ``spec.extra_mounts``, in order, ``states`` those of
+    ``spec.state_mounts``; ``empty_dir`` is the empty directory bound read-only over
+    masked directories.
     """
 
     workspace: Path
@@ -336,6 +339,7 @@ class BindSources:
     etc: Path
     empty_dir: Path
     extras: tuple[Path, ...] = ()
+    states: tuple[Path, ...] = ()
     #: The network proxy's socket and the forwarder script (``allowlist`` only).
     proxy: Path | None = None
     forwarder: Path | None = None
@@ -345,6 +349,9 @@ def _mount_args(spec: SandboxSpec, sources: BindSources, masks: Sequence[MaskEnt
     size = str(spec.tmpfs_bytes)
     args = ["--proc", "/proc", "--dev", "/dev"]
     args += ["--size", size, "--tmpfs", SANDBOX_TMP, "--size", size, "--tmpfs", HOME]
+    # Over the HOME tmpfs; bwrap makes missing parents there, owned by the sandbox user.
+    for source, state in zip(sources.states, spec.state_mounts, strict=True):
+        args += ["--bind", str(source), state.target]
     args += ["--bind", str(sources.workspace), WORKSPACE, *_mask_args(masks, sources)]
     args += ["--ro-bind", str(sources.pack), PACK_ROOT]
     for source, mount in zip(sources.extras, spec.extra_mounts, strict=True):
@@ -421,8 +428,9 @@ def drop_privileges_argv(
 
 def _staged_names(spec: SandboxSpec) -> tuple[str, ...]:
     extras = (f"x{i}" for i in range(len(spec.extra_mounts)))
+    states = (f"s{i}" for i in range(len(spec.state_mounts)))
     network = ("proxy", "forward") if spec.network == "allowlist" else ()
-    return ("workspace", "pack", "etc", "empty", *extras, *network)
+    return ("workspace", "pack", "etc", "empty", *extras, *states, *network)
 
 
 def _proxy_socket(record: SandboxRecord) -> Path:
@@ -582,9 +590,9 @@ class LocalSandbox:
         workspace are dropped (inside, its parent is the sandbox's own read-only root,
         which holds no ``.git`` and no config, so discovery stops there); the system
         locations are looked up in the sandbox's generated ``/etc``; and a finding at a
-        masked path is dropped while the host entry there is the kind the mask is mounted
-        over (inside, that path shows the mask, whatever the file holds). A symlink or a
-        wrong kind at a masked path is still reported.
+        masked path (or below a masked directory) is dropped while the host entry there is
+        the kind the mask is mounted over (inside, that path shows the mask, whatever the
+        file holds). A symlink or a wrong kind at a masked path is still reported.
 
         Raises:
             WorkspaceUnavailable: the workspace is gone.
@@ -593,12 +601,11 @@ class LocalSandbox:
         result = check_workspace(
             record.workspace, provider=provider, system_roots=(self._backend.system_view,)
         )
-        masked = {str(e.path): e for e in self._masks if e.kind is not MaskKind.ANCHOR}
         kept = tuple(
             f
             for f in result.findings
             if not f.path.startswith("../")
-            and not (f.path in masked and mountpoints.in_place(record.workspace, masked[f.path]))
+            and not mountpoints.hidden(record.workspace, self._masks, f.path)
         )
         git_root = result.git_root if result.git_root == result.workspace else None
         return replace(result, git_root=git_root, findings=kept)
@@ -758,6 +765,7 @@ class LocalBackend:
                 etc=record.etc_dir,
                 empty_dir=self.empty_dir,
                 extras=tuple(m.source for m in spec.extra_mounts),
+                states=tuple(m.source for m in spec.state_mounts),
                 proxy=_proxy_socket(record) if network else None,
                 forwarder=FORWARDER_SOURCE if network else None,
             )
@@ -768,6 +776,7 @@ class LocalBackend:
             etc=stage / "etc",
             empty_dir=stage / "empty",
             extras=tuple(stage / f"x{i}" for i in range(len(spec.extra_mounts))),
+            states=tuple(stage / f"s{i}" for i in range(len(spec.state_mounts))),
             proxy=stage / "proxy" if network else None,
             forwarder=stage / "forward" if network else None,
         )
@@ -780,6 +789,7 @@ class LocalBackend:
             "empty": self.empty_dir,
         }
         sources.update({f"x{i}": m.source for i, m in enumerate(spec.extra_mounts)})
+        sources.update({f"s{i}": m.source for i, m in enumerate(spec.state_mounts)})
         if record.proxy_dir is not None:
             sources.update({"proxy": _proxy_socket(record), "forward": FORWARDER_SOURCE})
         return sources
@@ -793,12 +803,15 @@ class LocalBackend:
         Raises:
             SandboxError: bubblewrap, a system tool or a cgroup controller is missing, a path
                 in the spec is not a directory, the network policy is malformed or
-                unsupported (``netpolicy.check``), the worker is root and the workspace is
-                not owned by the sandbox's host uid, a config path to mask is a symlink or
+                unsupported (``netpolicy.check``), a writable mount is not below HOME, the
+                worker is root and the workspace or a writable mount is not owned by the
+                sandbox's host uid, a config path to mask is a symlink or
                 the wrong kind, or the network proxy did not start.
         """
         self._check_spec(spec)
         self._check_owner(spec.workspace)
+        for state in spec.state_mounts:
+            self._check_owner(state.source, what="writable mount")
         self.bwrap_path()
         if self.privileged:
             for name in ("nsenter", "setpriv", "unshare", "sh"):
@@ -873,16 +886,16 @@ class LocalBackend:
             with contextlib.suppress(FileExistsError):  # a concurrent creator won
                 link.symlink_to(self._etc_dir.resolve())
 
-    def _check_owner(self, workspace: Path) -> None:
+    def _check_owner(self, workspace: Path, *, what: str = "workspace") -> None:
         if not self.privileged:
             return
         uid, gid = self.owner
         found = workspace.stat().st_uid
         if found != uid:
             raise SandboxError(
-                f"workspace {workspace} is owned by uid {found}, not by the sandbox host uid "
+                f"{what} {workspace} is owned by uid {found}, not by the sandbox host uid "
                 f"{uid}: the worker runs as root, so the sandbox runs as uid {uid} and could "
-                f"not write it; stage the workspace owned by {uid}:{gid} (sandbox_owner)",
+                f"not write it; stage the {what} owned by {uid}:{gid} (sandbox_owner)",
                 workspace=str(workspace),
                 owner_uid=found,
                 sandbox_uid=uid,
@@ -911,6 +924,10 @@ class LocalBackend:
         for mount in spec.extra_mounts:
             if not mount.source.exists() or not mount.target.startswith("/"):
                 raise SandboxError("bad extra mount", source=str(mount.source))
+        for state in spec.state_mounts:
+            home_relative(state.target)
+            if not state.source.is_dir() or state.source.is_symlink():
+                raise SandboxError("a writable mount is not a directory", source=str(state.source))
 
     async def destroy(self, sandbox_id: str) -> None:
         """Kill everything inside and remove what ``create`` made; idempotent.

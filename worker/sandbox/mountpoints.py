@@ -113,3 +113,17 @@ def in_place(root: Path, entry: MaskEntry) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
+
+
+def hidden(root: Path, masks: Sequence[MaskEntry], path: str) -> bool:
+    """True if the mount view shows a mask at ``path`` (relative to ``root``), not the host
+    entry: a file or directory mask in place at that very path, or a directory mask in
+    place over one of its parents (inside, nothing below it exists)."""
+    rel = PurePosixPath(path)
+    for entry in masks:
+        if entry.kind is MaskKind.ANCHOR:
+            continue
+        covers = entry.path == rel or (entry.kind is MaskKind.DIR and entry.path in rel.parents)
+        if covers and in_place(root, entry):
+            return True
+    return False

@@ -1,0 +1,302 @@
+"""The session store and its copier, on a real (temporary) filesystem; plus the pure parts
+of session state: the manifest field, the mount target check, both backends' mount plans."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_packs import _manifest
+from worker.errors import InvalidInput, SandboxError, SessionNotFound
+from worker.packs.manifest import parse_manifest
+from worker.sandbox.base import (
+    ResourceLimits,
+    SandboxSpec,
+    WritableMount,
+    home_relative,
+)
+from worker.sandbox.docker import ImagePlan, _binds, _state_tmpfs
+from worker.sandbox.local import BindSources, HostLayout, build_bwrap_options
+from worker.sessions import Bounds, JobSessions, OverBound, SessionStore, copy_tree
+from worker.sessions.store import check_session_id
+from worker.settings import Settings
+
+BIG = Bounds(max_bytes=1 << 20, max_entries=100)
+SID = "0f0f0f0f-1111-4222-8333-444444444444"
+OWNER = (os.getuid(), os.getgid())
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every entry below ``root``: files with their text, directories as ``<dir>``."""
+    out = {}
+    for current, dirs, files in os.walk(root):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(current, name), root)] = "<dir>"
+        for name in files:
+            path = Path(current, name)
+            out[os.path.relpath(path, root)] = path.read_text()
+    return out
+
+
+def _session(root: Path, text: str = "turn 1") -> Path:
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text('{"sessionId": "x"}')
+    (root / "blobs").mkdir()
+    (root / "blobs" / "history.json").write_text(text)
+    return root
+
+
+# -- copier -------------------------------------------------------------------------------
+
+
+def test_copies_directories_and_regular_files(tmp_path: Path) -> None:
+    src = _session(tmp_path / "src")
+    (src / "exec.sh").write_text("#!/bin/sh\n")
+    (src / "exec.sh").chmod(0o4755)
+    report = copy_tree(src, tmp_path / "dst", BIG)
+    assert _tree(tmp_path / "dst") == _tree(src)
+    assert (report.files, report.dirs, report.skipped) == (3, 2, [])
+    assert report.bytes == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    assert (tmp_path / "dst" / "exec.sh").stat().st_mode & 0o7777 == 0o755  # no set-id
+
+
+def test_links_fifos_sockets_and_hard_links_are_skipped_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("host secret")
+    src = _session(tmp_path / "src")
+    (src / "to-file").symlink_to(outside / "secret")
+    (src / "to-dir").symlink_to(outside)
+    (src / "blobs" / "to-etc").symlink_to("/etc/passwd")
+    os.mkfifo(src / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(src / "sock"))
+    (src / "a").write_text("linked")
+    os.link(src / "a", src / "b")
+    report = copy_tree(src, tmp_path / "dst", BIG)
+    assert sorted((s.path, s.kind) for s in report.skipped) == [
+        ("a", "hardlink"),
+        ("b", "hardlink"),
+        ("blobs/to-etc", "symlink"),
+        ("fifo", "fifo"),
+        ("sock", "socket"),
+        ("to-dir", "symlink"),
+        ("to-file", "symlink"),
+    ]
+    assert _tree(tmp_path / "dst") == {
+        "meta.json": '{"sessionId": "x"}',
+        "blobs": "<dir>",
+        "blobs/history.json": "turn 1",
+    }
+    assert "host secret" not in str(_tree(tmp_path / "dst"))
+
+
+def test_a_source_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    real = _session(tmp_path / "real")
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(NotADirectoryError):
+        copy_tree(tmp_path / "link", tmp_path / "dst", BIG)
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "what"),
+    [
+        (Bounds(max_bytes=1000, max_entries=100), "bytes"),
+        (Bounds(max_bytes=1 << 20, max_entries=5), "entries"),
+        (Bounds(max_bytes=1 << 20, max_entries=100, max_depth=3), "levels of directories"),
+    ],
+)
+def test_bounds_stop_the_copy(tmp_path: Path, bounds: Bounds, what: str) -> None:
+    src = tmp_path / "src"
+    deep = src / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    for i in range(4):
+        (src / f"f{i}").write_text("x" * 300)
+    with pytest.raises(OverBound) as caught:
+        copy_tree(src, tmp_path / "dst", bounds)
+    assert caught.value.what == what
+
+
+# -- store --------------------------------------------------------------------------------
+
+
+def _store(tmp_path: Path, bounds: Bounds = BIG) -> SessionStore:
+    return SessionStore(tmp_path / "store", bounds)
+
+
+def test_save_replaces_the_recording_atomically_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    first = _session(tmp_path / "one", "turn 1")
+    (first / "only-in-first").write_text("old")
+    store.save("cursor-emulator", SID, first)
+    store.save("cursor-emulator", SID, _session(tmp_path / "two", "turn 1, turn 2"))
+    kept = store.path("cursor-emulator", SID)
+    assert kept == tmp_path / "store" / "cursor-emulator" / SID
+    assert _tree(kept) == _tree(tmp_path / "two")
+    assert os.listdir(kept.parent) == [SID]  # no temp or old copies
+
+
+def test_a_save_over_the_bound_keeps_the_previous_recording(tmp_path: Path) -> None:
+    store = _store(tmp_path, Bounds(max_bytes=100, max_entries=100))
+    store.save("cursor-emulator", SID, _session(tmp_path / "one", "small"))
+    with pytest.raises(OverBound):
+        store.save("cursor-emulator", SID, _session(tmp_path / "two", "x" * 500))
+    kept = store.path("cursor-emulator", SID)
+    assert (kept / "blobs" / "history.json").read_text() == "small"
+    assert os.listdir(kept.parent) == [SID]
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", ".hidden", "", "x\n", "a" * 201])
+def test_session_ids_are_single_safe_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a session id"):
+        check_session_id(bad)
+
+
+def test_pack_names_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput):
+        _store(tmp_path).path("../other", SID)
+
+
+# -- one job's sessions -------------------------------------------------------------------
+
+
+def _job_sessions(tmp_path: Path, resume: str | None, **settings: Any) -> JobSessions:
+    conf = Settings(work_dir=tmp_path / "work", **settings)
+    made = JobSessions.for_job(
+        conf, pack="cursor-emulator", home_path=".cursor/acp-sessions", resume=resume
+    )
+    assert made is not None
+    return made
+
+
+def test_no_declared_store_means_no_session_state(tmp_path: Path) -> None:
+    conf = Settings(work_dir=tmp_path / "work")
+    assert JobSessions.for_job(conf, pack="p", home_path=None, resume=SID) is None
+    assert conf.session_root == tmp_path / "sessions"  # next to the work dir by default
+
+
+def test_an_unknown_resume_is_refused_naming_the_session_and_the_store(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, SID)
+    with pytest.raises(SessionNotFound) as caught:
+        sessions.check()
+    store = str(tmp_path / "sessions" / "cursor-emulator")
+    assert SID in caught.value.message
+    assert store in caught.value.message
+    assert caught.value.details == {"session_id": SID, "store": store, "reason": "not_recorded"}
+    assert caught.value.to_dict()["code"] == "session_not_found"
+
+
+def test_a_resume_gets_exactly_its_session_and_saves_it_back(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions", BIG)
+    other = "1f1f1f1f-0000-4000-8000-000000000000"
+    store.save("cursor-emulator", SID, _session(tmp_path / "one", "mine"))
+    store.save("cursor-emulator", other, _session(tmp_path / "two", "someone else's"))
+    sessions = _job_sessions(tmp_path, SID)
+    sessions.check()
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    mount = sessions.prepare(job_dir, OWNER)
+    assert mount == WritableMount(job_dir / "agent-state", "/home/agent/.cursor/acp-sessions")
+    assert os.listdir(mount.source) == [SID]  # isolation: no other session
+    assert (mount.source / SID / "blobs" / "history.json").read_text() == "mine"
+    (mount.source / SID / "blobs" / "history.json").write_text("mine, turn 2")
+    (mount.source / SID / "link").symlink_to("/etc/passwd")
+    notices = sessions.save(SID)
+    assert [n["code"] for n in notices] == ["session_entries_skipped"]
+    assert notices[0]["details"]["entries"] == [{"path": "link", "kind": "symlink"}]
+    kept = store.path("cursor-emulator", SID)
+    assert (kept / "blobs" / "history.json").read_text() == "mine, turn 2"
+    assert not os.path.lexists(kept / "link")
+    sessions.remove()
+    assert not mount.source.exists()
+
+
+def test_save_reports_instead_of_raising(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, None, session_max_bytes=64)
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    mount = sessions.prepare(job_dir, OWNER)
+    assert os.listdir(mount.source) == []
+    assert sessions.save(None) == []  # no session started
+    assert sessions.save(SID) == []  # the agent recorded nothing
+    bad = sessions.save("../../etc")
+    assert [(n["code"], n["details"]["reason"]) for n in bad] == [
+        ("session_not_saved", "invalid_session_id")
+    ]
+    (mount.source / SID).symlink_to(tmp_path)
+    linked = sessions.save(SID)
+    assert [n["details"]["reason"] for n in linked] == ["unreadable"]
+    (mount.source / SID).unlink()
+    _session(mount.source / SID, "x" * 100)
+    large = sessions.save(SID)
+    assert [n["details"]["reason"] for n in large] == ["too_large"]
+    assert "more than 64 bytes" in large[0]["message"]
+    assert not (tmp_path / "sessions" / "cursor-emulator" / SID).exists()
+
+
+# -- declaration and mount plans ---------------------------------------------------------
+
+
+def test_manifest_session_store_is_a_path_below_home() -> None:
+    launch = _manifest()["launch"]
+    ok = parse_manifest(
+        _manifest(launch={**launch, "session_store": ".cursor/acp-sessions"}), path="p"
+    )
+    assert ok.launch.session_store == ".cursor/acp-sessions"
+    assert parse_manifest(_manifest(), path="p").launch.session_store is None
+    for bad in ("/home/agent/.cursor", "../x", ".cursor/../../x", "a//b", ".", "a:b", ""):
+        with pytest.raises(InvalidInput):
+            parse_manifest(_manifest(launch={**launch, "session_store": bad}), path="p")
+
+
+def test_writable_mount_targets_must_be_below_home() -> None:
+    assert home_relative("/home/agent/.cursor/acp-sessions") == ".cursor/acp-sessions"
+    for bad in ("/home/agent", "/home/agent/", "/etc/x", "/home/agent/../x", "/home/agentx"):
+        with pytest.raises(SandboxError):
+            home_relative(bad)
+    with pytest.raises(SandboxError):
+        home_relative("/home/agent/a:b")
+
+
+SPEC = SandboxSpec(
+    job_id="j1",
+    attempt=1,
+    workspace=Path("/srv/ws"),
+    pack_closure=Path("/cache/pack"),
+    limits=ResourceLimits(memory_bytes=1 << 30, cpus=1.0, pids=256),
+    labels={},
+    state_mounts=(WritableMount(Path("/w/j/agent-state"), "/home/agent/.cursor/acp-sessions"),),
+)
+
+
+def test_bwrap_binds_state_mounts_over_the_home_tmpfs() -> None:
+    sources = BindSources(
+        workspace=Path("/srv/ws"),
+        pack=Path("/cache/pack"),
+        etc=Path("/run/s/etc"),
+        empty_dir=Path("/run/s/empty"),
+        states=(Path("/stage/s0"),),
+    )
+    args = build_bwrap_options(
+        layout=HostLayout((), ()), spec=SPEC, sources=sources, env={}, cwd="/", seccomp_fd=3
+    )
+    home = args.index("/home/agent")
+    assert args[home - 1] == "--tmpfs"
+    assert args[home + 1 : home + 4] == ["--bind", "/stage/s0", "/home/agent/.cursor/acp-sessions"]
+
+
+def test_docker_binds_state_mounts_rw_with_user_owned_parents() -> None:
+    plan = ImagePlan("sha256:x", None, None)
+    assert "/w/j/agent-state:/home/agent/.cursor/acp-sessions:rw" in _binds(SPEC, plan)
+    parents = _state_tmpfs(SPEC, podman=True)
+    assert list(parents) == ["/home/agent/.cursor"]
+    assert parents["/home/agent/.cursor"].endswith("mode=0700,U")
+    docker = _state_tmpfs(SPEC, podman=False)["/home/agent/.cursor"]
+    assert "uid=1000,gid=1000" in docker

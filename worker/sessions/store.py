@@ -1,0 +1,268 @@
+"""Agent sessions kept between jobs, so ``session.resume`` works on fresh sandboxes.
+
+A sandbox's HOME is a private tmpfs that dies with the job, and with it whatever the
+agent recorded there. A pack that declares ``launch.session_store`` (where its agent
+records sessions, relative to HOME, one directory per session id) therefore gets, per
+job, a fresh host directory bound read-write at that path::
+
+    <session_root>/<pack>/<session id>/     the store (ACPW_SESSION_DIR)
+    <job dir>/agent-state/                  the per-job directory: removed after the job,
+                                            or by the reaper with the job's work dir
+
+A resume job starts with exactly its one recorded session copied in (never the others),
+or is refused before anything launches when the store does not hold it. After the job,
+once the sandbox is gone, the session the job used is saved back, if the agent recorded
+it. What the agent left is untrusted (``worker.sessions.copy``): directories and
+single-link regular files only, links never followed, bounded in bytes and entries; a
+save over a bound keeps the previous recording and says why in a ``notice``. A save
+replaces the recording atomically: it is copied next to it, then exchanged with it
+(``renameat2(RENAME_EXCHANGE)``), so a reader finds the old or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.errors import SandboxError, SessionNotFound
+from worker.packs.names import check_pack_name
+from worker.sandbox.base import HOME, WritableMount
+from worker.sessions.copy import Bounds, CopyReport, OverBound, copy_tree
+from worker.settings import Settings
+from worker.workspace.stage import remove_staged
+
+#: What a job spec accepts as a session id; an id the agent chose is held to it too.
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+STATE_DIR = "agent-state"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_SKIPPED_LISTED = 50
+
+
+def check_session_id(session_id: str) -> str:
+    """``session_id`` if it is safe as one directory name.
+
+    Raises:
+        ValueError: it is not (a ``/``, a leading dot, a control character, too long).
+    """
+    if not SESSION_ID.fullmatch(session_id):
+        raise ValueError(f"not a session id: {session_id!r}")
+    return session_id
+
+
+class SessionStore:
+    """``<root>/<pack>/<session id>/``: recorded sessions, written only by ``save``."""
+
+    def __init__(self, root: Path, bounds: Bounds) -> None:
+        self.root = root
+        self.bounds = bounds
+
+    def path(self, pack: str, session_id: str) -> Path:
+        """Where the session is kept (names checked; raises InvalidInput or ValueError)."""
+        return self.root / check_pack_name(pack) / check_session_id(session_id)
+
+    def recorded(self, pack: str, session_id: str) -> bool:
+        """True when the store holds the session (a real directory, not a link)."""
+        return _is_dir(self.path(pack, session_id))
+
+    def restore(
+        self, pack: str, session_id: str, dest: Path, owner: tuple[int, int] | None
+    ) -> CopyReport:
+        """Copy the recorded session to the new directory ``dest``, owned by ``owner``.
+
+        Raises:
+            OverBound: the recording exceeds the bounds.
+            OSError: it is missing or could not be copied.
+        """
+        return copy_tree(self.path(pack, session_id), dest, self.bounds, owner=owner)
+
+    def save(self, pack: str, session_id: str, source: Path) -> CopyReport:
+        """Replace the recording of the session with a bounded copy of ``source``.
+
+        Raises:
+            OverBound: ``source`` exceeds the bounds (the old recording stays).
+            OSError: ``source`` is not a directory or the copy failed (the old stays).
+        """
+        target = self.path(pack, session_id)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = target.with_name(f".{session_id}.{secrets.token_hex(4)}.tmp")
+        try:
+            report = copy_tree(source, tmp, self.bounds)
+            _replace_dir(tmp, target)
+        finally:
+            _remove(tmp)
+        return report
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and not path.is_symlink()
+    except OSError:
+        return False
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move ``new`` to ``target``; an existing ``target`` ends up at ``new``'s name."""
+    try:
+        os.rename(new, target)  # no recording yet (or an empty directory)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    try:
+        _exchange(new, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+        # A filesystem without RENAME_EXCHANGE: aside, then in (a brief gap for readers).
+        old = new.with_name(new.name + ".old")
+        os.rename(target, old)
+        os.rename(new, target)
+        os.rename(old, new)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
+
+
+@dataclass(slots=True)
+class JobSessions:
+    """One job's side of the store: check, per-job directory, save, remove."""
+
+    store: SessionStore
+    pack: str
+    #: ``launch.session_store``: where the agent records sessions, relative to HOME.
+    home_path: str
+    resume: str | None
+    host_dir: Path | None = None
+
+    @classmethod
+    def for_job(
+        cls, settings: Settings, *, pack: str, home_path: str | None, resume: str | None
+    ) -> JobSessions | None:
+        """The job's sessions, or None when the pack declares no session store."""
+        if home_path is None:
+            return None
+        bounds = Bounds(settings.session_max_bytes, settings.session_max_files)
+        return cls(SessionStore(settings.session_root, bounds), pack, home_path, resume)
+
+    @property
+    def target(self) -> str:
+        """Where the per-job directory appears inside the sandbox."""
+        return f"{HOME}/{self.home_path}"
+
+    def check(self) -> None:
+        """Refuse a resume the store cannot serve, before anything launches.
+
+        Raises:
+            SessionNotFound: the store does not hold the session.
+        """
+        if self.resume is not None and not self.store.recorded(self.pack, self.resume):
+            raise self._not_found("is not recorded", "not_recorded")
+
+    def _not_found(self, why: str, reason: str, **details: Any) -> SessionNotFound:
+        where = self.store.root / self.pack
+        return SessionNotFound(
+            f"session {self.resume!r} {why} in the session store {where} of this worker "
+            "(ACPW_SESSION_DIR; workers that resume each other's sessions must share it)",
+            session_id=self.resume,
+            store=str(where),
+            reason=reason,
+            **details,
+        )
+
+    def prepare(self, job_dir: Path, owner: tuple[int, int]) -> WritableMount:
+        """Make ``<job_dir>/agent-state`` for ``owner``, with the resumed session in it.
+
+        Raises:
+            SessionNotFound: the session could not be restored (gone, unreadable, or over
+                the bounds).
+            SandboxError: the directory could not be made.
+        """
+        host = job_dir / STATE_DIR
+        try:
+            host.mkdir(mode=0o700)
+            self.host_dir = host
+            os.chown(host, *owner)
+        except OSError as exc:
+            raise SandboxError(
+                f"the agent state directory could not be made: {exc.strerror or exc}",
+                path=str(host),
+            ) from exc
+        if self.resume is not None:
+            try:
+                self.store.restore(self.pack, self.resume, host / self.resume, owner)
+            except OverBound as exc:
+                raise self._not_found("is over the bounds", "too_large", limit=str(exc)) from exc
+            except OSError as exc:
+                raise self._not_found("could not be restored", "unreadable") from exc
+        return WritableMount(host, self.target)
+
+    def save(self, session_id: str | None) -> list[dict[str, Any]]:
+        """Keep what the agent recorded of ``session_id``; the notices to emit.
+
+        Call only once nothing in the sandbox runs. Never raises: a session that cannot
+        be kept is reported, and the previous recording stays.
+        """
+        if session_id is None or self.host_dir is None:
+            return []
+        if not SESSION_ID.fullmatch(session_id):
+            return [_not_saved(session_id, "invalid_session_id", "it is not a safe name")]
+        source = self.host_dir / session_id
+        if not os.path.lexists(source):
+            return []  # the agent recorded nothing (e.g. no turn was taken)
+        try:
+            report = self.store.save(self.pack, session_id, source)
+        except OverBound as exc:
+            return [_not_saved(session_id, "too_large", f"it holds {exc}")]
+        except OSError as exc:
+            return [_not_saved(session_id, "unreadable", exc.strerror or str(exc))]
+        return _skipped(session_id, report)
+
+    def remove(self) -> None:
+        """Delete the per-job directory (whatever the agent left in it)."""
+        if self.host_dir is not None:
+            remove_staged(self.host_dir)
+
+
+def _not_saved(session_id: str, reason: str, why: str) -> dict[str, Any]:
+    return {
+        "level": "warning",
+        "code": "session_not_saved",
+        "message": f"session {session_id!r} was not kept for resume: {why}",
+        "details": {"session_id": session_id, "reason": reason},
+    }
+
+
+def _skipped(session_id: str, report: CopyReport) -> list[dict[str, Any]]:
+    if not report.skipped:
+        return []
+    listed = [{"path": s.path, "kind": s.kind} for s in report.skipped[:_SKIPPED_LISTED]]
+    return [
+        {
+            "level": "warning",
+            "code": "session_entries_skipped",
+            "message": f"{len(report.skipped)} entries of session {session_id!r} were not kept "
+            "(only directories and single-link regular files are)",
+            "details": {"session_id": session_id, "count": len(report.skipped), "entries": listed},
+        }
+    ]
