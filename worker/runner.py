@@ -24,7 +24,7 @@ from worker.acp.client import AcpClient
 from worker.acp.paths import WorkspacePaths
 from worker.acp.session import HOST_SHARED_BACKENDS, AcpSession, SessionWiring
 from worker.credentials.redact import Redactor
-from worker.credentials.resolve import resolve_credentials
+from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import (
     EXIT_CANCELLED,
     EXIT_SUCCEEDED,
@@ -43,6 +43,7 @@ from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, pre
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.local import sandbox_owner
+from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import Captured, capture, write_patch
@@ -168,6 +169,7 @@ class _Job:
         self.control = control
         self.host_workspace: Path | None = None
         self.acp: AcpSession | None = None
+        self.sessions: JobSessions | None = None
         store = None
         if control is not None:
             ttl = settings.events_ttl + int(spec.limits.timeout_s)
@@ -214,12 +216,13 @@ class _Job:
     async def _execute(self, cancel: asyncio.Event) -> str:
         deadline = time.monotonic() + self.spec.limits.timeout_s
         declaration = load_declaration(self.settings, self.spec.pack.name)
+        self._sessions(declaration.manifest.launch.session_store)
         fetch_credential = _workspace_credential(self.spec)
-        credentials = resolve_credentials(
+        credentials = await asyncio.to_thread(  # a source may call out (aws-sm)
+            resolve_credentials,
             self.spec.credentials,
             allowed=[*declaration.credentials, *fetch_credential],
-            environ=self.environ,
-            secrets_dir=self.settings.secrets_dir,
+            sources=secret_sources(self.settings, self.environ),
             redactor=self.emitter.redactor,
         )
         self.phases.mark("credentials")
@@ -236,6 +239,34 @@ class _Job:
         client = await self._launch(pack.launch_plan(agent_credentials))
         session_id = await self._session(client)
         return await self._turn(client, session_id, cancel, deadline)
+
+    def _sessions(self, home_path: str | None) -> None:
+        """The pack's session store, if it declares one; a resume it cannot serve is
+        refused here, before anything launches."""
+        resume = self.spec.session.resume if self.spec.session is not None else None
+        self.sessions = JobSessions.for_job(
+            self.settings, pack=self.spec.pack.name, home_path=home_path, resume=resume
+        )
+        if self.sessions is not None:
+            self.sessions.check()
+
+    async def _state_mounts(self) -> tuple[base.WritableMount, ...]:
+        if self.sessions is None or self.job_dir is None:
+            return ()
+        owner = sandbox_owner(self.settings)
+        return (await asyncio.to_thread(self.sessions.prepare, self.job_dir, owner),)
+
+    async def _save_session(self) -> None:
+        """Keep the session the agent recorded (once ``session.started`` went out), then
+        drop the per-job directory. Runs only after the sandbox is destroyed."""
+        if self.sessions is None:
+            return
+        session_id = self.acp.session_id if self.acp is not None else None
+        notices = await asyncio.to_thread(self.sessions.save, session_id)
+        with contextlib.suppress(OSError):  # the job dir's removal retries it
+            await asyncio.to_thread(self.sessions.remove)
+        for notice in notices:
+            await self.emitter.emit("notice", notice)
 
     async def _pack(self, declaration: Any) -> PreparedPack:
         pack = await asyncio.to_thread(
@@ -263,10 +294,13 @@ class _Job:
             provider=provider,
             owner=sandbox_owner(self.settings),
             secrets=secrets,
+            disk_mb=self.spec.limits.disk_mb,
         )
         self.phases.mark("workspace")
         if staged.skipped:
             await self.emitter.emit("notice", _skipped_notice(staged.skipped))
+        if self.prepared.disk is None:
+            await self.emitter.emit("notice", _unbounded_notice(self.spec.limits.disk_mb))
         return staged.path
 
     async def _sandbox(self, pack: PreparedPack, workspace: Path) -> None:
@@ -283,6 +317,7 @@ class _Job:
             network=self.spec.network.mode,
             network_allow=tuple(self.spec.network.allow),
             on_network_denial=self._network_denied,
+            state_mounts=await self._state_mounts(),
         )
         self.sandbox = await self.backend.create(spec)
         self.phases.mark("sandbox_create")
@@ -343,6 +378,7 @@ class _Job:
                 sandbox=self.sandbox,
                 host_workspace=self.host_workspace,
                 terminal_output_bytes=settings.tool_output_bytes,
+                authenticate=plan.authenticate,
             ),
         )
         self.agent.start()
@@ -437,6 +473,7 @@ class _Job:
             )
         if self.sandbox is not None:
             await self.backend.destroy(self.sandbox.sandbox_id)
+        await self._save_session()
         self.phases.mark("teardown")
         if self.prepared.staged is not None and self.sandbox is not None:
             await self._capture(self.prepared.staged)
@@ -537,6 +574,16 @@ def _capture_failed(exc: OSError) -> dict[str, Any]:
         "code": "capture_failed",
         "message": f"the workspace changes could not be captured: {exc.strerror}",
         "details": {"path": str(exc.filename or "")},
+    }
+
+
+def _unbounded_notice(disk_mb: int) -> dict[str, Any]:
+    return {
+        "level": "warning",
+        "code": "workspace_disk_unbounded",
+        "message": f"limits.disk_mb ({disk_mb} MiB) is not enforced: this worker runs with "
+        "ACPW_WORKSPACE_DISK=off, so the workspace shares the host's disk",
+        "details": {"disk_mb": disk_mb},
     }
 
 

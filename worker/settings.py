@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 _REPO_PACKS = Path(__file__).resolve().parent.parent / "provider_packs"
 
@@ -36,6 +37,17 @@ class Settings(BaseSettings):
     work_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_state_dir("acp-worker")) / "work",
         description="Where per-job workspace copies are staged (removed after the job).",
+    )
+    session_dir: Path | None = Field(
+        default=None,
+        description="Store of agent sessions kept for `session.resume` (<dir>/<pack>/<id>/); "
+        "default: `sessions` next to `work_dir`. Share it between workers that resume.",
+    )
+    session_max_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0, description="Largest session kept (bytes)."
+    )
+    session_max_files: int = Field(
+        default=10_000, gt=0, description="Most files and directories in a session kept."
     )
     results_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("acp-worker")) / "results",
@@ -81,6 +93,33 @@ class Settings(BaseSettings):
         default=None,
         description="Root that `file:` credential references resolve under (required for them).",
     )
+    secret_sources: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("env", "file"),
+        description="Credential reference schemes jobs may use, comma-separated (`env,file,"
+        "aws-sm`): built-ins `env`, `file`, and installed `acp_worker.secret_sources` entry "
+        "points; a job naming any other is refused (`credential_refused`, `unknown_source`).",
+    )
+    aws_sm_endpoint_url: str | None = Field(
+        default=None, description="Endpoint of AWS Secrets Manager for `aws-sm:` (default AWS)."
+    )
+    aws_sm_region: str | None = Field(
+        default=None, description="Region for `aws-sm:` (default: boto3's, e.g. AWS_REGION)."
+    )
+    workspace_disk: Literal["loop", "off"] = Field(
+        default="loop",
+        description="How `limits.disk_mb` is enforced: `loop` stages each workspace on its own "
+        "loop-mounted ext4 of that size (needs root and /dev/loop-control; without them jobs "
+        "fail with `sandbox_failed`); `off` enforces no bound (the workspace shares work_dir's "
+        "filesystem) and says so in a `notice`.",
+    )
+
+    @field_validator("secret_sources", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
     redis_url: str | None = Field(default=None, description="Redis for events and state.")
     worker_id: str = Field(default_factory=_default_worker_id, description="Labels sandboxes.")
     backend: str = Field(default="local", description="Sandbox backend: local.")
@@ -138,3 +177,11 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, description="Port of the Prometheus endpoint; none: no endpoint."
     )
+
+    @property
+    def session_root(self) -> Path:
+        """``session_dir``, or ``sessions`` next to ``work_dir`` (both in the state dir by
+        default)."""
+        if self.session_dir is not None:
+            return self.session_dir
+        return self.work_dir.parent / "sessions"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from tests.integration.docker_engine import REPO, base_image, docker_host, engine_config
 from worker.events.sinks import MemorySink
@@ -25,11 +26,13 @@ from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect
 from worker.images.identity import ImageIdentity
 from worker.jobs.spec import parse_job
+from worker.leases.reaper import reap_workspaces
 from worker.packs.manifest import load_pack
 from worker.runner import JobOutcome, run_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.docker import DockerBackend
 from worker.settings import Settings
+from worker.workspace.disk import mounts_below
 
 __all__ = ["base_image", "docker_host", "engine_config"]
 
@@ -150,7 +153,9 @@ asyncio.run(main())
 
 
 @pytest.mark.usefixtures("base_image")
-async def test_kill_the_worker_then_reap(tmp_path: Path, engine_config: EngineConfig) -> None:
+async def test_kill_the_worker_then_reap(
+    tmp_path: Path, engine_config: EngineConfig, redis_url: str
+) -> None:
     spec = _job(tmp_path, "scenario: hang", job_id=f"reap-{uuid.uuid4().hex[:12]}")
     (tmp_path / "job.json").write_text(spec.model_dump_json(exclude_none=True))
     worker = subprocess.Popen(
@@ -172,6 +177,16 @@ async def test_kill_the_worker_then_reap(tmp_path: Path, engine_config: EngineCo
     assert await reaper.status(orphans[0].sandbox_id) is not None
     await reaper.destroy(orphans[0].sandbox_id)
     assert await reaper.list({LABEL_JOB: spec.job_id}) == []
+    # The dead worker's work dir, its workspace disk still mounted: unmounted and removed.
+    [job_dir] = list((tmp_path / "work").iterdir())
+    assert mounts_below(job_dir) == [job_dir / "disk"]
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await reap_workspaces(client, tmp_path / "work") == [job_dir.name]
+    finally:
+        await client.aclose()
+    assert mounts_below(tmp_path) == []
+    assert list((tmp_path / "work").iterdir()) == []
 
 
 @pytest.mark.usefixtures("base_image")

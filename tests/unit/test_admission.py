@@ -29,6 +29,7 @@ def test_public_api_is_pinned() -> None:
             "Finding",
             "MaskEntry",
             "MaskKind",
+            "check_view",
             "check_workspace",
             "mask_plan",
         ]

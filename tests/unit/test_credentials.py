@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from worker.credentials.redact import MASK, Redactor
-from worker.credentials.resolve import resolve_credentials
+from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import CredentialRefused
 from worker.launch import BASE_ENV, launch_plan
+from worker.settings import Settings
 
 ALLOWED = ["CURSOR_API_KEY", "CURSOR_AUTH_TOKEN"]
 
@@ -19,9 +20,8 @@ def _resolve(
     refs: dict[str, str], *, environ: dict[str, str] | None = None, secrets: Path | None = None
 ) -> tuple[dict[str, str], Redactor]:
     redactor = Redactor()
-    values = resolve_credentials(
-        refs, allowed=ALLOWED, environ=environ or {}, secrets_dir=secrets, redactor=redactor
-    )
+    sources = secret_sources(Settings(secrets_dir=secrets), environ or {})
+    values = resolve_credentials(refs, allowed=ALLOWED, sources=sources, redactor=redactor)
     return values, redactor
 
 
@@ -47,6 +47,9 @@ def test_file_reference_under_secrets_dir(tmp_path: Path) -> None:
         ({"CURSOR_API_KEY": "file:absent"}, "unresolved"),
         ({"CURSOR_API_KEY": "file:link"}, "outside_secrets_dir"),
         ({"CURSOR_API_KEY": "file:empty"}, "unresolved"),
+        ({"CURSOR_API_KEY": "file:big"}, "unresolved"),
+        ({"CURSOR_API_KEY": "vault:kv/cursor"}, "unknown_source"),
+        ({"CURSOR_API_KEY": "aws-sm:prod/cursor"}, "unknown_source"),  # shipped, not enabled
     ],
 )
 def test_refusals(tmp_path: Path, refs: dict[str, str], reason: str) -> None:
@@ -54,6 +57,7 @@ def test_refusals(tmp_path: Path, refs: dict[str, str], reason: str) -> None:
     secrets.mkdir()
     (tmp_path / "outside").write_text("not yours")
     (secrets / "empty").write_text("")
+    (secrets / "big").write_text("x" * (64 * 1024 + 1))
     os.symlink(tmp_path / "outside", secrets / "link")
     with pytest.raises(CredentialRefused) as info:
         _resolve(refs, environ={"K": "v-1234"}, secrets=secrets)

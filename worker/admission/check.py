@@ -20,7 +20,7 @@ from worker.admission.result import AdmissionResult, Finding
 from worker.admission.rules import ConfigPath, Expect
 from worker.admission.settings_json import declared, parse_settings
 from worker.admission.walk import find_git_root, levels, physical_workspace
-from worker.errors import InvalidInput
+from worker.errors import InvalidInput, WorkspaceUnavailable
 
 DEFAULT_SYSTEM_ROOTS: tuple[Path, ...] = (Path("/"),)
 
@@ -49,6 +49,85 @@ def check_workspace(
     ]
     findings += [f for sysroot in system_roots for f in _check_system(sysroot, system)]
     return AdmissionResult(root, git_root, tuple(findings))
+
+
+def check_view(
+    root: Path, *, workspace: str = "/workspace", provider: str = "cursor"
+) -> AdmissionResult:
+    """:func:`check_workspace` in another mount view: a root directory (a container's
+    root, reached as ``/proc/PID/root``) and the workspace's absolute path inside it.
+
+    Nothing is resolved against the host: the workspace, its parents up to the view's
+    root (the walk to the Git root stops there) and the system locations are reached
+    from a descriptor of ``root``, links resolved inside it. Findings read as they would
+    inside: ``../…`` above the workspace, system paths absolute in the view.
+
+    Raises :class:`~worker.errors.WorkspaceUnavailable` when ``root`` or the workspace
+    cannot be opened, :class:`~worker.errors.InvalidInput` for an unknown provider.
+    """
+    system = _system_config(provider)
+    chain = _view_chain(PurePosixPath(workspace))
+    try:
+        root_fd = probe.open_dir(root)
+    except OSError as exc:
+        raise WorkspaceUnavailable(f"mount view {root} cannot be opened", root=str(root)) from exc
+    try:
+        _view_workspace(root_fd, chain[0], workspace)
+        git_root = next((level for level in chain if _has_git(root_fd, level)), None)
+        depth = 1 if git_root is None else chain.index(git_root) + 1
+        findings = [
+            finding
+            for up, level in enumerate(chain[:depth])
+            for finding in _within(
+                ("../" * up).rstrip("/") or ".",
+                partial(probe.open_dir_in_root, root_fd, level),
+                partial(_level, prefix="../" * up),
+            )
+        ]
+        findings += [f for spec in system for f in _check_view_system(root_fd, spec)]
+    finally:
+        os.close(root_fd)
+    in_view = None if git_root is None else Path("/", git_root)
+    return AdmissionResult(Path(workspace), in_view, tuple(findings))
+
+
+def _view_chain(workspace: PurePosixPath) -> tuple[str, ...]:
+    """The workspace and each parent up to the view's root, root-relative."""
+    if not workspace.is_absolute():
+        raise InvalidInput(f"workspace {workspace} must be absolute in its view")
+    rel = workspace.relative_to("/")
+    return tuple(str(p) for p in (rel, *rel.parents))
+
+
+def _view_workspace(root_fd: int, rel: str, display: str) -> None:
+    try:
+        os.close(probe.open_dir_in_root(root_fd, rel))
+    except OSError as exc:
+        raise WorkspaceUnavailable(
+            f"workspace {display} is not a directory in the mount view", workspace=display
+        ) from exc
+
+
+def _has_git(root_fd: int, level: str) -> bool:
+    try:
+        fd = probe.open_dir_in_root(root_fd, level)
+    except OSError:
+        return False  # passed over, which only widens the walk (as find_git_root does)
+    try:
+        return probe.classify(fd, ".git") is not Kind.MISSING
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _check_view_system(root_fd: int, spec: ConfigPath) -> list[Finding]:
+    return _within(
+        f"/{spec.path.parent}",
+        partial(probe.open_dir_in_root, root_fd, str(spec.path.parent)),
+        partial(_check_entry, display=f"/{spec.path}", spec=spec),
+        absent_ok=True,
+    )
 
 
 def _system_config(provider: str) -> tuple[ConfigPath, ...]:

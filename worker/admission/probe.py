@@ -66,6 +66,74 @@ def open_dir(path: Path | str, *, dir_fd: int | None = None) -> int:
         raise _translate(exc) from exc
 
 
+_MAX_LINKS = 40  # as the kernel's own bound on links followed in one lookup
+
+
+def open_dir_in_root(root_fd: int, rel: str) -> int:
+    """Open directory ``rel`` below ``root_fd`` as if ``root_fd`` were ``/``.
+
+    Every component is reached with ``*at`` calls; a symbolic link is resolved by hand
+    inside that root (an absolute target restarts at ``root_fd``, ``..`` never climbs
+    above it), like ``openat2(RESOLVE_IN_ROOT)``. This is how a container's root seen
+    through ``/proc/PID/root`` is walked without landing on the host's own files.
+
+    Raises:
+        FileNotFoundError: a component is missing.
+        NotRegular: a component is not a directory.
+        OSError: a component cannot be examined, or links loop.
+    """
+    walk = _InRoot(root_fd)
+    try:
+        walk.run(rel)
+        return walk.stack.pop()
+    finally:
+        walk.close()
+
+
+def _parts(path: str) -> list[str]:
+    """Components of ``path`` in pop order (the first one last)."""
+    return [p for p in path.split("/") if p not in ("", ".")][::-1]
+
+
+class _InRoot:
+    def __init__(self, root_fd: int) -> None:
+        self.stack = [os.dup(root_fd)]
+        self.links = 0
+
+    def run(self, rel: str) -> None:
+        pending = _parts(rel)
+        while pending:
+            part = pending.pop()
+            if part == "..":
+                if len(self.stack) > 1:
+                    os.close(self.stack.pop())
+                continue
+            kind = classify(self.stack[-1], part)
+            if kind is Kind.SYMLINK:
+                pending += self._link(part, rel)
+            elif kind is Kind.DIR:
+                self.stack.append(open_dir(part, dir_fd=self.stack[-1]))
+            elif kind is Kind.MISSING:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", rel)
+            else:
+                raise NotRegular(errno.ENOTDIR, "not a directory", rel)
+
+    def _link(self, part: str, rel: str) -> list[str]:
+        self.links += 1
+        if self.links > _MAX_LINKS:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", rel)
+        target = os.readlink(part, dir_fd=self.stack[-1])
+        if target.startswith("/"):
+            while len(self.stack) > 1:
+                os.close(self.stack.pop())
+        return _parts(target)
+
+    def close(self) -> None:
+        for fd in self.stack:
+            os.close(fd)
+        self.stack.clear()
+
+
 def read_bounded(dir_fd: int, name: str, limit: int) -> bytes:
     """Read a regular file of at most ``limit`` bytes, never following a link."""
     try:

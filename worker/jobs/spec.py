@@ -1,7 +1,8 @@
 """Job spec v1: the JSON a control plane submits, validated strictly.
 
 Unknown fields are refused (``extra="forbid"``), secrets never travel inline: a
-credential is a *reference* (``env:NAME`` or ``file:PATH``) resolved by the worker.
+credential is a *reference* (``env:NAME``, ``file:PATH`` or ``<scheme>:<where>`` of a
+pluggable secret source, e.g. ``aws-sm:prod/cursor#api_key``) resolved by the worker.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from worker.errors import InvalidJobSpec
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _CRED_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
-_CRED_REF = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]{0,127}|file:[^\x00]{1,1024})$")
+# `env:NAME`, `file:PATH`, or `<scheme>:<where>` for a pluggable source (which ones a
+# worker enables is its setting, checked when the job runs, not here).
+_CRED_REF = re.compile(
+    r"^(env:[A-Za-z_][A-Za-z0-9_]{0,127}"
+    r"|file:[^\x00]{1,1024}"
+    r"|(?!env:|file:)[a-z][a-z0-9+.-]{0,31}:[^\x00-\x1f\x7f]{1,2048})$"
+)
 
 
 class _Strict(BaseModel):
@@ -156,6 +163,13 @@ class Limits(_Strict):
     memory_mb: int = Field(default=2048, ge=64, le=256 * 1024, description="Memory incl. swap.")
     cpus: float = Field(default=1.0, gt=0, le=64, description="CPU quota in cores.")
     pids: int = Field(default=512, ge=8, le=65536, description="Max tasks in the sandbox.")
+    disk_mb: int = Field(
+        default=10240,
+        ge=16,
+        le=1024 * 1024,
+        description="Size of the workspace's own filesystem in MiB (the staged copy included): "
+        "writes past it fail with ENOSPC inside the sandbox (see ACPW_WORKSPACE_DISK).",
+    )
 
 
 class Network(_Strict):
@@ -198,7 +212,8 @@ class JobSpec(_Strict):
     credentials: dict[str, str] = Field(
         default_factory=dict,
         max_length=16,
-        description="Credential name -> reference (`env:NAME` or `file:PATH`), never a secret.",
+        description="Credential name -> reference (`env:NAME`, `file:PATH` or `<scheme>:<where>`"
+        " of an enabled secret source, e.g. `aws-sm:<secret-id>[#<json-key>]`), never a secret.",
     )
     session: SessionRef | None = None
     permissions: Permissions = Field(default_factory=Permissions)
@@ -221,11 +236,11 @@ class JobSpec(_Strict):
         for name, ref in value.items():
             if not _CRED_NAME.match(name):
                 raise ValueError(f"credential name {name!r} must match [A-Z][A-Z0-9_]*")
-            if not _CRED_REF.match(ref):
+            if not _CRED_REF.fullmatch(ref):
                 # Never echo the value: it may be a secret pasted inline by mistake.
                 raise ValueError(
-                    f"credential {name} must be a reference `env:NAME` or `file:PATH`, "
-                    "never the secret itself"
+                    f"credential {name} must be a reference `env:NAME`, `file:PATH` or "
+                    "`<scheme>:<where>`, never the secret itself"
                 )
         return value
 

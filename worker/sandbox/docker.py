@@ -16,8 +16,10 @@ enters the container's configuration (``docker inspect`` shows no credentials).
 stdout/stderr arrive multiplexed in 8-byte-framed chunks and are split here.
 
 Every container: user 1000:1000, read-only root filesystem, tmpfs HOME and /tmp, the
-workspace bind-mounted read-write, ``extra_mounts`` read-only,
-``cap_drop=ALL``, ``no-new-privileges``, the engine's default seccomp profile, pids /
+workspace bind-mounted read-write, ``extra_mounts`` read-only, ``state_mounts`` read-write
+over the HOME tmpfs (each missing parent below HOME gets its own tmpfs owned by the
+sandbox user, as the engine would make it root-owned), ``cap_drop=ALL``,
+``no-new-privileges``, the engine's default seccomp profile, pids /
 memory (no swap) / CPU limits, network ``none``, an init process (so SIGTERM reaches the
 program with its default action), no log driver (output is not kept on disk), and the
 labels job, attempt, token, worker plus ``acpw.sandbox`` (the sandbox id), so
@@ -33,6 +35,11 @@ read-only empty tmpfs over each plugin directory. Missing mount points are made 
 host workspace before the first container (``mountpoints``), and what was made is
 recorded in the container labels ``acpw.mask_points``/``acpw.workspace`` so ``destroy``
 from any process removes exactly those, after the containers are dead.
+
+Right before launch the runner calls ``admission_view``: it starts the next container
+ahead of its spawn (the launcher waits for the header) and runs the admission check in
+that container's mount view, ``/proc/<init pid>/root`` (``worker.sandbox.view``; the
+engine must run on this host). The spawn then uses that container and its attach socket.
 
 Network ``allowlist`` works as in the local backend (``netpolicy``): the container keeps
 network mode ``none`` (loopback only); the job's proxy socket and the forwarder script
@@ -58,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.admission import MaskEntry, MaskKind, mask_plan
+from worker.admission import AdmissionResult, MaskEntry, MaskKind, mask_plan
 from worker.errors import ImageMismatch, SandboxError
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect, translate
@@ -83,7 +90,9 @@ from worker.sandbox.base import (
     WORKSPACE,
     SandboxInfo,
     SandboxSpec,
+    home_relative,
 )
+from worker.sandbox.view import container_admission
 
 if TYPE_CHECKING:
     import docker
@@ -171,6 +180,15 @@ class ImagePlan:
     bind_closure: Path | None
 
 
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A container started ahead of its spawn (``DockerBackend.prestart``)."""
+
+    container: str
+    sock: socket.socket
+    pid: int  # its init's pid on this host (0 if the engine did not say)
+
+
 def _container_config(
     api: Any,
     spec: SandboxSpec,
@@ -181,11 +199,12 @@ def _container_config(
     masks: Sequence[MaskEntry] = (),
 ) -> dict[str, Any]:
     """The create request body (pure apart from the SDK's helpers)."""
+    home = {**_tmpfs(podman=podman), **_state_tmpfs(spec, podman=podman)}
     host_config = api.create_host_config(
         binds=_binds(spec, plan)
         + _mask_binds(spec.workspace.resolve(), masks, podman=podman)
         + _network_binds(labels),
-        tmpfs={**_tmpfs(podman=podman), **_mask_tmpfs(masks)},
+        tmpfs={**home, **_mask_tmpfs(masks, podman=podman)},
         read_only=True,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
@@ -221,6 +240,7 @@ def _binds(spec: SandboxSpec, plan: ImagePlan) -> list[str]:
     if plan.bind_closure is not None:
         binds.append(f"{plan.bind_closure}:{PACK_ROOT}:ro")
     binds += [f"{m.source}:{m.target}:ro" for m in spec.extra_mounts]
+    binds += [f"{m.source}:{m.target}:rw" for m in spec.state_mounts]
     return binds
 
 
@@ -248,9 +268,10 @@ def _mask_binds(workspace: Path, masks: Sequence[MaskEntry], *, podman: bool) ->
     return binds
 
 
-def _mask_tmpfs(masks: Sequence[MaskEntry]) -> dict[str, str]:
+def _mask_tmpfs(masks: Sequence[MaskEntry], *, podman: bool) -> dict[str, str]:
     # An empty read-only tmpfs: no host directory to keep empty, nothing to write into.
-    opts = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
+    # Podman copies what the directory holds into a new tmpfs unless told not to.
+    opts = "ro,nosuid,nodev,noexec,size=4k,mode=0555" + (",notmpcopyup" if podman else "")
     return {f"{WORKSPACE}/{e.path}": opts for e in masks if e.kind is MaskKind.DIR}
 
 
@@ -259,6 +280,19 @@ def _tmpfs(*, podman: bool) -> dict[str, str]:
     owner = "U" if podman else f"uid={SANDBOX_UID},gid={SANDBOX_GID}"
     common = f"rw,nosuid,nodev,size={TMPFS_BYTES}"
     return {SANDBOX_TMP: f"{common},mode=1777", HOME: f"{common},mode=0700,{owner}"}
+
+
+def _state_tmpfs(spec: SandboxSpec, *, podman: bool) -> dict[str, str]:
+    """A user-owned tmpfs on each parent between HOME and a writable mount: the engine
+    would make a missing mount point's parents root-owned, and the agent could not write
+    its own config dir (``~/.cursor`` above ``~/.cursor/acp-sessions``)."""
+    home = _tmpfs(podman=podman)[HOME]
+    parents: dict[str, str] = {}
+    for mount in spec.state_mounts:
+        parts = home_relative(mount.target).split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            parents[f"{HOME}/{'/'.join(parts[:depth])}"] = home
+    return parents
 
 
 class _StdinWriter(asyncio.StreamWriter):
@@ -437,19 +471,54 @@ class DockerSandbox:
         _check_command(argv, env, cwd)
         if self._spec.network == "allowlist":
             argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
-        container = self._pending or await self._next_container()
-        self._pending = None
+        started = self.backend.take_started(self._sandbox_id)
+        if started is None:
+            container = self._pending or await self._next_container()
+            self._pending = None
+        else:
+            container = started.container
         process = await self.backend.start(
-            self, container, launch_header(argv, env, cwd), stdout_limit
-        )
+            self, container, launch_header(argv, env, cwd), stdout_limit,
+            sock=None if started is None else started.sock,
+        )  # fmt: skip
         self.processes.append(process)
         return process
 
-    async def _next_container(self) -> str:
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
+        """The admission check in this sandbox's own mount view, right before launch.
+
+        Starts the container the next ``spawn`` runs in (its launcher then waits for the
+        launch header on stdin, so nothing of the agent runs yet) and checks ``/workspace``
+        as that container sees it, through ``/proc/<its init pid>/root``: the binds and
+        masks as mounted, the image's system locations, links resolved inside it (see
+        ``worker.sandbox.view``). Blocking: call it from a thread.
+
+        Raises:
+            ImageMismatch: the container's image is not the pinned one.
+            SandboxError: the container did not start, or its view is not visible from
+                this host (the engine runs elsewhere).
+            WorkspaceUnavailable: the view has no workspace.
+        """
+        started = self.backend.started(self._sandbox_id)
+        if started is None:
+            container = self._pending or self.backend.create_container_now(
+                self._spec, self.plan, self.labels, self._next_name(), self._masks
+            )
+            self._pending = None
+            started = self.backend.prestart(self._sandbox_id, container, self.plan)
+        return container_admission(
+            started.pid, host_workspace=self._spec.workspace.resolve(), masks=self._masks,
+            provider=provider,
+        )  # fmt: skip
+
+    def _next_name(self) -> str:
         name = f"{self._sandbox_id}-{self._count}"
         self._count += 1
+        return name
+
+    async def _next_container(self) -> str:
         return await self.backend.create_container(
-            self._spec, self.plan, self.labels, name, self._masks
+            self._spec, self.plan, self.labels, self._next_name(), self._masks
         )
 
 
@@ -481,6 +550,7 @@ class DockerBackend:
         self._images: PackImages | None = None
         self._podman: bool | None = None
         self._proxies: dict[str, AllowlistProxy] = {}
+        self._started: dict[str, Started] = {}
         self.build_missing = build_missing
 
     # --- engine -------------------------------------------------------------------------
@@ -518,6 +588,8 @@ class DockerBackend:
         self._check_spec(spec)
         plan = await asyncio.to_thread(self._plan, spec)
         await asyncio.to_thread(_own_workspace, spec.workspace)
+        for state in spec.state_mounts:
+            await asyncio.to_thread(_own_workspace, state.source)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = sandbox_labels(spec, self._settings.worker_id, sandbox_id)
         workspace = spec.workspace.resolve()
@@ -578,7 +650,12 @@ class DockerBackend:
         for mount in spec.extra_mounts:
             if not mount.source.exists() or not mount.target.startswith("/"):
                 raise SandboxError("bad extra mount", source=str(mount.source))
-        sources = (spec.workspace, spec.pack_closure, *(m.source for m in spec.extra_mounts))
+        for state in spec.state_mounts:
+            home_relative(state.target)
+            if not state.source.is_dir() or state.source.is_symlink():
+                raise SandboxError("a writable mount is not a directory", source=str(state.source))
+        extras = [m.source for m in spec.extra_mounts] + [m.source for m in spec.state_mounts]
+        sources = (spec.workspace, spec.pack_closure, *extras)
         for path in sources:
             if ":" in str(path) or "," in str(path):
                 # A bind is "source:target:options" on the Docker API.
@@ -593,9 +670,9 @@ class DockerBackend:
         masks: Sequence[MaskEntry] = (),
     ) -> str:
         """Create (not start) one container of the sandbox; returns its id."""
-        return await asyncio.to_thread(self._create_container, spec, plan, labels, name, masks)
+        return await asyncio.to_thread(self.create_container_now, spec, plan, labels, name, masks)
 
-    def _create_container(
+    def create_container_now(
         self,
         spec: SandboxSpec,
         plan: ImagePlan,
@@ -603,6 +680,7 @@ class DockerBackend:
         name: str,
         masks: Sequence[MaskEntry],
     ) -> str:
+        """``create_container``, blocking."""
         api: Any = self.client.api
         podman = self._is_podman()
         config = _container_config(api, spec, plan, labels, podman=podman, masks=masks)
@@ -613,10 +691,18 @@ class DockerBackend:
     # --- start --------------------------------------------------------------------------
 
     async def start(
-        self, sandbox: DockerSandbox, container: str, header: bytes, stdout_limit: int
+        self,
+        sandbox: DockerSandbox,
+        container: str,
+        header: bytes,
+        stdout_limit: int,
+        *,
+        sock: socket.socket | None = None,
     ) -> DockerProcess:
-        """Check the image, attach, start, send the launch header."""
-        sock = await asyncio.to_thread(self._attach_and_start, container, sandbox.plan)
+        """Check the image, attach, start, send the launch header (``sock``: the attach
+        socket of a container ``prestart`` already started)."""
+        if sock is None:
+            sock = await asyncio.to_thread(self._attach_and_start, container, sandbox.plan)
         loop = asyncio.get_running_loop()
         raw = asyncio.StreamReader(limit=2**20)
         transport, protocol = await loop.create_connection(
@@ -651,6 +737,32 @@ class DockerBackend:
                 sock.close()
                 raise
         return sock
+
+    def prestart(self, sandbox_id: str, container: str, plan: ImagePlan) -> Started:
+        """Check the image, attach and start ``container`` (blocking); its launcher waits
+        for the header that the sandbox's next ``spawn`` sends, on this attach socket.
+
+        Raises:
+            ImageMismatch: the container's image is not the pinned one.
+            SandboxError: the engine could not attach, start or inspect it.
+        """
+        sock = self._attach_and_start(container, plan)
+        try:
+            with translate("inspect container", container=container):
+                state = self.client.api.inspect_container(container)["State"]
+        except BaseException:
+            sock.close()
+            raise
+        started = Started(container, sock, int(state.get("Pid") or 0))
+        self._started[sandbox_id] = started
+        return started
+
+    def started(self, sandbox_id: str) -> Started | None:
+        """The container ``prestart`` started and no spawn has used yet."""
+        return self._started.get(sandbox_id)
+
+    def take_started(self, sandbox_id: str) -> Started | None:
+        return self._started.pop(sandbox_id, None)
 
     def _check_image(self, container: str, plan: ImagePlan) -> None:
         image = str(self.client.api.inspect_container(container)["Image"])
@@ -700,6 +812,9 @@ class DockerBackend:
             SandboxError: the engine failed to remove a container.
         """
         _check_id(sandbox_id)
+        started = self._started.pop(sandbox_id, None)
+        if started is not None:
+            started.sock.close()
         found = await asyncio.to_thread(self._kill_all, sandbox_id)
         # Mount points and the proxy go while the containers (and their labels) still
         # exist: a destroy that dies here is finished by the next one.

@@ -8,6 +8,7 @@ source tree, up to its Git root, before anything is staged.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from worker.errors import WorkspaceUnavailable
 from worker.jobs.spec import GitWorkspace, LocalWorkspace, S3Workspace
 from worker.settings import Settings
 from worker.workspace import git
+from worker.workspace.disk import BoundedDisk, mount_bounded
 from worker.workspace.stage import StagedWorkspace, remove_staged, stage_local
 
 
@@ -28,6 +30,8 @@ class Prepared:
 
     staged: StagedWorkspace | None = None
     cleanup: list[Path] = field(default_factory=list)
+    #: The workspace's own filesystem (inside the job dir; unmounted when that goes).
+    disk: BoundedDisk | None = None
     source_info: dict[str, Any] = field(default_factory=dict)
 
     async def remove(self) -> None:
@@ -76,22 +80,48 @@ async def prepare_workspace(
     provider: str,
     owner: tuple[int, int],
     secrets: Mapping[str, str],
+    disk_mb: int | None = None,
 ) -> StagedWorkspace:
     """Fetch (if remote), admit and stage; ``prepared.cleanup`` grows as paths appear.
 
+    With ``disk_mb`` (and ``settings.workspace_disk`` ``loop``) the copy is staged on a
+    filesystem of its own of that size (:mod:`worker.workspace.disk`), which removing
+    ``job_dir`` unmounts.
+
     Raises:
-        WorkspaceUnavailable: the source cannot be read or fetched.
+        WorkspaceUnavailable: the source cannot be read or fetched, or does not fit in
+            ``disk_mb``.
         AdmissionRefused: the source holds ambient agent configuration.
+        SandboxError: the bounded disk cannot be made (``disk_unavailable``/``disk_failed``).
     """
     source = await _source(spec, prepared, settings=settings, job_dir=job_dir,
                            base_dir=base_dir, secrets=secrets)  # fmt: skip
     admission = await asyncio.to_thread(check_workspace, source, provider=provider)
     admission.raise_if_refused()
-    dest = job_dir / "workspace"
+    dest = await _destination(prepared, settings=settings, job_dir=job_dir, disk_mb=disk_mb)
     prepared.cleanup.append(dest)
-    staged = await asyncio.to_thread(stage_local, source, dest, owner=owner)
+    try:
+        staged = await asyncio.to_thread(stage_local, source, dest, owner=owner)
+    except WorkspaceUnavailable as exc:
+        if prepared.disk is not None and exc.details.get("errno") == errno.ENOSPC:
+            raise WorkspaceUnavailable(
+                f"the workspace does not fit in limits.disk_mb ({disk_mb} MiB)",
+                path=str(source),
+                disk_mb=disk_mb,
+            ) from exc
+        raise
     prepared.staged = staged
     return staged
+
+
+async def _destination(
+    prepared: Prepared, *, settings: Settings, job_dir: Path, disk_mb: int | None
+) -> Path:
+    """Where the copy goes: on its own disk when bounded, else in the job directory."""
+    if disk_mb is None or settings.workspace_disk != "loop":
+        return job_dir / "workspace"
+    prepared.disk = await asyncio.to_thread(mount_bounded, job_dir, size_mb=disk_mb)
+    return prepared.disk.mount / "workspace"
 
 
 async def _source(

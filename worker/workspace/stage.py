@@ -19,6 +19,7 @@ from pathlib import Path
 
 from worker.errors import WorkspaceUnavailable
 from worker.workspace.capture import SKIP_ROOT, Entry, seen_key
+from worker.workspace.disk import unmount_below
 
 _CHUNK = 1024 * 1024
 
@@ -49,7 +50,7 @@ def stage_local(source: Path, dest: Path, *, owner: tuple[int, int]) -> StagedWo
         copier.directory(source, dest, "")
     except OSError as exc:
         raise WorkspaceUnavailable(
-            f"cannot stage workspace {source}: {exc.strerror}", path=str(source)
+            f"cannot stage workspace {source}: {exc.strerror}", path=str(source), errno=exc.errno
         ) from exc
     return StagedWorkspace(
         dest, source, copier.files, copier.bytes, tuple(copier.skipped), copier.before
@@ -113,8 +114,14 @@ def _copy_file(src: str, dst: Path, mode: int) -> str:
 
 
 def remove_staged(path: Path) -> None:
-    """Delete a staged copy (whatever the agent left in it); missing is fine."""
+    """Delete a staged copy (whatever the agent left in it); missing is fine.
+
+    A workspace disk mounted inside (``worker.workspace.disk``) is unmounted first, so
+    this never empties a mounted filesystem through its mount point and never leaves one
+    mounted; an unmount that fails raises before anything is deleted.
+    """
     if path.exists():
+        unmount_below(path)
         _make_writable(path)
         shutil.rmtree(path)
 
