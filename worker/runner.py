@@ -31,6 +31,7 @@ from worker.errors import (
     EXIT_TIMED_OUT,
     AgentError,
     ResultUploadFailed,
+    SandboxError,
     WorkerError,
 )
 from worker.events.emitter import EventEmitter, utc_timestamp
@@ -39,6 +40,7 @@ from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
 from worker.network import NetworkDenial
+from worker.packs.cache import hold_closure
 from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
@@ -170,6 +172,9 @@ class _Job:
         self.host_workspace: Path | None = None
         self.acp: AcpSession | None = None
         self.sessions: JobSessions | None = None
+        #: A shared lock on the pack closure's digest (``hold_closure``): a pack-cache gc
+        #: keeps the closure while the job runs. Released after the sandbox is destroyed.
+        self.pack_hold: int | None = None
         store = None
         if control is not None:
             ttl = settings.events_ttl + int(spec.limits.timeout_s)
@@ -269,9 +274,20 @@ class _Job:
             await self.emitter.emit("notice", notice)
 
     async def _pack(self, declaration: Any) -> PreparedPack:
-        pack = await asyncio.to_thread(
-            prepare_pack, self.settings, declaration, self.spec.pack.platform
-        )
+        for _ in range(3):  # a pack-cache gc may remove the closure before the hold
+            pack = await asyncio.to_thread(
+                prepare_pack, self.settings, declaration, self.spec.pack.platform
+            )
+            hold = await asyncio.to_thread(hold_closure, self.settings.cache_dir, pack.closure)
+            if hold is not None:
+                self.pack_hold = hold
+                break
+        else:
+            raise SandboxError(
+                "the pack's closure kept disappearing from the cache (a pack-cache gc with "
+                "too small a budget?)",
+                closure=str(pack.closure),
+            )
         self.phases.mark("pack_verify")
         await self.emitter.emit("pack.ready", pack.event_data())
         return pack
@@ -464,6 +480,14 @@ class _Job:
         return exc
 
     async def _teardown(self) -> None:
+        try:
+            await self._dismantle()
+        finally:
+            if self.pack_hold is not None:
+                os.close(self.pack_hold)
+                self.pack_hold = None
+
+    async def _dismantle(self) -> None:
         if self.acp is not None:
             await self.acp.terminals.close_all()
         if self.agent is not None:

@@ -19,8 +19,9 @@ import pytest
 
 from worker.errors import ArchiveRefused, DigestMismatch
 from worker.packs.cache import materialize
+from worker.packs.gc import gc
 from worker.packs.manifest import load_pack_dir
-from worker.packs.sources import HttpsSource, S3Source, archive_path, fetch, gc
+from worker.packs.sources import HttpsSource, S3Source, archive_path, fetch
 
 REPO = Path(__file__).resolve().parents[2]
 EMULATOR = REPO / "provider_packs" / "cursor-emulator"
@@ -158,17 +159,18 @@ def test_materialize_a_pack_whose_archive_is_remote(server: _Server, tmp_path: P
 
 def test_gc_removes_least_recently_used_first_and_skips_locked(tmp_path: Path) -> None:
     closures = tmp_path / "closures"
-    for age, name in enumerate(["new", "mid", "old", "oldest"]):
+    new, mid, old, oldest = (c * 64 for c in "abcd")  # closure digests
+    for age, name in enumerate([new, mid, old, oldest]):
         (closures / name).mkdir(parents=True)
         (closures / name / "f").write_bytes(b"x" * 1000)
         os.utime(closures / name, (1e9 - age * 100, 1e9 - age * 100))
     (tmp_path / "locks").mkdir()
-    fd = os.open(tmp_path / "locks" / "oldest.lock", os.O_RDWR | os.O_CREAT)
+    fd = os.open(tmp_path / "locks" / f"{oldest}.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # "in use" by another materializer
         result = gc(tmp_path, budget_bytes=2000)
     finally:
         os.close(fd)
-    assert result.removed == ("old", "mid")
-    assert sorted(p.name for p in closures.iterdir()) == ["new", "oldest"]
+    assert result.removed == (old, mid)
+    assert sorted(p.name for p in closures.iterdir()) == [new, oldest]
     assert result.freed_bytes == 2000

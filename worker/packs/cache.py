@@ -67,7 +67,7 @@ def materialize(
                 return final
     if verify_existing:
         verify_closure(final, lock)
-    touch(final)  # least-recent-use order for ``sources.gc``
+    touch(final)  # least-recent-use order for ``worker.packs.gc``
     return final
 
 
@@ -93,6 +93,30 @@ def _published(final: Path) -> bool:
             actual=stat.filemode(mode),
         )
     return True
+
+
+def hold_closure(cache_dir: Path, closure: Path) -> int | None:
+    """Mark *closure* in use: a shared ``flock`` on its digest lock, held until the
+    returned descriptor is closed. ``worker.packs.gc`` keeps any closure whose lock it
+    cannot take, so a job holds this from ``prepare_pack`` until its teardown.
+
+    Returns ``None`` when the closure is gone (a gc removed it before the hold): prepare
+    the pack again. Never call :func:`materialize` for the same digest while holding it
+    (its exclusive lock would wait for this one).
+    """
+    locks = cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(locks / f"{closure.name}.lock", flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if _published(closure):
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 @contextmanager

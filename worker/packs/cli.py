@@ -1,4 +1,4 @@
-"""``acp-worker pack …``: lock, verify and materialize provider packs.
+"""``acp-worker pack …``: lock, verify and materialize provider packs; collect the cache.
 
 ``PACK`` is a pack name in ``settings.packs_dir`` or a path to a pack folder.
 """
@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from worker.cli import add_json_flag
 from worker.packs.cache import materialize
+from worker.packs.gc import DEFAULT_BUDGET, GcResult, gc
 from worker.packs.lock import LockResult, lock_archive
 from worker.packs.manifest import Pack, load_pack, load_pack_dir
 from worker.packs.names import PACK_NAME_RE, PLATFORMS
@@ -20,7 +22,7 @@ from worker.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``pack lock|verify|materialize`` to the ``acp-worker`` parser."""
+    """Add ``pack lock|verify|materialize|lock-npm|build-npm|gc`` to the parser."""
     pack = sub.add_parser("pack", help="lock, verify or materialize a provider pack")
     add_json_flag(pack)
     actions = pack.add_subparsers(dest="pack_command", required=True, metavar="ACTION")
@@ -28,6 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_verify(actions)
     _add_materialize(actions)
     _add_npm(actions)
+    _add_gc(actions)
 
 
 def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +76,46 @@ def _add_npm(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     build.add_argument("pack", metavar="PACK", help="pack name or folder")
     add_json_flag(build)
     build.set_defaults(handler=build_npm_command)
+
+
+def _add_gc(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    collect = actions.add_parser(
+        "gc", help="remove least-recently-used closures and archives until under a budget"
+    )
+    collect.add_argument(
+        "--budget",
+        type=parse_size,
+        default=DEFAULT_BUDGET,
+        metavar="SIZE",
+        help="bytes the cache may keep: 500M, 10G, 1.5GiB, 0 (K/M/G/T are powers of 1024;"
+        " default 10G)",
+    )
+    collect.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
+    collect.add_argument("--dry-run", action="store_true", help="say what would be removed")
+    add_json_flag(collect)
+    collect.set_defaults(handler=gc_command)
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``"10G"`` → 10737418240: a byte count with an optional binary unit."""
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 0, 500M, 10G)")
+    return int(float(match[1]) * _UNITS[match[2].lower()])
+
+
+def human_size(count: int) -> str:
+    """``1536`` → ``"1.5 KiB"``."""
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def resolve_pack(ref: str, settings: Settings) -> Pack:
@@ -173,3 +216,26 @@ def build_npm_command(args: argparse.Namespace, settings: Settings) -> int:
     ]
     _emit(args, {"archives": describe(results)}, "\n".join(lines))
     return 0
+
+
+def gc_command(args: argparse.Namespace, settings: Settings) -> int:
+    """``pack gc [--budget SIZE] [--cache DIR] [--dry-run]``: entries in use are kept."""
+    result = gc(args.cache or settings.cache_dir, args.budget, dry_run=args.dry_run)
+    _emit(args, result.to_json(), _gc_text(result))
+    return 0
+
+
+def _gc_text(result: GcResult) -> str:
+    lines = [
+        f"{d.action.replace('_', ' '):<12} {d.entry.kind:<8} {d.entry.name}  "
+        f"{human_size(d.entry.bytes)}, last used {d.to_json()['last_used']} ({d.reason})"
+        for d in result.decisions
+    ]
+    verb = "would free" if result.dry_run else "freed"
+    summary = (
+        f"{verb} {human_size(result.freed_bytes)}; kept {human_size(result.kept_bytes)} "
+        f"of a {human_size(result.budget_bytes)} budget"
+    )
+    if result.over_budget:
+        summary += " (over budget: the rest is in use)"
+    return "\n".join([*lines, summary])

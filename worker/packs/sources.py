@@ -1,4 +1,4 @@
-"""Where pack archives come from: a pack-folder path, HTTPS, or S3 — and cache GC.
+"""Where pack archives come from: a pack-folder path, HTTPS, or S3.
 
 Remote archives are fetched once into ``<cache_dir>/archives/<sha256>`` and extracted
 from there by ``cache.materialize`` (which re-checks the pins before reading an entry):
@@ -10,8 +10,8 @@ from there by ``cache.materialize`` (which re-checks the pins before reading an 
 - **once**: a per-digest ``flock`` makes concurrent workers download one copy; the file
   appears under its final name only complete (``rename``).
 
-``gc`` keeps the closure cache under a byte budget by least-recent use (``touch`` on
-every use), skipping closures whose digest lock another process holds.
+Closures and archives are ``touch``ed on every use: ``worker.packs.gc`` removes the least
+recently used first.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def fetch(
     start = time.monotonic()
     final = archive_path(cache_dir, sha256)
     if final.is_file():
+        touch(final)
         return FetchStats(final, False, 0, 0.0)
     with _lock(cache_dir / "locks" / f"archive-{sha256}.lock"):
         if final.is_file():
@@ -240,14 +241,7 @@ def _open_s3(source: S3Source) -> Iterator[Iterable[bytes]]:
         body.close()
 
 
-# --- garbage collection ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GcResult:
-    removed: tuple[str, ...]
-    kept_bytes: int
-    freed_bytes: int
+# --- cache bookkeeping -----------------------------------------------------------------
 
 
 def touch(path: Path) -> None:
@@ -256,66 +250,12 @@ def touch(path: Path) -> None:
         os.utime(path, follow_symlinks=False)
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        total += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in files)
-    return total
-
-
-def gc(cache_dir: Path, budget_bytes: int) -> GcResult:
-    """Remove least-recently-used closures (and their archives) until under budget.
-
-    A closure whose digest lock is held (being extracted or used by a materializer
-    right now) is skipped.
-    """
-    from worker.packs.cache import remove_tree
-
-    closures = cache_dir / "closures"
-    entries = sorted(
-        ((p.lstat().st_mtime, p, _tree_bytes(p)) for p in closures.iterdir()),
-        key=lambda e: e[0],
-    ) if closures.is_dir() else []  # fmt: skip
-    total = sum(size for _, _, size in entries)
-    removed: list[str] = []
-    freed = 0
-    for _mtime, path, size in entries:
-        if total - freed <= budget_bytes:
-            break
-        if _remove_unlocked(cache_dir, path, remove_tree):
-            removed.append(path.name)
-            freed += size
-    return GcResult(tuple(removed), total - freed, freed)
-
-
-def _remove_unlocked(cache_dir: Path, path: Path, remove: Callable[[Path], None]) -> bool:
-    lock = cache_dir / "locks" / f"{path.name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        remove(path)
-        return True
-    finally:
-        os.close(fd)
-
-
-def remove_archive(cache_dir: Path, sha256: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(archive_path(cache_dir, sha256))
-
-
 __all__ = [
     "FetchStats",
-    "GcResult",
     "HttpsSource",
     "RemoteSource",
     "S3Source",
     "archive_path",
     "fetch",
-    "gc",
     "touch",
 ]
