@@ -20,11 +20,17 @@ command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [ -x /usr/bin/catatonit ] || need_apt+=(catatonit)
 command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+# Image push/pull is tested against Debian's distribution (registry v2) server, which the
+# tests start on a loopback port themselves; the package's own service is not wanted.
+command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}" >&2
   if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
 fi
 
 stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"

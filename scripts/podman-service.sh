@@ -79,7 +79,7 @@ start() {
   cleanup_leftovers
   rm -f "$SOCK"
   CONTAINERS_CONF="$CONF" CONTAINERS_STORAGE_CONF="$STORAGE_CONF" TMPDIR="$DIR/tmp" \
-    setsid podman system service --time=0 "unix://$SOCK" >"$LOG" 2>&1 </dev/null &
+    setsid podman system service --time=0 "unix://$SOCK" >"$LOG" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 100); do
     if answers; then
@@ -143,11 +143,20 @@ stop() {
   cleanup_leftovers
 }
 
+# One start/stop/purge at a time per store: two test sessions starting at once would
+# otherwise both find no answer and start two services on one socket.
+serialize() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.service.lock"
+  flock 9
+}
+
 case "${1:-}" in
-start) start ;;
-stop) stop ;;
+start) serialize; start ;;
+stop) serialize; stop ;;
 status) answers && echo "DOCKER_HOST=unix://$SOCK" ;;
 purge)
+  serialize
   stop
   podman_ system reset --force >/dev/null 2>&1 || true
   cleanup_leftovers

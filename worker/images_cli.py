@@ -2,8 +2,11 @@
 
 ``image build PACK`` verifies the pack's closure (materializing it into the cache when
 needed), builds the base image if the engine lacks it, then reuses or builds the pack
-image and prints its digest-pinned reference ``<tag>@<image id>``. ``image resolve PACK``
-only reuses: no image for the pack's identity is a refusal (exit 3).
+image and prints its digest-pinned reference ``<tag>@<image id>``; with a registry
+configured (``ACPW_IMAGE_REGISTRY``) it also pushes it there (``--json`` adds
+``pushed``: repository, tag, manifest digest). ``image resolve PACK`` never builds: it
+reuses the engine's image, or pulls it from the configured registry (by the manifest
+digest recorded at push when there is one); no image anywhere is a refusal (exit 3).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +40,18 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 
-IMAGES_SRC = Path(__file__).resolve().parent.parent.parent / "images"
+
+def _images_src() -> Path:
+    """``images/`` of the source tree, or where an installed package finds the
+    Containerfiles (``<prefix>/share/acp-worker/images``: the worker image puts them there).
+    """
+    tree = Path(__file__).resolve().parents[2] / "images"
+    if (tree / "base.Containerfile").is_file():
+        return tree
+    return Path(sys.prefix) / "share" / "acp-worker" / "images"
+
+
+IMAGES_SRC = _images_src()
 PACKAGES = ("python3", "git", "ca-certificates", "libstdc++6")
 NODE_BINARY = Path("/usr/bin/node")
 # Run by mmdebstrap with the new root as $1 (after packages are installed).

@@ -1,22 +1,31 @@
 """Pack images: resolve (reuse) by identity, build when missing, check before start.
 
-    resolve(closure)  tag ``localhost/acpw-pack:<identity>`` exists, its labels match the
-                      identity, its layers are the base's plus one, and its id equals
-                      the pin recorded when it was first built or resolved → reuse
+    resolve(closure)  tag ``localhost/acpw-pack:<identity>`` exists — or, with a registry
+                      configured, is pulled from it (by the manifest digest recorded at
+                      push, else by the identity tag) — its labels match the identity,
+                      its layers are the base's plus one, and its id equals the pin
+                      recorded when it was first built or resolved → reuse
     build(closure)    resolve, else build ``images/pack.Containerfile`` FROM the base id
-                      with the closure as the one extra layer; record the pin
+                      with the closure as the one extra layer; record the pin; with a
+                      registry configured, push ``<registry>/acpw-pack:<identity>`` and
+                      record the manifest digest the registry reports
     check(pin)        before every container start: the image with the pinned id still
                       exists and carries the identity's labels
 
 Anything that contradicts a pin raises :class:`~worker.errors.ImageMismatch`. Pins are
 JSON files ``<images_dir>/pins/<identity hex>.json``, written atomically.
+
+Whether a registry is reached over TLS is the engine's business (Docker's
+``insecure-registries``, Podman's ``registries.conf``), not the worker's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 from collections.abc import Mapping
@@ -35,12 +44,18 @@ from worker.images.base import (
 )
 from worker.images.engine import EngineConfig, translate
 from worker.images.identity import (
+    PACK_REPO,
     ImageIdentity,
     PinnedImage,
+    PushedImage,
 )
 
 if TYPE_CHECKING:
     import docker
+
+
+PACK_REPO_NAME = PACK_REPO.rpartition("/")[2]  # acpw-pack, under the registry
+_PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
 def _quiet(_: str) -> None:
@@ -56,12 +71,15 @@ class PinStore:
     def _path(self, identity: ImageIdentity) -> Path:
         return self.root / f"{identity.digest.removeprefix('sha256:')}.json"
 
-    def read(self, identity: ImageIdentity) -> str | None:
+    def read(self, identity: ImageIdentity) -> PinnedImage | None:
         try:
             data = json.loads(self._path(identity).read_text())
         except FileNotFoundError:
             return None
-        return str(data["image_id"])
+        pushed = data.get("pushed")
+        return PinnedImage(
+            identity, str(data["image_id"]), PushedImage.from_json(pushed) if pushed else None
+        )
 
     def write(self, pin: PinnedImage) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -117,25 +135,33 @@ class PackImages:
     # --- resolve / build / check --------------------------------------------------------
 
     def resolve(self, identity: ImageIdentity) -> PinnedImage | None:
-        """The existing image for ``identity``, pinned; None when the engine has none.
+        """The image for ``identity``, pinned: the engine's, else the registry's (pulled);
+        None when neither has it.
 
         Raises:
             ImageMismatch: an image is tagged with the identity but is not it.
+            SandboxError: the engine or the registry failed.
         """
-        attrs = self._inspect(identity.tag)
-        if attrs is None:
-            return None
-        pin = PinnedImage(identity, str(attrs["Id"]))
-        self._check_attrs(pin, attrs)
         recorded = self.pins.read(identity)
-        if recorded is not None and recorded != pin.image_id:
+        attrs = self._inspect(identity.tag)
+        pulled = None
+        if attrs is None:
+            pulled = self._pull(identity, recorded)
+            attrs = None if pulled is None else self._inspect(pulled)
+            if attrs is None:
+                return None
+        pin = PinnedImage(identity, str(attrs["Id"]), recorded.pushed if recorded else None)
+        self._check_attrs(pin, attrs)
+        if recorded is not None and recorded.image_id != pin.image_id:
             raise ImageMismatch(
-                f"{identity.tag} is image {pin.image_id}, but {recorded} was pinned for it",
+                f"{identity.tag} is image {pin.image_id}, but {recorded.image_id} was pinned",
                 tag=identity.tag,
-                expected=recorded,
+                expected=recorded.image_id,
                 actual=pin.image_id,
             )
         self._check_layers(pin, attrs)
+        if pulled is not None:  # only now that it passed: under the identity's own tag
+            self._tag(pin.image_id, identity.tag)
         if recorded is None:
             self.pins.write(pin)
         return pin
@@ -147,15 +173,25 @@ class PackImages:
         *,
         pack_labels: Mapping[str, str] | None = None,
     ) -> PinnedImage:
-        """Reuse the image for ``identity`` or build it from the verified ``closure``.
+        """Reuse the image for ``identity`` or build it from the verified ``closure``;
+        push it when a registry is configured (a push of what the registry has is cheap).
 
         Raises:
             ImageMismatch: an existing image contradicts the identity.
-            SandboxError: the build failed.
+            SandboxError: the build or the push failed.
         """
-        found = self.resolve(identity)
-        if found is not None:
-            return found
+        pin = self.resolve(identity) or self._build_new(closure, identity, pack_labels)
+        if not self.config.registry:
+            return pin
+        pushed = self._push(pin)
+        pin = dataclasses.replace(pin, pushed=pushed)
+        self.pins.write(pin)
+        self.progress(f"pushed {pushed.reference}")
+        return pin
+
+    def _build_new(
+        self, closure: Path, identity: ImageIdentity, pack_labels: Mapping[str, str] | None
+    ) -> PinnedImage:
         labels = {**(pack_labels or {}), **identity.labels()}
         self.progress(f"building {identity.tag}")
         with tempfile.TemporaryFile() as context:
@@ -165,7 +201,6 @@ class PackImages:
         pin = PinnedImage(identity, image_id)
         self.check(pin)
         self.pins.write(pin)
-        self._push(pin)
         return pin
 
     def check(self, pin: PinnedImage) -> None:
@@ -253,18 +288,86 @@ class PackImages:
             raise SandboxError("the engine's build reported no image id", tag=identity.tag)
         return image_id
 
-    def _push(self, pin: PinnedImage) -> None:
-        registry = self.config.registry
-        if not registry:
-            return
-        repo = f"{registry.rstrip('/')}/acpw-pack"
+    def _repository(self) -> str:
+        return f"{(self.config.registry or '').rstrip('/')}/{PACK_REPO_NAME}"
+
+    def _tag(self, image_id: str, tag: str) -> None:
+        repository, _, name = tag.rpartition(":")
+        with translate("tag image", image=image_id, tag=tag):
+            self.client.api.tag(image_id, repository, name)
+
+    def _push(self, pin: PinnedImage) -> PushedImage:
+        """Push ``<registry>/acpw-pack:<identity hex>``; the manifest digest it got.
+
+        Raises:
+            SandboxError: the push failed or reported no digest.
+        """
+        repository = self._repository()
         tag = pin.identity.digest.removeprefix("sha256:")
-        with translate("push pack image", registry=registry):
-            self.client.api.tag(pin.image_id, repo, tag)
-            for chunk in self.client.api.push(repo, tag=tag, stream=True, decode=True):
-                if "error" in chunk:
-                    raise SandboxError(f"push failed: {chunk['error']}", registry=registry)
-                self.progress(str(chunk.get("status", "")))
+        self.progress(f"pushing {repository}:{tag}")
+        self._tag(pin.image_id, f"{repository}:{tag}")
+        digest: str | None = None
+        with translate("push pack image", repository=repository):
+            for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
+                digest = push_chunk(chunk, self.progress) or digest
+        if digest is None:
+            raise SandboxError("the engine's push reported no digest", repository=repository)
+        return PushedImage(repository, tag, digest)
+
+    def _pull(self, identity: ImageIdentity, recorded: PinnedImage | None) -> str | None:
+        """Pull the identity's image from the registry: by the digest recorded at push,
+        else by the identity tag. The pulled reference; None without a registry or when
+        the registry has no such manifest.
+
+        Raises:
+            SandboxError: the registry or the engine failed otherwise.
+        """
+        import docker.errors
+
+        if not self.config.registry:
+            return None
+        pushed = recorded.pushed if recorded else None
+        tag = identity.digest.removeprefix("sha256:")
+        ref = pushed.reference if pushed else f"{self._repository()}:{tag}"
+        self.progress(f"pulling {ref}")
+        with translate("pull pack image", reference=ref):
+            try:
+                chunks = list(self.client.api.pull(ref, stream=True, decode=True))
+            except docker.errors.NotFound:  # Docker answers 404; Podman streams an error
+                return None
+        for chunk in chunks:
+            if "error" in chunk:
+                _raise_unless_missing(ref, str(chunk["error"]))
+                return None
+        return ref
+
+
+def push_chunk(chunk: Mapping[str, Any], progress: Progress) -> str | None:
+    """One chunk of the engine's push stream: its manifest digest when it names one.
+
+    Docker reports ``aux.Digest``; both Docker and Podman end with a status line
+    ``<tag>: digest: sha256:<hex> size: <n>``.
+
+    Raises:
+        SandboxError: the chunk is an error.
+    """
+    if "error" in chunk:
+        raise SandboxError(f"push failed: {chunk['error']}", detail=chunk.get("errorDetail"))
+    status = str(chunk.get("status", ""))
+    if status:
+        progress(status)
+    aux = chunk.get("aux")
+    if isinstance(aux, Mapping) and isinstance(aux.get("Digest"), str):
+        return str(aux["Digest"])
+    found = _PUSHED_DIGEST.search(status)
+    return found.group(1) if found else None
+
+
+def _raise_unless_missing(ref: str, message: str) -> None:
+    # The distribution API's MANIFEST_UNKNOWN / NAME_UNKNOWN: the registry simply has no
+    # such image (or repository yet); anything else is a failure to report.
+    if not any(code in message.lower() for code in ("manifest unknown", "name unknown")):
+        raise SandboxError(f"pull of {ref} failed: {message}", reference=ref)
 
 
 def _layers(attrs: Mapping[str, Any]) -> list[str]:

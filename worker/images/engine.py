@@ -60,7 +60,9 @@ class EngineConfig:
     ``docker_host``: the engine's URL; None means the SDK's default (``DOCKER_HOST``).
     ``images_dir``: where base-image rootfs tarballs and image pins are cached.
     ``apt_mirror`` / ``suite``: where ``mmdebstrap`` fetches the base rootfs from.
-    ``registry``: push pack images there after a build (None: no push).
+    ``registry``: push pack images there (``image build``) and pull missing ones back
+    from there (``resolve``); None: neither. Whether it is reached over TLS is the
+    engine's configuration.
     """
 
     docker_host: str | None

@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Bump when the pack layer's recipe changes (Containerfile, labels, permissions):
 # every identity changes with it, so old images are never reused by a new builder.
@@ -69,19 +70,47 @@ class ImageIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class PushedImage:
+    """Where a pack image was pushed: ``<registry>/acpw-pack:<identity hex>``, and the
+    manifest digest the registry stores it under (what a pull by digest asks for)."""
+
+    repository: str
+    tag: str
+    digest: str
+
+    @property
+    def reference(self) -> str:
+        """``<repository>@<manifest digest>``: what a worker elsewhere pulls."""
+        return f"{self.repository}@{self.digest}"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "repository": self.repository,
+            "tag": self.tag,
+            "digest": self.digest,
+            "reference": self.reference,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, str]) -> PushedImage:
+        return cls(data["repository"], data["tag"], data["digest"])
+
+
+@dataclass(frozen=True, slots=True)
 class PinnedImage:
-    """An identity bound to one engine image id."""
+    """An identity bound to one engine image id (and, once pushed, to its registry copy)."""
 
     identity: ImageIdentity
     image_id: str
+    pushed: PushedImage | None = None
 
     @property
     def reference(self) -> str:
         """The digest-pinned reference ``<tag>@<image id>`` that ``image build`` prints."""
         return f"{self.identity.tag}@{self.image_id}"
 
-    def to_json(self) -> dict[str, str]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "reference": self.reference,
             "tag": self.identity.tag,
             "image_id": self.image_id,
@@ -90,3 +119,6 @@ class PinnedImage:
             "closure_digest": self.identity.closure_digest,
             "builder": self.identity.builder,
         }
+        if self.pushed is not None:
+            data["pushed"] = self.pushed.to_json()
+        return data
