@@ -27,10 +27,11 @@ labels job, attempt, token, worker plus ``acpw.sandbox`` (the sandbox id), so
 exit status 137 that this backend did not cause is reported as an OOM kill.
 
 Agent config paths (``worker.admission.mask_plan``) are masked as in the local backend:
-the ``.cursor``/``.claude``/``.codex`` directories bound onto themselves (a mount point
-cannot be renamed or removed: EBUSY), ``/dev/null`` bound read-only over each config file
-(with ``nodev`` on Podman, so every open fails; Docker's bind options have no ``nodev``,
-so there the device opens, reads empty and swallows writes — never a regular file), and a
+the ``.cursor``/``.claude`` directories bound onto themselves (a mount point cannot be
+renamed or removed: EBUSY; ``.codex`` is masked whole, as an empty read-only directory),
+``/dev/null`` bound read-only over each config file (with ``nodev`` on Podman, so every
+open fails; Docker's bind options have no ``nodev``, so there the device opens, reads
+empty and swallows writes — never a regular file), and a
 read-only empty tmpfs over each plugin directory. Missing mount points are made in the
 host workspace before the first container (``mountpoints``), and what was made is
 recorded in the container labels ``acpw.mask_points``/``acpw.workspace`` so ``destroy``

@@ -23,7 +23,8 @@ refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non
 worker runs bubblewrap as itself. The seccomp program still refuses set-id mode bits.
 
 Agent config paths (``worker.admission.mask_plan``) are masked for the whole run: the
-``.cursor``/``.claude``/``.codex`` directories bound onto themselves (so they cannot be renamed),
+``.cursor``/``.claude`` directories bound onto themselves (so they cannot be renamed;
+``.codex`` is masked whole, as an empty read-only directory),
 ``/dev/null`` bound read-only over each config file (a character device on a ``nodev``
 mount: it is not a regular file, and every open fails), an empty read-only directory over
 each plugin directory. Missing mount points are made before the run (``mountpoints``),
