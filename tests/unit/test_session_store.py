@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,22 @@ def test_save_replaces_the_recording_atomically_and_leaves_nothing_behind(
     assert kept == tmp_path / "store" / "cursor-emulator" / SID
     assert _tree(kept) == _tree(tmp_path / "two")
     assert os.listdir(kept.parent) == [SID]  # no temp or old copies
+
+
+def test_a_save_sweeps_stale_leftovers_of_saves_that_died_but_not_fresh_ones(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    folder = tmp_path / "store" / "cursor-emulator"
+    stale = _session(folder / f".{SID}.dead0001.tmp")
+    stale_old = _session(folder / f".{SID}.dead0002.tmp.old")
+    fresh = _session(folder / f".{SID}.live0003.tmp")  # another worker saving right now
+    other = _session(folder / ".ffffffff-1111-4222-8333-444444444444.dead0004.tmp")
+    two_hours_ago = time.time() - 7200
+    for path in (stale, stale_old, other):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    store.save("cursor-emulator", SID, _session(tmp_path / "src"))
+    assert sorted(os.listdir(folder)) == sorted([SID, fresh.name, other.name])
 
 
 def test_a_save_over_the_bound_keeps_the_previous_recording(tmp_path: Path) -> None:

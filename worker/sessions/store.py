@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ class SessionStore:
         """
         target = self.path(pack, session_id)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _sweep(target.parent, session_id)
         tmp = target.with_name(f".{session_id}.{secrets.token_hex(4)}.tmp")
         try:
             report = copy_tree(source, tmp, self.bounds)
@@ -100,6 +102,23 @@ class SessionStore:
         finally:
             _remove(tmp)
         return report
+
+
+#: A save's temporary copy older than this is the leftover of a worker that died mid-save.
+STALE_TMP_S = 3600.0
+
+
+def _sweep(folder: Path, session_id: str, *, now: float | None = None) -> None:
+    """Remove what saves of ``session_id`` that died half-way left next to it (never a
+    recent one: another worker may be saving the same session right now)."""
+    cutoff = (time.time() if now is None else now) - STALE_TMP_S
+    for leftover in folder.glob(f".{session_id}.*.tmp*"):
+        with contextlib.suppress(OSError):
+            if leftover.lstat().st_mtime < cutoff:
+                if leftover.is_symlink() or not leftover.is_dir():
+                    leftover.unlink()
+                else:
+                    _remove(leftover)
 
 
 def _is_dir(path: Path) -> bool:
