@@ -23,6 +23,8 @@ from pydantic import (
 from worker.errors import InvalidJobSpec
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: A session id a job may resume (``worker.sessions`` holds agent-chosen ids to it too).
+SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 _CRED_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 # `env:NAME`, `file:PATH`, or `<scheme>:<where>` for a pluggable source (which ones a
 # worker enables is its setting, checked when the job runs, not here).
@@ -153,7 +155,7 @@ class Interactions(_Strict):
 class SessionRef(_Strict):
     """Resume a session this agent recorded earlier (``session/load``)."""
 
-    resume: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+    resume: str = Field(pattern=SESSION_ID)
 
 
 class Limits(_Strict):

@@ -104,10 +104,7 @@ def hold_closure(cache_dir: Path, closure: Path) -> int | None:
     the pack again. Never call :func:`materialize` for the same digest while holding it
     (its exclusive lock would wait for this one).
     """
-    locks = cache_dir / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(locks / f"{closure.name}.lock", flags, 0o600)
+    fd = open_lock(lock_path(cache_dir, closure.name))
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         if _published(closure):
@@ -119,12 +116,21 @@ def hold_closure(cache_dir: Path, closure: Path) -> int | None:
     return None
 
 
+def lock_path(cache_dir: Path, hex_digest: str) -> Path:
+    """The per-digest lock file: exclusive while a closure is built or removed, shared
+    while a job uses it."""
+    return cache_dir / "locks" / f"{hex_digest}.lock"
+
+
+def open_lock(path: Path) -> int:
+    """A descriptor on the lock file ``path`` (created, never through a symlink)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 @contextmanager
 def _digest_lock(cache_dir: Path, hex_digest: str) -> Iterator[None]:
-    locks = cache_dir / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(locks / f"{hex_digest}.lock", flags, 0o600)
+    fd = open_lock(lock_path(cache_dir, hex_digest))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from worker.mountinfo import Mount, read_mountinfo
+from worker.packs.cache import open_lock, remove_tree
+
 DEFAULT_BUDGET = 10 * 1024**3
 
 Kind = Literal["closure", "archive", "leftover"]
@@ -44,7 +47,6 @@ Reason = Literal["over budget", "leftover", "within budget", "in use: locked", "
 _TMP_RE = re.compile(r"^(?P<key>[0-9a-f]{64})\.")
 _PART_RE = re.compile(r"^\.(?P<key>[0-9a-f]{64})\.\d+\.part$")
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +165,7 @@ def _collect(entry: CacheEntry, dry_run: bool, mounted: MountCheck) -> GcDecisio
 
 @contextmanager
 def _try_lock(path: Path) -> Iterator[bool]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -177,8 +178,6 @@ def _try_lock(path: Path) -> Iterator[bool]:
 
 
 def _remove(entry: CacheEntry) -> None:
-    from worker.packs.cache import remove_tree
-
     if entry.kind != "closure":
         remove_tree(entry.path)
         return
@@ -247,16 +246,6 @@ def _iso(timestamp: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Mount:
-    """One mountinfo line: the filesystem (``major:minor``), the path inside it that is
-    mounted (``root``) and where (``point``)."""
-
-    device: str
-    root: str
-    point: str
-
-
-@dataclass(frozen=True, slots=True)
 class MountTable:
     """Our own mounts (to map a path to device + path in its filesystem) and the mounts
     of every mount namespace visible in ``/proc``."""
@@ -266,10 +255,10 @@ class MountTable:
 
     @classmethod
     def read(cls, proc: Path = Path("/proc")) -> MountTable:
-        own = tuple(_read_mountinfo(proc / "self" / "mountinfo"))
+        own = tuple(read_mountinfo(proc / "self" / "mountinfo"))
         seen: set[tuple[str, str]] = {(m.device, m.root) for m in own}
         for info in _other_mountinfos(proc):
-            seen.update((m.device, m.root) for m in _read_mountinfo(info))
+            seen.update((m.device, m.root) for m in read_mountinfo(info))
         return cls(own, frozenset(seen))
 
     def contains(self, path: Path) -> bool:
@@ -319,20 +308,12 @@ def _pids(proc: Path) -> Iterable[str]:
         return []
 
 
-def _read_mountinfo(path: Path) -> Iterator[Mount]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
-    except OSError:  # the process exited, or we may not look
-        return
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) >= 5:
-            yield Mount(fields[2], _unescape(fields[3]), _unescape(fields[4]))
-
-
-def _unescape(field: str) -> str:
-    # The kernel writes space, tab, newline and backslash in paths as \ooo.
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-__all__ = ["DEFAULT_BUDGET", "CacheEntry", "GcDecision", "GcResult", "MountTable", "gc"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "CacheEntry",
+    "GcDecision",
+    "GcResult",
+    "Mount",
+    "MountTable",
+    "gc",
+]

@@ -115,15 +115,21 @@ def in_place(root: Path, entry: MaskEntry) -> bool:
     return stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
 
 
-def hidden(root: Path, masks: Sequence[MaskEntry], path: str) -> bool:
-    """True if the mount view shows a mask at ``path`` (relative to ``root``), not the host
-    entry: a file or directory mask in place at that very path, or a directory mask in
-    place over one of its parents (inside, nothing below it exists)."""
+def covering(masks: Sequence[MaskEntry], path: str) -> MaskEntry | None:
+    """The mask mounted over ``path`` (relative to the workspace): a file or directory
+    mask at that very path, or a directory mask over one of its parents."""
     rel = PurePosixPath(path)
     for entry in masks:
         if entry.kind is MaskKind.ANCHOR:
             continue
-        covers = entry.path == rel or (entry.kind is MaskKind.DIR and entry.path in rel.parents)
-        if covers and in_place(root, entry):
-            return True
-    return False
+        if entry.path == rel or (entry.kind is MaskKind.DIR and entry.path in rel.parents):
+            return entry
+    return None
+
+
+def hidden(root: Path, masks: Sequence[MaskEntry], path: str) -> bool:
+    """True if the mount view shows a mask at ``path``, not the host entry: a mask covers
+    it (:func:`covering`) and the host entry there is the kind that mask is mounted over
+    (inside, nothing below a directory mask exists)."""
+    entry = covering(masks, path)
+    return entry is not None and in_place(root, entry)

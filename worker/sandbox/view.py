@@ -42,15 +42,14 @@ def container_admission(
         raise SandboxError("the engine reported no host pid for the container", pid=pid)
     _check_same_workspace(root, host_workspace)
     result = check_view(root, workspace=WORKSPACE, provider=provider)
-    masked = {str(e.path): e for e in masks if e.kind is not MaskKind.ANCHOR}
-    kept = tuple(f for f in result.findings if not _covered(f, masked, root, host_workspace))
+    kept = tuple(f for f in result.findings if not _covered(f, masks, root, host_workspace))
     return replace(result, findings=kept)
 
 
 def _covered(
-    finding: Finding, masked: dict[str, MaskEntry], root: Path, host_workspace: Path
+    finding: Finding, masks: Sequence[MaskEntry], root: Path, host_workspace: Path
 ) -> bool:
-    entry = masked.get(finding.path)
+    entry = mountpoints.covering(masks, finding.path)
     if entry is None:
         return False
     return mountpoints.in_place(host_workspace, entry) and _shows_mask(root, entry)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import SandboxError, SessionNotFound
+from worker.jobs.spec import SESSION_ID as SESSION_ID_PATTERN
 from worker.packs.names import check_pack_name
 from worker.sandbox.base import HOME, WritableMount
 from worker.sessions.copy import Bounds, CopyReport, OverBound, copy_tree
@@ -41,7 +42,7 @@ from worker.settings import Settings
 from worker.workspace.stage import remove_staged
 
 #: What a job spec accepts as a session id; an id the agent chose is held to it too.
-SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
 STATE_DIR = "agent-state"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2

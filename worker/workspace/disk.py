@@ -30,13 +30,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.errors import SandboxError
+from worker.mountinfo import read_mountinfo
 
 IMAGE = "disk.img"
 MOUNT = "disk"
@@ -49,7 +49,6 @@ _MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
                  "lazy_itable_init=1,nodiscard", "-L", "acpw-workspace")  # fmt: skip
 _TOOL_TIMEOUT_S = 120.0
 _MNT_DETACH = 2
-_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +146,13 @@ def _run(argv: list[str], what: str) -> None:
 
 def mounts_below(root: Path) -> list[Path]:
     """Mount points at or below ``root`` in this mount namespace, deepest first."""
-    base = os.fsencode(os.path.realpath(root))
-    found = []
-    with open("/proc/self/mountinfo", "rb") as table:
-        for line in table:
-            point = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ")[4])
-            if point == base or point.startswith(base.rstrip(b"/") + b"/"):
-                found.append(Path(os.fsdecode(point)))
-    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+    base = os.path.realpath(root)
+    found = {
+        Path(m.point)
+        for m in read_mountinfo()
+        if m.point == base or m.point.startswith(base.rstrip("/") + "/")
+    }
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
 def unmount_below(root: Path) -> list[Path]:
