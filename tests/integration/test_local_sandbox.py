@@ -26,11 +26,28 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.fake import FakeBackend
-from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox
+from worker.sandbox.local import (
+    LocalBackend,
+    LocalSandbox,
+    chown_to_sandbox,
+    descendants,
+    sandbox_owner,
+)
 from worker.settings import Settings
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
+
+
+def _host_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _spec(tmp_path: Path, **overrides: object) -> SandboxSpec:
@@ -178,10 +195,22 @@ async def test_cgroups_carry_the_limits(local_box: tuple[LocalBackend, LocalSand
 
 async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, LocalSandbox]) -> None:
     backend, box = local_box
-    proc = await box.spawn(["/bin/sh", "-c", "echo up; sleep 60"], env=ENV)
+    proc = await box.spawn(["/bin/sh", "-c", "sleep 60 & echo up; wait"], env=ENV)
     assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    tree = [proc.pid, *descendants(proc.pid)]
+    assert len(tree) >= 4  # bwrap, its pid-1 init, sh, sleep
     for path in box.cgroups.paths:
-        assert proc.pid in {int(p) for p in (path / "cgroup.procs").read_text().split()}
+        assert set(tree) <= {int(p) for p in (path / "cgroup.procs").read_text().split()}
+    # bwrap itself runs as the sandbox's host uid, with nothing to gain capabilities from.
+    creds = dict(
+        line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+    )
+    uid, gid = sandbox_owner(Settings())
+    assert creds["Uid"].split() == [str(uid)] * 4
+    assert creds["Gid"].split() == [str(gid)] * 4
+    assert creds["Groups"].strip() == ""
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(creds[caps], 16) == 0, caps
     status = await backend.status(box.sandbox_id)
     assert status is not None
     assert proc.pid in status.pids
@@ -189,6 +218,25 @@ async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, Loc
     record = backend.store.read(box.sandbox_id)
     assert record is not None
     assert proc.pid in record.pids
+    proc.kill()
+    await proc.wait()
+
+
+async def test_thorough_drop_also_empties_bwraps_bounding_set(
+    local_box: tuple[LocalBackend, LocalSandbox],
+) -> None:
+    # What a host whose bwrap is set-uid, or whose worker holds inheritable caps, gets.
+    backend, box = local_box
+    backend._thorough = True
+    rc, out, _ = await _output(box, ["/bin/echo", "ran"])
+    assert (rc, out) == (0, b"ran\n")
+    proc = await box.spawn(["/bin/sh", "-c", "sleep 60 & echo up; wait"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    creds = dict(
+        line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+    )
+    assert int(creds["CapBnd"], 16) == 0
+    assert int(creds["CapInh"], 16) == 0
     proc.kill()
     await proc.wait()
 
@@ -249,10 +297,12 @@ async def test_spawn_after_destroy_fails_visibly(
 ) -> None:
     backend, box = local_box
     await backend.destroy(box.sandbox_id)
-    rc, out, err = await _output(box, ["/bin/echo", "ran"])
-    assert rc == 125  # the wrapper could not join the cgroup, so nothing ran
-    assert out == b""
-    assert b"cannot join cgroup" in err
+    marker = box.spec.workspace / "ran"
+    with pytest.raises(SandboxError, match="cgroups"):
+        await box.spawn(["/bin/sh", "-c", "touch /workspace/ran"], env=ENV)
+    await asyncio.sleep(0.2)  # had the gate opened, the program would have run by now
+    assert not marker.exists()
+    assert not [p for p in _host_pids() if _cmdline(p).startswith(b"/bin/sh\0-c\0touch")]
 
 
 async def test_create_refuses_bad_specs(tmp_path: Path, etc: Path) -> None:

@@ -1,4 +1,4 @@
-"""The local backend's pure parts: bwrap options, wrapper, ids, labels, records."""
+"""The local backend's pure parts: bwrap options, privilege drop, ids, labels, records."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from worker.sandbox.local import (
     bwrap_command,
     drop_privileges_argv,
     make_sandbox_id,
+    needs_thorough_drop,
     sandbox_labels,
-    wrapper_argv,
 )
 
 LAYOUT = HostLayout(
@@ -122,18 +122,52 @@ def test_masks_follow_the_workspace_in_plan_order() -> None:
     ]  # fmt: skip
 
 
-def test_privilege_drop_enters_the_stage_then_drops_everything() -> None:
+def test_privilege_drop_enters_the_stage_then_drops_to_the_owner() -> None:
     argv = drop_privileges_argv(
         nsenter="/usr/bin/nsenter",
         setpriv="/usr/bin/setpriv",
         mount_ns=Path("/run/st/acpw-x.mnt"),
         owner=(61000, 61001),
+        thorough=False,
+    )
+    assert argv == [
+        "/usr/bin/nsenter", "--mount=/run/st/acpw-x.mnt", "--setuid=61000", "--setgid=61001",
+        "--",
+    ]  # fmt: skip
+
+
+def test_thorough_privilege_drop_also_empties_inheritable_and_bounding_sets() -> None:
+    argv = drop_privileges_argv(
+        nsenter="/usr/bin/nsenter",
+        setpriv="/usr/bin/setpriv",
+        mount_ns=Path("/run/st/acpw-x.mnt"),
+        owner=(61000, 61001),
+        thorough=True,
     )
     assert argv == [
         "/usr/bin/nsenter", "--mount=/run/st/acpw-x.mnt", "--",
         "/usr/bin/setpriv", "--reuid=61000", "--regid=61001", "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--",
     ]  # fmt: skip
+
+
+def _status(tmp_path: Path, inheritable: str) -> Path:
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tpython\nCapInh:\t{inheritable}\nCapBnd:\t000001ffffffffff\n")
+    return status
+
+
+def test_thorough_drop_only_when_an_exec_could_gain_capabilities(tmp_path: Path) -> None:
+    bwrap = tmp_path / "bwrap"
+    bwrap.write_bytes(b"")
+    bwrap.chmod(0o755)
+    assert not needs_thorough_drop(str(bwrap), _status(tmp_path, "0000000000000000"))
+    assert needs_thorough_drop(str(bwrap), _status(tmp_path, "0000000000000400"))
+    unknown = tmp_path / "status-without-capinh"
+    unknown.write_text("Name:\tx\n")
+    assert needs_thorough_drop(str(bwrap), unknown)
+    bwrap.chmod(0o4755)
+    assert needs_thorough_drop(str(bwrap), _status(tmp_path, "0000000000000000"))
 
 
 def test_root_frozen_then_chdir_and_seccomp_last() -> None:
@@ -143,17 +177,10 @@ def test_root_frozen_then_chdir_and_seccomp_last() -> None:
 
 
 def test_command_keeps_options_off_the_command_line() -> None:
-    assert bwrap_command("/usr/bin/bwrap", 9, ["node", "agent.js"]) == [
-        "/usr/bin/bwrap", "--args", "9", "--", "node", "agent.js",
+    assert bwrap_command("/usr/bin/bwrap", 9, ["node", "agent.js"], info_fd=5, block_fd=6) == [
+        "/usr/bin/bwrap", "--info-fd", "5", "--block-fd", "6", "--args", "9",
+        "--", "node", "agent.js",
     ]  # fmt: skip
-
-
-def test_wrapper_joins_every_cgroup_then_execs() -> None:
-    files = [Path("/cg/memory/x/cgroup.procs"), Path("/cg/pids/x/cgroup.procs")]
-    argv = wrapper_argv(files, ["/usr/bin/bwrap", "--args", "9"])
-    assert argv[:2] == ["/bin/sh", "-c"]
-    assert 'exec "$@"' in argv[2]
-    assert argv[3:] == ["acpw-join", "2", *map(str, files), "/usr/bin/bwrap", "--args", "9"]
 
 
 @pytest.mark.parametrize(

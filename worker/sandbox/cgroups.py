@@ -180,6 +180,21 @@ def detect(root: Path, parent: str) -> CgroupDriver:
     return CgroupV1(root, parent)
 
 
+def join(cgroups: CgroupSet, pid: int) -> None:
+    """Move ``pid`` (a whole thread group) into every cgroup of the set.
+
+    Blocking, and slow when the kernel has not migrated a task lately: the first write
+    after an idle spell waits out an RCU grace period (several ms), later ones are cheap.
+
+    Raises:
+        OSError: a cgroup is gone, or the process is.
+    """
+    text = str(pid)
+    for procs in cgroups.procs_files:
+        with procs.open("w") as f:
+            f.write(text)
+
+
 def members(cgroups: CgroupSet) -> set[int]:
     """Host pids currently in any of the sandbox's cgroups (empty when they are gone)."""
     pids: set[int] = set()

@@ -13,10 +13,12 @@ The record makes ``list`` and ``destroy`` work from another process (a reaper af
 worker died): destroy needs only the record's cgroup paths, never the worker's memory.
 
 The sandbox uid 1000 maps to the host uid bubblewrap runs as. A root worker never lets
-that be root: each spawn's wrapper joins the cgroups (which needs root), then enters the
-sandbox's staging mount namespace (see ``staging``) and drops to ``sandbox_host_uid``/
-``sandbox_host_gid`` with ``setpriv`` (no groups, no inheritable or bounding capabilities)
-before exec'ing bubblewrap, which then builds an unprivileged user namespace. Files the
+that be root: each spawn enters the sandbox's staging mount namespace (see ``staging``)
+and drops to ``sandbox_host_uid``/``sandbox_host_gid`` with ``nsenter`` (no groups, no
+capabilities; see ``drop_privileges_argv``) before exec'ing bubblewrap, which then builds
+an unprivileged user namespace. The worker moves each spawn into the cgroups itself while
+bubblewrap starts; bubblewrap's sandboxed child waits on a gate (``--block-fd``) until
+it is in, so the program never runs a single instruction outside them (see ``_admit``). Files the
 agent writes are owned by that uid on the host, and a host file it cannot read as that
 uid stays unreadable. The workspace must therefore be owned by that uid (``create``
 refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non-root
@@ -46,8 +48,10 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -115,14 +119,8 @@ ROOT_ENTRIES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _ID_VALID = re.compile(r"^acpw-[A-Za-z0-9_-]{1,120}$")
 _KILL_ROUNDS = 200  # x 10 ms: bound on destroy's kill loop
-# Joins each cgroup (argv: N, N cgroup.procs files, then the command) and execs the
-# command, so bwrap and everything it starts is accounted before it runs a single
-# instruction — without preexec_fn, which is unsafe with threads.
-_JOIN_AND_EXEC = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    'echo $$ > "$1" || { echo "acpw: cannot join cgroup $1" >&2; exit 125; }; '
-    'shift; n=$((n - 1)); done; exec "$@"'
-)
+# Bound on bwrap reporting its sandboxed child (it does so right after clone()).
+_ADMIT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,30 +399,65 @@ def build_bwrap_options(
     return args
 
 
-def bwrap_command(bwrap: str, args_fd: int, argv: Sequence[str]) -> list[str]:
-    """bwrap reading its options from ``args_fd``.
+def bwrap_command(
+    bwrap: str, args_fd: int, argv: Sequence[str], *, info_fd: int, block_fd: int
+) -> list[str]:
+    """bwrap reading its options from ``args_fd``, held at ``block_fd`` until admitted.
 
     Options never go on the command line: ``--setenv`` values are credentials, and a
     command line is readable by every host user (ps) and, for the sandbox's init, by
-    the agent (/proc/1/cmdline would also reveal host paths).
+    the agent (/proc/1/cmdline would also reveal host paths). bwrap reports its
+    sandboxed child on ``info_fd`` and that child, its mounts made, waits on
+    ``block_fd`` before it forks or execs anything (see :func:`_admit`).
     """
-    return [bwrap, "--args", str(args_fd), "--", *argv]
+    return [
+        bwrap, "--info-fd", str(info_fd), "--block-fd", str(block_fd),
+        "--args", str(args_fd), "--", *argv,
+    ]  # fmt: skip
 
 
 def drop_privileges_argv(
-    *, nsenter: str, setpriv: str, mount_ns: Path, owner: tuple[int, int]
+    *, nsenter: str, setpriv: str, mount_ns: Path, owner: tuple[int, int], thorough: bool
 ) -> list[str]:
     """Enter the staging mount namespace, then become ``owner`` with no capabilities.
 
-    Goes between the cgroup-joining wrapper (which must write cgroup.procs as root) and
-    bwrap, which then runs unprivileged and maps the sandbox uid to ``owner``.
+    Goes before bwrap, which then runs unprivileged and maps the sandbox uid to ``owner``.
+    ``nsenter`` alone does it (``setgroups(0)``, ``setgid``, ``setuid``: leaving root
+    empties the permitted, effective and ambient sets) in one exec instead of two. Only
+    the inheritable and bounding sets survive that, and they matter only to an exec that
+    can gain capabilities, which bwrap can do only when it is set-uid or has file
+    capabilities, or the worker holds inheritable ones: ``thorough`` (see
+    :func:`needs_thorough_drop`) adds ``setpriv`` to empty both sets for those hosts.
     """
     uid, gid = owner
+    if not thorough:
+        return [nsenter, f"--mount={mount_ns}", f"--setuid={uid}", f"--setgid={gid}", "--"]
     return [
         nsenter, f"--mount={mount_ns}", "--",
         setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--",
     ]  # fmt: skip
+
+
+def needs_thorough_drop(bwrap: str, status: Path = Path("/proc/self/status")) -> bool:
+    """True when exec'ing ``bwrap`` after leaving root could gain a capability.
+
+    That is when bwrap is set-uid/set-gid or carries file capabilities, or this process
+    holds inheritable capabilities (some container runtimes hand them out).
+    """
+    info = os.stat(bwrap)
+    if info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+        return True
+    try:
+        os.getxattr(bwrap, "security.capability")
+        return True
+    except OSError:
+        pass
+    for line in status.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "CapInh":
+            return int(value.strip(), 16) != 0
+    return True  # cannot tell: be thorough
 
 
 def _staged_names(spec: SandboxSpec) -> tuple[str, ...]:
@@ -487,10 +520,67 @@ def _nul_joined(args: Sequence[str]) -> bytes:
     return b"".join(a.encode() + b"\0" for a in args)
 
 
-def wrapper_argv(procs_files: Sequence[Path], command: Sequence[str]) -> list[str]:
-    """``/bin/sh`` that joins every cgroup, then execs ``command`` (same pid)."""
-    files = [str(p) for p in procs_files]
-    return ["/bin/sh", "-c", _JOIN_AND_EXEC, "acpw-join", str(len(files)), *files, *command]
+def _child_pid(info_fd: int, deadline: float) -> int | None:
+    """The host pid of bwrap's sandboxed child, from its ``--info-fd`` JSON.
+
+    None when bwrap exited before it cloned (its stderr says why).
+
+    Raises:
+        SandboxError: bwrap said nothing in time, or something unreadable.
+    """
+    data = b""
+    while not data.endswith(b"}\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([info_fd], [], [], left)[0]:
+            raise SandboxError("bwrap did not report its sandbox in time")
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SandboxError("bwrap reported an unreadable child", info=data[:200]) from exc
+    if not isinstance(pid, int) or pid <= 1:
+        raise SandboxError("bwrap reported an unreadable child", info=data[:200])
+    return pid
+
+
+def _admit(cgs: cgroups.CgroupSet, pid: int, info_fd: int, gate_fd: int) -> None:
+    """Put one spawn into the sandbox's cgroups, then let it run (blocking; a thread).
+
+    ``pid`` (nsenter, then bwrap: one pid across the execs) is moved first,
+    while it starts, so the migration's wait (an RCU grace period after an idle spell,
+    several ms) overlaps bwrap's start-up and mounts. Then the child bwrap reports on
+    ``info_fd`` is moved too (it may have been cloned before its parent moved) and only
+    then is ``gate_fd`` written: that child waits on it before it forks the sandbox's
+    init or execs the command, so not one instruction of the program runs outside the
+    cgroups. On any failure the spawn's process group is killed before the gate closes
+    (bwrap reads EOF on the gate as "go"). Owns and closes both descriptors.
+
+    Raises:
+        SandboxError: a cgroup could not be joined, or bwrap did not report in time.
+    """
+    opened = False
+    try:
+        try:
+            cgroups.join(cgs, pid)
+        except ProcessLookupError:
+            return  # exited already (nsenter or bwrap refused): its stderr says why
+        child = _child_pid(info_fd, time.monotonic() + _ADMIT_TIMEOUT_S)
+        if child is None:
+            return
+        cgroups.join(cgs, child)
+        os.write(gate_fd, b"1")
+        opened = True
+    except OSError as exc:
+        raise SandboxError("cannot join the sandbox's cgroups", error=str(exc)) from exc
+    finally:
+        if not opened:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        os.close(info_fd)
+        os.close(gate_fd)
 
 
 def _children(pid: int) -> list[int]:
@@ -645,7 +735,9 @@ class LocalSandbox:
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str, limit: int
     ) -> asyncio.subprocess.Process:
         filter_fd = _data_fd("acpw-seccomp", seccomp.program())
-        args_fd = -1
+        info_r, info_w = os.pipe()
+        gate_r, gate_w = os.pipe()
+        child_fds = [filter_fd, info_w, gate_r]
         try:
             options = build_bwrap_options(
                 layout=self._backend.layout,
@@ -657,22 +749,39 @@ class LocalSandbox:
                 seccomp_fd=filter_fd,
             )
             args_fd = _data_fd("acpw-bwrap-args", _nul_joined(options))
-            command = bwrap_command(self._backend.bwrap_path(), args_fd, argv)
-            command = [*self._backend.privilege_drop(self._record), *command]
-            return await asyncio.create_subprocess_exec(
-                *wrapper_argv(self._record.cgroups.procs_files, command),
+            child_fds.append(args_fd)
+            command = bwrap_command(
+                self._backend.bwrap_path(), args_fd, argv, info_fd=info_w, block_fd=gate_r
+            )
+            proc = await asyncio.create_subprocess_exec(
+                *self._backend.privilege_drop(self._record),
+                *command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 limit=limit,
                 env={},
-                pass_fds=(filter_fd, args_fd),
+                pass_fds=tuple(child_fds),
                 start_new_session=True,
             )
+        except BaseException:
+            os.close(info_r)
+            os.close(gate_w)
+            raise
         finally:
-            os.close(filter_fd)
-            if args_fd >= 0:
-                os.close(args_fd)
+            for fd in child_fds:
+                os.close(fd)
+        # Submitted now, so the thread owns both descriptors whatever happens to us.
+        admitted = asyncio.get_running_loop().run_in_executor(
+            None, _admit, self._record.cgroups, proc.pid, info_r, gate_w
+        )
+        try:
+            await admitted
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        return proc
 
 
 class LocalBackend:
@@ -699,6 +808,7 @@ class LocalBackend:
         self._layout: HostLayout | None = None
         self._bwrap: str | None = None
         self._tools: dict[str, str] = {}
+        self._thorough: bool | None = None
         self._proxies: dict[str, AllowlistProxy] = {}
         self.privileged = os.geteuid() == 0
         self.owner = sandbox_owner(settings)
@@ -746,14 +856,17 @@ class LocalBackend:
         return self._tools[name]
 
     def privilege_drop(self, record: SandboxRecord) -> list[str]:
-        """What runs between the cgroup wrapper and bwrap: nothing unless we are root."""
+        """What runs before bwrap: nothing unless we are root."""
         if record.stage is None:
             return []
+        if self._thorough is None:
+            self._thorough = needs_thorough_drop(self.bwrap_path())
         return drop_privileges_argv(
             nsenter=self.tool("nsenter"),
             setpriv=self.tool("setpriv"),
             mount_ns=staging.ns_file(record.stage),
             owner=self.owner,
+            thorough=self._thorough,
         )
 
     def bind_sources(self, record: SandboxRecord, spec: SandboxSpec) -> BindSources:
