@@ -1,10 +1,12 @@
 """The async core: run one job from a validated spec to exactly one ``job.completed``.
 
-    validate (caller) → job.accepted → credentials → pack verify → sandbox → agent
-    → initialize → session/new (+mode/model) → session/prompt → settle → teardown
+    validate (caller) → job.accepted → credentials → pack verify → workspace → sandbox
+    → agent → initialize → session/new (+mode/model) → session/prompt → settle → teardown
 
 Every failure on the way becomes a typed error in the terminal event; the sandbox and
-the agent are torn down in ``finally`` blocks whatever happened.
+the agent are torn down in ``finally`` blocks whatever happened. A cancel is honoured at
+every phase boundary: one that arrives before the agent is launched (already set when
+the job starts, or during preparation) settles ``cancelled`` without launching it.
 """
 
 from __future__ import annotations
@@ -220,30 +222,55 @@ class _Job:
 
     async def _execute(self, cancel: asyncio.Event) -> str:
         deadline = time.monotonic() + self.spec.limits.timeout_s
+        plan = await self._prepare(cancel)
+        await self._unless_cancelled(cancel, "agent_spawn")
+        client = await self._launch(plan)
+        session_id = await self._session(client)
+        await self._unless_cancelled(cancel, "turn")  # no prompt once cancelled
+        return await self._turn(client, session_id, cancel, deadline)
+
+    async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
+        """Everything before the launch, checking for a cancel between phases. A phase
+        itself is let finish (it runs in a thread or a child process; stopping it
+        half-way would leave what it was making behind)."""
+        await self._unless_cancelled(cancel, "credentials")
         declaration = load_declaration(self.settings, self.spec.pack.name)
         self._sessions(declaration.manifest.launch.session_store)
-        fetch_credential = _workspace_credential(self.spec)
-        credentials = await asyncio.to_thread(  # a source may call out (aws-sm)
-            resolve_credentials,
-            self.spec.credentials,
-            allowed=[*declaration.credentials, *fetch_credential],
-            sources=secret_sources(self.settings, self.environ),
-            redactor=self.emitter.redactor,
-        )
-        self.phases.mark("credentials")
+        credentials = await self._credentials(declaration.credentials)
+        await self._unless_cancelled(cancel, "pack_verify")
         pack = await self._pack(declaration)
         self.provider = declaration.manifest.provider
+        await self._unless_cancelled(cancel, "workspace")
         workspace = await self._workspace(self.provider, credentials)
         if self.backend.name in HOST_SHARED_BACKENDS:
             # The agent's /workspace is this host directory: artifacts and fs/* are
             # checked and served against it.
             self.host_workspace = workspace
             self.normalizer.artifacts = WorkspacePaths(workspace, base.WORKSPACE).artifact
+        await self._unless_cancelled(cancel, "sandbox_create")
         await self._sandbox(pack, workspace)
         agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
-        client = await self._launch(pack.launch_plan(agent_credentials))
-        session_id = await self._session(client)
-        return await self._turn(client, session_id, cancel, deadline)
+        return pack.launch_plan(agent_credentials)
+
+    async def _unless_cancelled(self, cancel: asyncio.Event, next_phase: str) -> None:
+        """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease);
+        before the launch, a notice says that the agent was never started."""
+        if not cancel.is_set():
+            return
+        if self.agent is None:
+            await self.emitter.emit("notice", _not_launched_notice(next_phase))
+        raise _Stop("cancelled", None)
+
+    async def _credentials(self, agent_credentials: Sequence[str]) -> dict[str, str]:
+        credentials = await asyncio.to_thread(  # a source may call out (aws-sm)
+            resolve_credentials,
+            self.spec.credentials,
+            allowed=[*agent_credentials, *_workspace_credential(self.spec)],
+            sources=secret_sources(self.settings, self.environ),
+            redactor=self.emitter.redactor,
+        )
+        self.phases.mark("credentials")
+        return credentials
 
     def _sessions(self, home_path: str | None) -> None:
         """The pack's session store, if it declares one; a resume it cannot serve is
@@ -598,6 +625,15 @@ def _capture_failed(exc: OSError) -> dict[str, Any]:
         "code": "capture_failed",
         "message": f"the workspace changes could not be captured: {exc.strerror}",
         "details": {"path": str(exc.filename or "")},
+    }
+
+
+def _not_launched_notice(next_phase: str) -> dict[str, Any]:
+    return {
+        "level": "info",
+        "code": "cancelled_before_launch",
+        "message": f"the job was cancelled before {next_phase}; its agent was never started",
+        "details": {"next_phase": next_phase},
     }
 
 

@@ -273,6 +273,49 @@ def test_a_redelivered_message_runs_once(client: Client, redis_url: str) -> None
     assert sandboxes_of("dup-1") == []
 
 
+def _session_started(client: Client, job_id: str) -> bool:
+    return any(e["type"] == "session.started" for e in events_of(client, job_id))
+
+
+def test_a_job_cancelled_while_queued_never_starts_its_agent(
+    client: Client, redis_url: str
+) -> None:
+    busy = ("busy-1", "busy-2")  # one hanging turn in each of the two pool processes
+    for job_id in busy:
+        client.submit(job(job_id, "scenario: hang"))
+    for job_id in busy:
+        wait_for(lambda job_id=job_id: _session_started(client, job_id), f"{job_id} to start")
+    client.submit(job("queued-1"))
+    assert client.cancel("queued-1").status == "queued"  # no worker could take it yet
+    for job_id in busy:  # frees the pool: the worker takes queued-1 only now
+        client.cancel(job_id)
+    out = subprocess.run(
+        [ACP_WORKER, "events", "queued-1", "--follow", "--json", "--redis", redis_url],
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 4, out.stderr  # the exit code of `cancelled`
+    events = [json.loads(line)["event"] for line in out.stdout.splitlines()]
+    types = [e["type"] for e in events]
+    assert "pack.ready" not in types  # no preparation at all
+    assert "agent.initialized" not in types
+    assert [e["data"]["code"] for e in events if e["type"] == "notice"] == [
+        "cancelled_before_launch"
+    ]
+    assert [e["data"]["status"] for e in completed(events)] == ["cancelled"]
+    assert client.get("queued-1").status == "cancelled"
+    assert sandboxes_of("queued-1") == []
+    for job_id in busy:  # cancelled mid-turn, through session/cancel
+        ran = [dict(e.event) for e in client.events(job_id, follow=True, timeout=60)]
+        assert [e["data"]["status"] for e in completed(ran)] == ["cancelled"]
+        assert "agent.initialized" in [e["type"] for e in ran]
+        assert sandboxes_of(job_id) == []
+
+
 def test_timeout_settles_timed_out_and_leaves_nothing(client: Client) -> None:
     client.submit(job("slow-1", "scenario: hang", timeout_s=2))
     events = [dict(e.event) for e in client.events("slow-1", follow=True, timeout=60)]

@@ -1,11 +1,12 @@
 """Following a job's control stream ``acpw:{J}:control``.
 
-One reader, :class:`ControlStream`, follows the stream from its first entry (so a cancel
-written while the job was still queued is honoured as soon as the job starts) and hands
-every entry of its attempt to the handler registered for the entry's ``type``. Entries
-name the attempt they are meant for; a cancel of an earlier attempt does not touch a
-later one. :class:`ControlWatcher` is the reader for ``cancel``; interactions register
-their own reader for ``answer`` (``worker.interactions.control``).
+One reader, :class:`ControlStream`, follows the stream from its first entry and hands
+every entry of its attempt to the handler registered for the entry's ``type``. What the
+stream already holds is dispatched before :meth:`ControlStream.running` yields, so a
+cancel written while the job was still queued is seen before the job does any work.
+Entries name the attempt they are meant for; a cancel of an earlier attempt does not
+touch a later one. :class:`ControlWatcher` is the reader for ``cancel``; interactions
+register their own reader for ``answer`` (``worker.interactions.control``).
 """
 
 from __future__ import annotations
@@ -63,10 +64,23 @@ class ControlStream:
                 log.warning("control stream unreadable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    self._last = entry_id.decode()
-                    await self._dispatch(_decode(fields))
+            await self._handle(reply)
+
+    async def catch_up(self) -> None:
+        """Dispatch what the stream holds now, without waiting for more. If Redis does
+        not answer, :meth:`run` reads the same entries once it does."""
+        try:
+            reply: Any = await self._client.xread({self._key: self._last})
+        except REDIS_ERRORS as exc:
+            log.warning("control stream unreadable (%s); following it later", exc)
+            return
+        await self._handle(reply)
+
+    async def _handle(self, reply: Any) -> None:
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                self._last = entry_id.decode()
+                await self._dispatch(_decode(fields))
 
     async def _dispatch(self, fields: Mapping[str, str]) -> None:
         if fields.get("attempt", self._attempt) != self._attempt:
@@ -77,6 +91,8 @@ class ControlStream:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Self]:
+        """Catch up with the stream, then follow it in a task for as long as the block."""
+        await self.catch_up()
         task = asyncio.create_task(self.run(), name=f"control-{self._key}")
         try:
             yield self
