@@ -35,6 +35,7 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── EventTooLarge                event_too_large          1
     ├── SinkUnavailable              sink_unavailable         1
     ├── ServiceUnavailable           service_unavailable      1
+    ├── EventsTrimmed                events_trimmed           1
     └── LeaseError                   lease_error              1
         └── LeaseLost                lease_lost               1
 
@@ -205,6 +206,17 @@ class ServiceUnavailable(WorkerError):
     """Redis or the Celery broker did not answer (control-plane side)."""
 
     code = "service_unavailable"
+
+
+class EventsTrimmed(WorkerError):
+    """Events a reader has not seen were trimmed off the job's bounded stream.
+
+    ``details``: ``job_id``; ``after``, the reader's cursor (``0-0`` from the start);
+    ``trimmed_until``, the id of the last event removed (resuming after it reads on from
+    the oldest kept); ``first_available``, that oldest event's id.
+    """
+
+    code = "events_trimmed"
 
 
 class LeaseError(WorkerError):

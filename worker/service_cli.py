@@ -3,7 +3,8 @@
 ``serve`` and ``reap`` are the worker side; ``submit``, ``events``, ``status`` and
 ``cancel`` are the control-plane side over Redis, with a readable live view on a terminal
 and JSON lines with ``--json`` (``events`` prints ``{"id", "event"}`` so a reader can
-resume with ``--after ID``).
+resume with ``--after ID``; events trimmed off the bounded stream before they were read
+end it with an ``events_trimmed`` error naming the id to resume after).
 """
 
 from __future__ import annotations
@@ -230,20 +231,29 @@ def _say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 
 def _show(args: argparse.Namespace, items: Iterable[StreamEvent]) -> int:
-    """Print events (JSON lines or the live view); exit code from the last ``job.completed``."""
+    """Print events (JSON lines or the live view); exit code from the last ``job.completed``.
+
+    Raises:
+        EventsTrimmed: events were trimmed before they were read; ``main`` prints it as
+            one line and exits with its code, 1.
+    """
     status = asyncio.run(_render(items, as_json=_as_json(args)))
     return EXIT_BY_STATUS.get(status or "", EXIT_SUCCEEDED)
 
 
 async def _render(items: Iterable[StreamEvent], *, as_json: bool) -> str | None:
+    """Render ``items``; an error they raise (``EventsTrimmed``) is left to ``main`` to
+    print, on a line of its own: the view ends a half-streamed agent line first."""
     view = ProgressSink(sys.stderr)
     status: str | None = None
-    for item in items:
-        if as_json:
-            print(json.dumps({"id": item.id, "event": item.event}), flush=True)
-        else:
-            await view.write(item.event, item.line)
-        if item.event.get("type") == "job.completed":
-            status = str(item.event["data"].get("status"))
-    await view.close()
+    try:
+        for item in items:
+            if as_json:
+                print(json.dumps({"id": item.id, "event": item.event}), flush=True)
+            else:
+                await view.write(item.event, item.line)
+            if item.event.get("type") == "job.completed":
+                status = str(item.event["data"].get("status"))
+    finally:
+        await view.close()
     return status

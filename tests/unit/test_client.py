@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 import pytest
 
-from worker.client import JobState
+from worker.client import JobState, StreamEvent
 from worker.client.queue import (
     MAX_JOB_TIMEOUT_S,
     RUN_TASK,
@@ -14,8 +15,9 @@ from worker.client.queue import (
     time_limits,
     visibility_timeout,
 )
+from worker.errors import EventsTrimmed
 from worker.jobs.spec import Limits
-from worker.service_cli import EXIT_BY_STATUS, serve_argv
+from worker.service_cli import EXIT_BY_STATUS, _render, serve_argv
 from worker.settings import Settings
 
 
@@ -70,3 +72,16 @@ def test_serve_passes_concurrency_and_beat_through(settings: Settings) -> None:
     assert argv[argv.index("--concurrency") + 1] == "3"
     assert argv[argv.index("-Q") + 1] == "runs"
     assert "--beat" in argv
+
+
+async def test_an_error_while_rendering_ends_the_streamed_line_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def items() -> Iterator[StreamEvent]:
+        event = {"type": "message.delta", "data": {"role": "assistant", "text": "half a"}}
+        yield StreamEvent("1-0", event, "{}")
+        raise EventsTrimmed("trimmed", job_id="j")
+
+    with pytest.raises(EventsTrimmed):
+        await _render(items(), as_json=False)
+    assert capsys.readouterr().err == "  agent: half a\n"  # main's error line starts afresh

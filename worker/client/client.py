@@ -2,7 +2,8 @@
 
 ``Client`` is synchronous (a control plane is often a plain web service). Events are read
 from an explicit stream id, never from ``$``, so a reader that resumes from the last id it
-saw gets every later event exactly once.
+saw gets every later event exactly once, or ``EventsTrimmed`` when the bounded stream has
+already dropped some of them: never a silent gap.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import redis.exceptions
 from worker import keys
 from worker.client import queue
 from worker.control.watch import CANCEL, control_fields
-from worker.errors import InteractionClosed, JobNotFound, ServiceUnavailable
+from worker.errors import (
+    EventsTrimmed,
+    InteractionClosed,
+    InvalidInput,
+    JobNotFound,
+    ServiceUnavailable,
+)
 from worker.events.models import TERMINAL_TYPE
 from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
@@ -191,43 +198,98 @@ class Client:
         follow: bool = False,
         timeout: float | None = None,
     ) -> Iterator[StreamEvent]:
-        """Events after stream id ``after`` (from the start by default).
+        """Events after stream id ``after`` (from the start by default), each exactly once.
 
         With ``follow``, waits for more and ends after the ``job.completed`` of the
         job's current attempt, or once ``timeout`` seconds passed without it; without
         ``follow``, ends at the current end of the stream.
 
+        The stream keeps only the newest ``events_maxlen`` events; the worker records the
+        id of the last event it trimmed in the job's state (``events_trimmed_until``).
+        Every read is checked against it, so events are never skipped silently: when some
+        after the cursor (``after``, then the last id yielded) are gone, this raises
+        instead, and resuming with ``after=`` the error's ``details["trimmed_until"]``
+        reads on from the oldest event kept.
+
         Raises:
+            EventsTrimmed: events after the cursor were trimmed before they were read.
+            InvalidInput: ``after`` is not a stream id.
             ServiceUnavailable: Redis did not answer.
         """
-        last = after or "0-0"
+        last = _cursor(after or "0-0")
         deadline = None if timeout is None else time.monotonic() + timeout
         while deadline is None or time.monotonic() < deadline:
-            batch = self._read(job_id, last, follow)
+            batch = self._read(job_id, last)
             for item in batch:
                 last = item.id
                 yield item
                 if follow and self._final(job_id, item):
                     return
-            if not batch and not follow:
-                return
+            if len(batch) < _PAGE:
+                if not follow:
+                    return
+                self._wait(job_id, last)
 
-    def _read(self, job_id: str, last: str, follow: bool) -> list[StreamEvent]:
-        key = keys.events(job_id)
-        entries: Any
+    def _read(self, job_id: str, last: str) -> list[StreamEvent]:
+        """The next page after ``last``, or ``EventsTrimmed`` if part of it is gone.
+
+        The page and the watermark are read in one MULTI/EXEC, so they describe the same
+        instant: a trim removes a prefix of the stream and raises the watermark to the id
+        of its last entry atomically, hence entries after ``last`` are missing from the
+        page exactly when the watermark is above ``last``. Read apart, a trim landing
+        between the two reads would make either a hole look whole (watermark read first)
+        or a page read in full look holed (watermark read after).
+        """
         with _translated():
-            if follow:
-                reply: Any = self._redis.xread({key: last}, count=_PAGE, block=_BLOCK_MS)
-                entries = reply[0][1] if reply else []
-            else:
-                entries = self._redis.xrange(key, min=f"({last}", count=_PAGE)
-        return [_stream_event(entry_id, fields) for entry_id, fields in entries]
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.xrange(keys.events(job_id), min=f"({last}", count=_PAGE)
+            pipe.hget(keys.state(job_id), scripts.TRIMMED_UNTIL)
+            entries, trimmed = pipe.execute()
+        batch = [_stream_event(entry_id, fields) for entry_id, fields in entries]
+        if trimmed is not None and _stream_id(_text(trimmed)) > _stream_id(last):
+            raise _trimmed(job_id, last, _text(trimmed), batch[0].id if batch else None)
+        return batch
+
+    def _wait(self, job_id: str, last: str) -> None:
+        """Block until the stream has an entry after ``last`` (or ``_BLOCK_MS`` passed).
+
+        What XREAD returns is not used: only ``_read`` sees the watermark with the page.
+        """
+        with _translated():
+            self._redis.xread({keys.events(job_id): last}, count=1, block=_BLOCK_MS)
 
     def _final(self, job_id: str, item: StreamEvent) -> bool:
         if item.event.get("type") != TERMINAL_TYPE:
             return False
         current = self.get(job_id).attempt
         return int(item.event.get("attempt", 0)) >= current
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    """``ms-seq`` (or ``ms``, meaning ``ms-0`` as Redis reads it) as a comparable pair."""
+    ms, dash, seq = text.partition("-")
+    parts = (ms, seq if dash else "0")
+    if not all(part.isascii() and part.isdigit() and int(part) < 2**64 for part in parts):
+        raise InvalidInput(f"not a stream id: {text!r} (expected MS-SEQ)", after=text)
+    return int(parts[0]), int(parts[1])
+
+
+def _cursor(text: str) -> str:
+    ms, seq = _stream_id(text)
+    return f"{ms}-{seq}"
+
+
+def _trimmed(job_id: str, last: str, until: str, first: str | None) -> EventsTrimmed:
+    where = "from the start" if last == "0-0" else f"after {last}"
+    oldest = f"the oldest still kept is {first}" if first else "none is kept yet"
+    return EventsTrimmed(
+        f"events of job {job_id} {where} were trimmed off its bounded stream before they "
+        f"were read (everything up to {until} is gone); {oldest}: resume after {until}",
+        job_id=job_id,
+        after=last,
+        trimmed_until=until,
+        first_available=first,
+    )
 
 
 def _stream_event(entry_id: Any, fields: Mapping[Any, Any]) -> StreamEvent:

@@ -11,6 +11,9 @@ The state hash fields they own:
     fence       last fencing token issued       token       token of the current owner
     worker      current owner's worker id       ev_attempt  attempt of the last event
     ev_seq      seq of the last event written   started_at / settled_at (ms)
+    events_trimmed_until    id of the last event trimmed off the stream (absent: none)
+
+The events stream is bounded by trimming, never by ``XADD ... MAXLEN``: see ``_TRIM``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,37 @@ local function settle(status, ttl)
   for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
 end
 """
+
+TRIMMED_UNTIL = "events_trimmed_until"
+"""State hash field: every event removed from the stream has an id at or below it."""
+
+# The stream keeps the newest ``maxlen`` events (at least 1). Trimming reads what it removes
+# (XRANGE has no ids-only form), so it runs only once the stream is over by more than
+# ``min(maxlen // 10, 64)`` (at least one event), and reads in pages of 64: a trim holds at
+# most 64 events in memory however large they are, and each event is read about once more
+# in its life. The id of the last entry removed goes to the state hash in the same program
+# that removes it (Redis 7.0's max-deleted-entry-id does not follow MAXLEN trims), so no
+# entry is ever gone without the watermark covering it, and none at or below it is left:
+# XTRIM MINID of the first entry kept removes exactly the entries read. A reader whose
+# cursor is below the watermark has lost events.
+_TRIM = f"""
+local function trim_events(maxlen)
+  maxlen = math.max(1, tonumber(maxlen))
+  local excess = redis.call('XLEN', KEYS[3]) - maxlen
+  if excess <= math.max(1, math.min(64, math.floor(maxlen / 10))) then return end
+  local cursor, last = '-', nil
+  while excess > 0 do
+    local page = redis.call('XRANGE', KEYS[3], cursor, '+', 'COUNT', math.min(excess, 64))
+    last = page[#page][1]
+    cursor = '(' .. last
+    excess = excess - #page
+  end
+  local kept = redis.call('XRANGE', KEYS[3], cursor, '+', 'COUNT', 1)
+  redis.call('HSET', KEYS[2], '{TRIMMED_UNTIL}', last)
+  redis.call('XTRIM', KEYS[3], 'MINID', kept[1][1])
+end
+"""
+
 
 ACQUIRE = (
     _TERMINAL
@@ -75,6 +109,7 @@ return 0
 
 APPEND = (
     _TERMINAL
+    + _TRIM
     + """
 -- ARGV: token, attempt, maxlen, ttl_s, then (seq, terminal status or '', line) triples.
 -- -1: fenced (the lease is not ours). Otherwise the number of lines appended; a seq at
@@ -87,19 +122,21 @@ local written = 0
 for i = 5, #ARGV, 3 do
   local seq = tonumber(ARGV[i])
   if seq > last then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[i + 2])
+    redis.call('XADD', KEYS[3], '*', 'event', ARGV[i + 2])
     last = seq
     written = written + 1
     redis.call('HSET', KEYS[2], 'ev_attempt', ARGV[2], 'ev_seq', last)
     if ARGV[i + 1] ~= '' then settle(ARGV[i + 1], ARGV[4]) end
   end
 end
+if written > 0 then trim_events(ARGV[3]) end
 return written
 """
 )
 
 MARK_LOST = (
     _TERMINAL
+    + _TRIM
     + """
 -- ARGV: attempt, expected last seq, line (seq = expected + 1), ttl_s, maxlen.
 -- 'lost' written; 'alive' lease held; 'moved' another attempt; 'settled' nothing to do;
@@ -112,7 +149,8 @@ local last = 0
 if st[3] == ARGV[1] then last = tonumber(st[4]) or 0 end
 if last ~= tonumber(ARGV[2]) then return 'retry' end
 redis.call('HINCRBY', KEYS[2], 'fence', 1)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[3])
+redis.call('XADD', KEYS[3], '*', 'event', ARGV[3])
+trim_events(ARGV[5])
 redis.call('HSET', KEYS[2], 'ev_attempt', ARGV[1], 'ev_seq', last + 1, 'token', '')
 settle('lost', ARGV[4])
 return 'lost'
