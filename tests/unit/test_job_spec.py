@@ -58,6 +58,40 @@ def test_invalid_jobs_name_the_field(raw: bytes, field: str) -> None:
     assert info.value.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"limits": {"timeout_s": "60"}}, "limits.timeout_s"),
+        ({"limits": {"pids": 64.0}}, "limits.pids"),
+        ({"limits": {"cpus": True}}, "limits.cpus"),
+        ({"keep_workspace": "yes"}, "keep_workspace"),
+        ({"keep_workspace": 1}, "keep_workspace"),
+        ({"v": "1"}, "v"),
+        ({"labels": {"team": 7}}, "labels.team"),
+        ({"workspace": {"kind": "git", "url": "https://h/r", "submodules": "false"}}, "submodules"),
+    ],
+)
+def test_no_type_coercion(overrides: dict[str, Any], field: str) -> None:
+    # A JSON string is not a number and 1 is not true, from text or from a mapping.
+    for raw in (_job(**overrides), json.dumps(_job(**overrides))):
+        with pytest.raises(InvalidJobSpec) as info:
+            parse_job(raw)
+        assert field in info.value.message
+
+
+def test_numbers_keep_their_json_meaning() -> None:
+    spec = parse_job(_job(limits={"timeout_s": 60, "cpus": 2, "memory_mb": 512}))
+    assert (spec.limits.timeout_s, spec.limits.cpus, spec.limits.memory_mb) == (60.0, 2.0, 512)
+
+
+def test_a_mapping_that_is_not_json_data_is_refused() -> None:
+    with pytest.raises(InvalidJobSpec, match="not JSON data") as info:
+        parse_job(_job(prompt=object()))
+    assert info.value.details["job_id"] == "job-1"
+    with pytest.raises(InvalidJobSpec, match="not JSON data"):
+        parse_job(_job(limits={"timeout_s": float("nan")}))
+
+
 def test_missing_field_is_named() -> None:
     job = _job()
     del job["prompt"]

@@ -36,7 +36,8 @@ _CRED_REF = re.compile(
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a JSON string is not a number, 1 is not true; JSON is validated as JSON.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PackRef(_Strict):
@@ -283,7 +284,13 @@ def parse_job(raw: str | bytes | dict[str, Any]) -> JobSpec:
     if not isinstance(data, dict):
         raise InvalidJobSpec("job must be a JSON object")
     try:
-        return JobSpec.model_validate(data)
+        # Validated as JSON even when handed a mapping (a Celery payload), so the strict
+        # rules are the JSON ones: objects become the nested models, "60" is not 60.
+        text = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobSpec(f"job is not JSON data: {exc}", job_id=_peek_id(data)) from None
+    try:
+        return JobSpec.model_validate_json(text)
     except ValidationError as exc:
         fields = [".".join(str(p) for p in e["loc"]) for e in exc.errors()]
         raise InvalidJobSpec(_describe(exc), fields=fields, job_id=_peek_id(data)) from None
