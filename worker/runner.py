@@ -160,6 +160,8 @@ class _Job:
         self.attempt = attempt
         self.labels = labels
         self.phases = _Phases()
+        #: time.monotonic() by which the job must settle (set when it starts executing).
+        self.deadline = float("inf")
         self.sandbox: Sandbox | None = None
         self.agent: AgentProcess | None = None
         self.prepared = Prepared()
@@ -221,11 +223,21 @@ class _Job:
         await self.emitter.emit("job.started", {"worker_id": self.settings.worker_id})
 
     async def _execute(self, cancel: asyncio.Event) -> str:
-        deadline = time.monotonic() + self.spec.limits.timeout_s
+        # limits.timeout_s bounds the whole job from here: preparation is checked at each
+        # phase boundary, opening the session is cut at the deadline, the turn gets what
+        # is left. Teardown, change capture and the bundle upload come after it.
+        deadline = self.deadline = time.monotonic() + self.spec.limits.timeout_s
         plan = await self._prepare(cancel)
         await self._unless_cancelled(cancel, "agent_spawn")
         client = await self._launch(plan)
-        session_id = await self._session(client)
+        scope = asyncio.timeout(max(0.0, deadline - time.monotonic()))
+        try:
+            async with scope:
+                session_id = await self._session(client)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise _Stop("timed_out", None) from None
         await self._unless_cancelled(cancel, "turn")  # no prompt once cancelled
         return await self._turn(client, session_id, cancel, deadline)
 
@@ -253,13 +265,18 @@ class _Job:
         return pack.launch_plan(agent_credentials)
 
     async def _unless_cancelled(self, cancel: asyncio.Event, next_phase: str) -> None:
-        """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease);
-        before the launch, a notice says that the agent was never started."""
-        if not cancel.is_set():
+        """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or
+        the job's deadline passed; before the launch, a notice says that the agent was
+        never started."""
+        if cancel.is_set():
+            status = "cancelled"
+        elif time.monotonic() >= self.deadline:
+            status = "timed_out"
+        else:
             return
         if self.agent is None:
-            await self.emitter.emit("notice", _not_launched_notice(next_phase))
-        raise _Stop("cancelled", None)
+            await self.emitter.emit("notice", _not_launched_notice(status, next_phase))
+        raise _Stop(status, None)
 
     async def _credentials(self, agent_credentials: Sequence[str]) -> dict[str, str]:
         credentials = await asyncio.to_thread(  # a source may call out (aws-sm)
@@ -628,11 +645,12 @@ def _capture_failed(exc: OSError) -> dict[str, Any]:
     }
 
 
-def _not_launched_notice(next_phase: str) -> dict[str, Any]:
+def _not_launched_notice(status: str, next_phase: str) -> dict[str, Any]:
+    what = "cancelled" if status == "cancelled" else "out of time (limits.timeout_s)"
     return {
         "level": "info",
-        "code": "cancelled_before_launch",
-        "message": f"the job was cancelled before {next_phase}; its agent was never started",
+        "code": f"{status}_before_launch",
+        "message": f"the job was {what} before {next_phase}; its agent was never started",
         "details": {"next_phase": next_phase},
     }
 

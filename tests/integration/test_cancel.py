@@ -13,7 +13,7 @@ import asyncio
 import fcntl
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +73,11 @@ def _job(tmp_path: Path, prompt: str = "scenario: hello") -> dict[str, Any]:
     }
 
 
-def _types(events: list[Event]) -> list[str]:
+def _types(events: Sequence[Event]) -> list[str]:
     return [e["type"] for e in events]
 
 
-def _notices(events: list[Event], code: str) -> list[dict[str, Any]]:
+def _notices(events: Sequence[Event], code: str) -> list[dict[str, Any]]:
     return [e["data"] for e in events if e["type"] == "notice" and e["data"]["code"] == code]
 
 
