@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs demo docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -22,6 +22,11 @@ lock-packs: emulator-pack
 demo: emulator-pack
 	@$(VENV)/bin/acp-worker run examples/hello.json --json
 
+# A git workspace: makes a tiny repository, runs examples/git-change.json on a clone of it,
+# prints the captured changes (workspace.changed + the patch) and `git apply`s the patch.
+demo-git: emulator-pack
+	@$(PY) examples/git_change.py
+
 test: packs lint
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -29,12 +34,12 @@ unit: bootstrap
 	@$(PY) -m pytest -q tests/unit
 
 lint: bootstrap
-	@$(VENV)/bin/ruff check worker tasks tests benchmarks
-	@$(VENV)/bin/ruff format --check worker tasks tests benchmarks
+	@$(VENV)/bin/ruff check worker tasks tests benchmarks examples
+	@$(VENV)/bin/ruff format --check worker tasks tests benchmarks examples
 	@$(VENV)/bin/mypy
 
 fmt: bootstrap
-	@$(VENV)/bin/ruff format worker tasks tests benchmarks
+	@$(VENV)/bin/ruff format worker tasks tests benchmarks examples
 	@$(VENV)/bin/ruff check --fix worker tasks tests benchmarks
 
 # The docker backend, against Podman's Docker API (started on demand, stopped by docker-down).
