@@ -2,7 +2,13 @@
 
 Thin and sync: each task validates its input and calls one async entry point of
 ``worker`` (``run_delivery`` or ``reap_once``). Settings come from the environment once,
-here, at the entry point. ``celery -A tasks worker`` or ``acp-worker serve`` runs it.
+here, at the entry point. ``celery -A tasks worker`` or ``acp-worker serve`` runs it
+(``serve`` also starts this host's reaper; a bare ``celery worker`` does not).
+
+A producer that imports this module and publishes ``run_job`` itself
+(``tasks.run_job.apply_async(...)``, ``app.send_task``) gets the message's Celery time
+limits derived from the job's ``limits.timeout_s`` when it set none
+(``before_task_publish``), like ``Client.submit``.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ import os
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init
+from celery.signals import before_task_publish, worker_init
 
 from worker import metrics
-from worker.client.queue import REAP_TASK, RUN_TASK, make_celery
+from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
 from worker.leases.guarded import Delivery, run_delivery
 from worker.leases.reaper import reap_pass
 from worker.settings import Settings
@@ -50,6 +56,13 @@ def run_job(
 def reap() -> dict[str, list[str]]:
     """One reaper pass over expired leases and orphan sandboxes."""
     return asyncio.run(reap_pass(settings)).to_dict()
+
+
+@before_task_publish.connect(sender=RUN_TASK)  # type: ignore[untyped-decorator]
+def _job_time_limits(headers: dict[str, Any] | None = None, body: Any = None, **_: object) -> None:
+    """Limits from the job's own timeout for a ``run_job`` published without them."""
+    if headers is not None:
+        fill_time_limits(headers, body, settings)
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

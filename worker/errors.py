@@ -11,6 +11,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── PackNotFound             pack_not_found           2
     │   ├── WorkspaceUnavailable     workspace_unavailable    2
     │   ├── JobNotFound              job_not_found            2
+    │   ├── JobConflict              job_conflict             2
     │   ├── InteractionNotFound      interaction_not_found    2
     │   ├── InteractionClosed        interaction_closed       2
     │   └── InvalidAnswer            invalid_answer           2
@@ -95,6 +96,13 @@ class JobNotFound(InvalidInput):
     """The control plane asked about a job id this Redis has no state for."""
 
     code = "job_not_found"
+
+
+class JobConflict(InvalidInput):
+    """A submit reused a job id whose job has another spec (``details``: ``job_id``,
+    ``attempt``, ``status``, ``existing_digest``, ``submitted_digest``)."""
+
+    code = "job_conflict"
 
 
 class InteractionNotFound(InvalidInput):

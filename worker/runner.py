@@ -41,6 +41,7 @@ from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
+from worker.leases.owner import owner_labels
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
 from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
@@ -182,7 +183,8 @@ class _Job:
         store = None
         if control is not None:
             ttl = settings.events_ttl + int(spec.limits.timeout_s)
-            store = InteractionStore(control, spec.job_id, ttl_s=ttl)
+            fence = int(labels.get(base.LABEL_TOKEN, "0")) or None  # 0: no lease (`run`)
+            store = InteractionStore(control, spec.job_id, ttl_s=ttl, token=fence)
         self.broker = InteractionBroker(
             job_id=spec.job_id,
             attempt=attempt,
@@ -402,6 +404,7 @@ class _Job:
             base.LABEL_ATTEMPT: str(self.attempt),
             base.LABEL_TOKEN: self.labels.get(base.LABEL_TOKEN, "0"),
             base.LABEL_WORKER: self.settings.worker_id,
+            **owner_labels(),  # the reaper's proof that a `run` without a lease is over
         }
 
     async def _readmit(self) -> None:

@@ -1,10 +1,17 @@
 """``acp-worker serve | reap | submit | events | status | cancel | ready``: the job service.
 
-``serve`` and ``reap`` are the worker side; ``submit``, ``events``, ``status`` and
-``cancel`` are the control-plane side over Redis, with a readable live view on a terminal
-and JSON lines with ``--json`` (``events`` prints ``{"id", "event"}`` so a reader can
-resume with ``--after ID``; events trimmed off the bounded stream before they were read
-end it with an ``events_trimmed`` error naming the id to resume after).
+``serve`` and ``reap`` are the worker side. ``serve`` starts, next to the Celery worker,
+this host's reaper (``reap --loop`` as a child that exits with the worker; ``--no-reaper``
+for operators who run ``reap --loop`` themselves): local and docker sandboxes and work
+directories belong to a host, so every worker host reaps; passes are idempotent and the
+reapers of one host take turns (``worker.leases.reaper.reap_pass``).
+
+``submit``, ``events``, ``status`` and ``cancel`` are the control-plane side over Redis,
+with a readable live view on a terminal and JSON lines with ``--json`` (``events`` prints
+``{"id", "event"}`` so a reader can resume with ``--after ID``; events trimmed off the
+bounded stream before they were read end it with an ``events_trimmed`` error naming the
+id to resume after). ``submit --follow`` shows the submitted attempt's events only;
+``events --follow`` ends at the completion of the attempt current when it started.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +39,15 @@ from worker.errors import (
     EXIT_TIMED_OUT,
     InvalidJobSpec,
     ServiceUnavailable,
+    WorkerError,
 )
 from worker.events.progress import ProgressSink
 from worker.leases.reaper import reap_pass
 from worker.settings import Settings
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+log = logging.getLogger(__name__)
 
 EXIT_BY_STATUS = {
     "succeeded": EXIT_SUCCEEDED,
@@ -59,13 +71,26 @@ def _redis_flag(parser: argparse.ArgumentParser) -> None:
 def _register_worker_side(sub: SubParsers) -> None:
     serve = sub.add_parser("serve", help="run a Celery worker for run jobs")
     serve.add_argument("--concurrency", type=int, default=None, help="parallel jobs")
-    serve.add_argument("--beat", action="store_true", help="also schedule the reaper")
+    serve.add_argument(
+        "--no-reaper",
+        dest="reaper",
+        action="store_false",
+        help="do not reap on this host (run `acp-worker reap --loop` instead)",
+    )
+    serve.add_argument(
+        "--beat",
+        action="store_true",
+        help="deprecated: also run Celery beat, which queues tasks.reap for any one worker",
+    )
     serve.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     serve.add_argument("--loglevel", default="INFO", help="Celery log level")
     _redis_flag(serve)
     serve.set_defaults(handler=_serve)
     reap = sub.add_parser("reap", help="one reaper pass (or --loop every reaper_interval)")
     reap.add_argument("--loop", action="store_true", help="keep reaping")
+    # `serve`'s own reaper: exit once PID (the worker) is gone; report only passes that did
+    # something (an idle pass every few seconds would flood the worker's log).
+    reap.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
     _redis_flag(reap)
     reap.set_defaults(handler=_reap)
     ready = sub.add_parser("ready", help="readiness: Redis and the sandbox backend answer")
@@ -77,7 +102,9 @@ def _register_client_side(sub: SubParsers) -> None:
     submit = sub.add_parser("submit", help="submit a job (idempotent by job_id)")
     submit.add_argument("job", type=Path, help="job spec JSON file")
     submit.add_argument("--follow", action="store_true", help="show events until it settles")
-    submit.add_argument("--new-attempt", action="store_true", help="re-run a settled job")
+    submit.add_argument(
+        "--new-attempt", action="store_true", help="re-run a settled job (the spec may change)"
+    )
     _redis_flag(submit)
     submit.set_defaults(handler=_submit)
     events = sub.add_parser("events", help="print a job's events")
@@ -127,15 +154,36 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     ``tasks`` reads the settings from the environment once, and prometheus_client picks
     its multiprocess mode when it is first imported: both must see the values set here.
+    The reaper, started first, watches this pid, which the worker keeps.
     """
     settings = _with_redis(args, settings)
     env = dict(os.environ, ACPW_REDIS_URL=settings.redis_url or "")
     if args.metrics_port is not None:
         env["ACPW_METRICS_PORT"] = str(args.metrics_port)
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acpw-metrics-")
+    if args.beat:
+        print(BEAT_DEPRECATED, file=sys.stderr, flush=True)
     argv = serve_argv(args, settings)
+    if args.reaper:  # kept referenced until the exec, so nothing collects it meanwhile
+        _reaper = subprocess.Popen(
+            reaper_argv(args, os.getpid()), env=env, stdin=subprocess.DEVNULL
+        )
     os.execve(sys.executable, argv, env)  # noqa: S606 - fixed argv, our own interpreter
     return 0  # pragma: no cover - execve does not return
+
+
+BEAT_DEPRECATED = (
+    "acp-worker serve: --beat is deprecated: serve reaps this host by itself every "
+    "ACPW_REAPER_INTERVAL seconds (--no-reaper turns that off); --beat still runs Celery "
+    "beat, which queues tasks.reap for whichever worker takes it, sweeping only that "
+    "worker's host"
+)
+
+
+def reaper_argv(args: argparse.Namespace, parent: int) -> list[str]:
+    """The command line of ``serve``'s reaper: ``reap --loop`` bound to ``parent``."""
+    argv = [sys.executable, "-m", "worker.cli", "reap", "--loop", "--parent", str(parent)]
+    return argv + (["--json"] if _as_json(args) else [])
 
 
 def _ready(args: argparse.Namespace, settings: Settings) -> int:
@@ -150,13 +198,50 @@ def _ready_text(report: dict[str, Any]) -> str:
 
 
 def _reap(args: argparse.Namespace, settings: Settings) -> int:
+    """One pass, or with ``--loop`` one every ``reaper_interval`` seconds.
+
+    Raises:
+        ServiceUnavailable: (one pass) Redis is not configured or did not answer; a loop
+            reports a failed pass on stderr and carries on.
+    """
     settings = _with_redis(args, settings)
     while True:
-        report = asyncio.run(reap_pass(settings)).to_dict()
-        print(json.dumps(report) if _as_json(args) else _reap_text(report), flush=True)
+        report = _one_pass(settings, keep_going=args.loop)
+        if report is not None and (args.parent is None or _did_something(report)):
+            print(json.dumps(report) if _as_json(args) else _reap_text(report), flush=True)
         if not args.loop:
             return 0
-        time.sleep(settings.reaper_interval)
+        if not _pause(settings.reaper_interval, args.parent):
+            return 0
+
+
+def _one_pass(settings: Settings, *, keep_going: bool) -> dict[str, list[str]] | None:
+    try:
+        return asyncio.run(reap_pass(settings)).to_dict()
+    except WorkerError as exc:
+        if not keep_going:
+            raise
+        print(f"acp-worker reap: pass failed: {exc.message} [{exc.code}]", file=sys.stderr)
+    except Exception:  # a loop outlives any one pass; the next one may well succeed
+        if not keep_going:
+            raise
+        log.exception("acp-worker reap: pass failed")
+        print("acp-worker reap: pass failed (see the traceback above)", file=sys.stderr)
+    return None
+
+
+def _did_something(report: dict[str, list[str]]) -> bool:
+    return any(report.values())
+
+
+def _pause(seconds: float, parent: int | None) -> bool:
+    """Sleep ``seconds``; False as soon as ``parent`` (if any) is no longer our parent."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if parent is not None and os.getppid() != parent:
+            return False
+        time.sleep(min(left, 1.0))
+    return parent is None or os.getppid() == parent
 
 
 def _reap_text(report: dict[str, list[str]]) -> str:
@@ -199,7 +284,7 @@ def _submit(args: argparse.Namespace, settings: Settings) -> int:
         )
         if not args.follow:
             return 0
-        return _show(args, client.events(state.job_id, follow=True))
+        return _show(args, client.events(state.job_id, follow=True, attempt=state.attempt))
 
 
 def _events(args: argparse.Namespace, settings: Settings) -> int:

@@ -141,9 +141,13 @@ def _submit_without_enqueueing(redis_url: str, job: dict[str, Any]) -> None:
     out: this test is the worker that takes the message."""
     import redis
 
+    from worker.client.client import spec_digest
+
     spec = parse_job(job)
     with redis.Redis.from_url(redis_url) as client:
-        reply = client.eval(scripts.SUBMIT, 4, *job_keys(spec.job_id), spec.model_dump_json(), 0)
+        reply = client.eval(
+            scripts.SUBMIT, 4, *job_keys(spec.job_id), spec.model_dump_json(), 0, spec_digest(spec)
+        )
     assert reply[0] == b"created"
 
 

@@ -14,6 +14,7 @@ from worker import keys
 from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
 from worker.events.fenced import FencedStreamSink, SinkPolicy, _Pending
+from worker.interactions import InteractionBroker, InteractionStore
 from worker.leases import lease as leases
 from worker.leases.lease import Lease, Refusal
 from worker.leases.reaper import mark_lost, reap_once
@@ -198,9 +199,9 @@ async def test_mark_lost_is_written_once_and_never_after_settling(aredis: aiored
 
 
 async def test_reaper_destroys_orphans_and_spares_live_and_unfenced(
-    aredis: aioredis.Redis,
+    aredis: aioredis.Redis, tmp_path: Path
 ) -> None:
-    settings = Settings(redis_url="redis://unused")
+    settings = Settings(redis_url="redis://unused", work_dir=tmp_path / "work")
     backend = FakeBackend()
     live = await _take(aredis, "job-live")
     dead = await _take(aredis, "job-dead")
@@ -227,3 +228,61 @@ async def _sandbox(backend: FakeBackend, job_id: str, token: str) -> None:
         labels={LABEL_JOB: job_id, LABEL_TOKEN: token},
     )
     await backend.create(spec)
+
+
+# --- interaction records are fenced like events ------------------------------------------
+
+
+async def test_a_worker_that_lost_its_lease_cannot_write_an_interaction_record(
+    aredis: aioredis.Redis,
+) -> None:
+    old = await _take(aredis, "job-i1")
+    stale = InteractionStore(aredis, "job-i1", ttl_s=60, token=old.token)
+    await stale.put({"interaction_id": "question-1-1-aa", "status": "open"})
+    await aredis.delete(keys.lease("job-i1"))  # its TTL ran out
+    with pytest.raises(LeaseLost):  # expired, nobody else yet: refused all the same
+        await stale.put({"interaction_id": "question-1-1-aa", "status": "resolved"})
+    new = await _take(aredis, "job-i1", attempt=2)  # another worker took the job
+    owner = InteractionStore(aredis, "job-i1", ttl_s=60, token=new.token)
+    await owner.put({"interaction_id": "question-1-1-aa", "status": "open", "attempt": 2})
+    for record in (
+        {"interaction_id": "question-1-1-aa", "status": "resolved"},
+        {"interaction_id": "question-1-2-bb", "status": "open"},
+    ):
+        with pytest.raises(LeaseLost):
+            await stale.put(record)
+    assert await owner.get("question-1-1-aa") == {
+        "interaction_id": "question-1-1-aa",
+        "status": "open",
+        "attempt": 2,
+    }
+    assert await aredis.hkeys(keys.interactions("job-i1")) == [b"question-1-1-aa"]
+    assert 0 < await aredis.ttl(keys.interactions("job-i1")) <= 60
+
+
+async def test_a_fenced_out_broker_declines_instead_of_asking(aredis: aioredis.Redis) -> None:
+    lease = await _take(aredis, "job-i2")
+    await aredis.set(keys.lease("job-i2"), str(lease.token + 1))  # a newer owner's token
+    emitted: list[tuple[str, dict[str, object]]] = []
+
+    async def emit(kind: str, data: dict[str, object]) -> None:
+        emitted.append((kind, data))
+
+    broker = InteractionBroker(
+        job_id="job-i2",
+        attempt=1,
+        emit=emit,
+        store=InteractionStore(aredis, "job-i2", ttl_s=60, token=lease.token),
+        timeout_s=30,
+    )
+    broker.begin_turn()
+    reply = await asyncio.wait_for(broker.ask("question", {"questions": []}, tool_call_id=None), 5)
+    assert reply["outcome"]["outcome"] == "skipped"
+    assert [(k, d["code"]) for k, d in emitted] == [("notice", "interaction_unavailable")]
+    assert await aredis.exists(keys.interactions("job-i2")) == 0
+
+
+async def test_a_job_without_a_lease_writes_its_records_unfenced(aredis: aioredis.Redis) -> None:
+    store = InteractionStore(aredis, "job-i3", ttl_s=60)  # `acp-worker run --redis`, token 0
+    await store.put({"interaction_id": "plan-1-1-cc", "status": "open"})
+    assert await store.get("plan-1-1-cc") == {"interaction_id": "plan-1-1-cc", "status": "open"}

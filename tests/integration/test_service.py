@@ -8,6 +8,7 @@ and kills its own. Waiting uses generous deadlines, never assertions on elapsed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import redis
 
 from tests.conftest import REDIS_URL, REPO
 from worker.client import Client
-from worker.client.queue import RUN_TASK, make_celery, send_run
+from worker.client.queue import MAX_JOB_TIMEOUT_S, RUN_TASK, make_celery, send_run
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.local import LocalBackend
@@ -80,7 +81,7 @@ class Worker:
     """``acp-worker serve`` in its own session, so the test can kill the whole tree."""
 
     def __init__(
-        self, log: Path, *, worker_id: str, beat: bool = False, metrics_port: int | None = None
+        self, log: Path, *, worker_id: str, reaper: bool = True, metrics_port: int | None = None
     ) -> None:
         argv = [ACP_WORKER, "serve", "--concurrency", "2", "--loglevel", "INFO"]
         if metrics_port is not None:
@@ -89,7 +90,7 @@ class Worker:
         self.metrics_port = metrics_port
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                argv + (["--beat"] if beat else []),
+                argv + ([] if reaper else ["--no-reaper"]),
                 cwd=REPO,
                 env=_env(worker_id),
                 stdout=out,
@@ -103,7 +104,8 @@ class Worker:
             raise
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        """SIGKILL the whole tree (the group outlives its leader: pool, reaper)."""
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
@@ -242,6 +244,49 @@ def test_idempotent_submit_and_new_attempts(client: Client) -> None:
     assert_contiguous(events)
 
 
+def test_submit_follow_of_a_new_attempt_shows_that_attempt_only(
+    client: Client, redis_url: str, tmp_path: Path
+) -> None:
+    client.submit(job("again-1"))
+    list(client.events("again-1", follow=True, timeout=60))
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps(job("again-1")))
+    argv = [ACP_WORKER, "submit", str(path), "--new-attempt", "--follow", "--redis", redis_url]
+    out = subprocess.run(
+        [*argv, "--json"], cwd=REPO, env=_env("cli"), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert (lines[0]["submitted"], lines[0]["attempt"]) == ("retried", 2)
+    events = [line["event"] for line in lines[1:]]
+    assert {e["attempt"] for e in events} == {2}
+    assert events[0]["seq"] == 1
+    assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
+    live = subprocess.run(  # the live view: the status once, the new attempt's only
+        argv,
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert live.returncode == 0, live.stderr
+    assert "attempt 3: retried" in live.stderr
+    assert live.stderr.count("succeeded") == 1, live.stderr
+    followed = subprocess.run(  # `events --follow` ends at the current attempt's completion
+        [ACP_WORKER, "events", "again-1", "--follow", "--json", "--redis", redis_url],
+        cwd=REPO,
+        env=_env("cli"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert followed.returncode == 0, followed.stderr
+    attempts = [json.loads(line)["event"]["attempt"] for line in followed.stdout.splitlines()]
+    assert sorted(set(attempts)) == [1, 2, 3]
+    assert attempts[-1] == 3
+
+
 def test_a_redelivered_message_runs_once(client: Client, redis_url: str) -> None:
     client.submit(job("dup-1", "scenario: hang"))
     wait_for(
@@ -368,7 +413,7 @@ def test_sigkill_of_the_worker_is_reaped_once_and_the_job_can_rerun(
     worker.stop()  # the module's worker would pick the next attempt up too early
     with Client(redis_url, settings=_settings()) as client:
         pids = _run_and_kill(client, logs / "doomed.log")
-        fresh = Worker(logs / "fresh.log", worker_id="it-fresh", beat=True)
+        fresh = Worker(logs / "fresh.log", worker_id="it-fresh")  # reaps by default
         try:
             wait_for(lambda: client.get("kill-1").status == "lost", "the reaper", 30)
             wait_for(lambda: sandboxes_of("kill-1") == [], "the orphan sandbox to go", 15)
@@ -401,3 +446,74 @@ def _run_and_kill(client: Client, log: Path) -> frozenset[int]:
     finally:
         doomed.kill()
     return status.pids
+
+
+# --- serve's own reaper ------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live children of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rfind(")") + 2 :].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def _reaper_of(worker: Worker) -> int | None:
+    reapers = [p for p, cmd in _children(worker.proc.pid) if " reap --loop --parent " in cmd]
+    assert len(reapers) <= 1
+    return reapers[0] if reapers else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def test_serve_reaps_its_host_until_it_dies_unless_told_not_to(logs: Path) -> None:
+    served = Worker(logs / "reaper.log", worker_id="it-reaper")
+    try:
+        reaper = wait_for(lambda: _reaper_of(served), "serve's reaper")
+        os.kill(served.proc.pid, signal.SIGKILL)  # the worker alone, not its group
+        wait_for(lambda: not _running(reaper), "the reaper to go with the worker", 15)
+    finally:
+        served.kill()
+    bare = Worker(logs / "no-reaper.log", worker_id="it-no-reaper", reaper=False)
+    try:
+        assert _reaper_of(bare) is None  # serve starts its reaper before Celery
+    finally:
+        bare.stop()
+
+
+# --- a producer that publishes run_job itself ------------------------------------------------
+
+
+def test_apply_async_gets_time_limits_from_the_job(redis_url: str) -> None:
+    """Published straight to a queue no worker reads, and read back as the broker holds it."""
+    import tasks
+    from worker.client.queue import time_limits
+
+    spec = job("direct-1", timeout_s=120)
+    with tasks.app.connection_for_write(redis_url) as connection:
+        tasks.run_job.apply_async(args=[spec], connection=connection)
+        tasks.run_job.apply_async(
+            args=[spec], connection=connection, soft_time_limit=30, time_limit=40
+        )
+    with redis.Redis.from_url(redis_url) as broker:
+        messages = [json.loads(raw) for raw in broker.lrange("runs", 0, -1)]
+    limits = sorted(m["headers"]["timelimit"] for m in messages)
+    soft, hard = time_limits(120, tasks.settings)
+    assert limits == [[40, 30], [hard, soft]]  # derived when unset, kept when set
+    assert hard < time_limits(MAX_JOB_TIMEOUT_S, tasks.settings)[0]  # not the 24 h default

@@ -7,18 +7,31 @@ from collections.abc import Iterator
 
 import pytest
 
+from worker.cli import _build_parser
 from worker.client import JobState, StreamEvent
+from worker.client.client import _completes, spec_digest
 from worker.client.queue import (
+    HARD_MARGIN_S,
     MAX_JOB_TIMEOUT_S,
     RUN_TASK,
     celery_config,
+    fill_time_limits,
     time_limits,
     visibility_timeout,
 )
 from worker.errors import EventsTrimmed
-from worker.jobs.spec import Limits
-from worker.service_cli import EXIT_BY_STATUS, _render, serve_argv
+from worker.jobs.spec import Limits, parse_job
+from worker.service_cli import EXIT_BY_STATUS, _pause, _render, reaper_argv, serve_argv
 from worker.settings import Settings
+
+JOB = {
+    "v": 1,
+    "job_id": "j",
+    "pack": {"name": "cursor-emulator"},
+    "workspace": {"kind": "local", "path": "/tmp"},
+    "prompt": "p",
+    "limits": {"timeout_s": 60},
+}
 
 
 @pytest.fixture
@@ -51,7 +64,8 @@ def test_celery_settings_for_long_jobs(settings: Settings) -> None:
 
 
 def test_job_state_never_shows_the_fencing_token_or_the_spec() -> None:
-    state = JobState("j", 2, "running", {"token": "7", "fence": "7", "job": "{}", "worker": "w"})
+    fields = {"token": "7", "fence": "7", "job": "{}", "worker": "w", "attempt_after": "1-0"}
+    state = JobState("j", 2, "running", fields)
     assert state.to_dict() == {"worker": "w", "job_id": "j", "attempt": 2, "status": "running"}
     assert not state.settled
 
@@ -85,3 +99,88 @@ async def test_an_error_while_rendering_ends_the_streamed_line_first(
     with pytest.raises(EventsTrimmed):
         await _render(items(), as_json=False)
     assert capsys.readouterr().err == "  agent: half a\n"  # main's error line starts afresh
+
+
+def test_serve_reaps_by_default_and_says_so_only_when_asked_not_to() -> None:
+    parser = _build_parser()
+    assert parser.parse_args(["serve"]).reaper is True
+    assert parser.parse_args(["serve", "--no-reaper"]).reaper is False
+    args = parser.parse_args(["serve", "--json"])
+    argv = reaper_argv(args, 4242)
+    assert argv[1:] == ["-m", "worker.cli", "reap", "--loop", "--parent", "4242", "--json"]
+    assert parser.parse_args(argv[3:]).parent == 4242
+
+
+def test_the_reaper_loop_stops_once_its_parent_is_gone() -> None:
+    assert not _pause(30.0, parent=-1)  # not our parent: returns at once, not in 30 s
+    assert _pause(0.01, parent=None)
+
+
+# --- time limits of messages published without them ------------------------------------
+
+
+def _message(job: object, timelimit: object = (None, None)) -> tuple[dict[str, object], object]:
+    return {"task": RUN_TASK, "timelimit": timelimit}, ((job,), {}, {})
+
+
+def test_a_message_without_limits_gets_its_jobs(settings: Settings) -> None:
+    headers, body = _message(JOB)
+    fill_time_limits(headers, body, settings)
+    soft, hard = time_limits(60, settings)
+    assert headers["timelimit"] == (hard, soft)
+    headers, _ = _message(None)
+    fill_time_limits(headers, ((), {"job": JOB}, {}), settings)  # the job as a keyword
+    assert headers["timelimit"] == (hard, soft)
+
+
+def test_limits_the_producer_set_are_kept(settings: Settings) -> None:
+    soft = time_limits(60, settings)[0]
+    headers, body = _message(JOB, [100.0, 50.0])
+    fill_time_limits(headers, body, settings)
+    assert headers["timelimit"] == [100.0, 50.0]
+    headers, body = _message(JOB, [100.0, None])  # hard only: soft stays below it
+    fill_time_limits(headers, body, settings)
+    assert headers["timelimit"] == (100.0, min(soft, 100.0))
+    headers, body = _message(JOB, [None, 10_000.0])  # soft only: hard stays above it
+    fill_time_limits(headers, body, settings)
+    assert headers["timelimit"] == (10_000.0 + HARD_MARGIN_S, 10_000.0)
+
+
+def test_the_apps_defaults_count_as_not_set(settings: Settings) -> None:
+    """What Celery writes for ``tasks.run_job.apply_async`` without limits."""
+    soft, hard = time_limits(60, settings)
+    default_soft, default_hard = time_limits(MAX_JOB_TIMEOUT_S, settings)
+    headers, body = _message(JOB, [default_hard, default_soft])
+    fill_time_limits(headers, body, settings)
+    assert headers["timelimit"] == (hard, soft)
+
+
+def test_an_invalid_job_is_left_to_the_worker(settings: Settings) -> None:
+    for job in ("not a job", {"v": 1, "job_id": "x"}, 42):
+        headers, body = _message(job)
+        fill_time_limits(headers, body, settings)
+        assert headers["timelimit"] == (None, None)
+
+
+# --- one job id, one spec; one attempt's completion ----------------------------------------
+
+
+def test_the_spec_digest_ignores_spelling_not_meaning() -> None:
+    spelled_out = {**JOB, "limits": {"timeout_s": 60.0, "memory_mb": 2048}}
+    reordered = dict(reversed(list(JOB.items())))
+    digest = spec_digest(parse_job(JOB))
+    assert digest.startswith("sha256:")
+    assert spec_digest(parse_job(spelled_out)) == digest
+    assert spec_digest(parse_job(reordered)) == digest
+    assert spec_digest(parse_job({**JOB, "prompt": "q"})) != digest
+
+
+def test_only_the_completion_of_the_followed_attempt_or_a_later_one_ends_a_follow() -> None:
+    def event(type_: str, attempt: int) -> StreamEvent:
+        return StreamEvent("1-0", {"type": type_, "attempt": attempt}, "{}")
+
+    assert not _completes(event("job.completed", 1), 2)
+    assert _completes(event("job.completed", 2), 2)
+    assert _completes(event("job.completed", 3), 2)  # 2's was before the cursor
+    assert not _completes(event("notice", 2), 2)
+    assert _completes(event("job.completed", 1), None)  # a job without state

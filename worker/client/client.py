@@ -4,11 +4,18 @@
 from an explicit stream id, never from ``$``, so a reader that resumes from the last id it
 saw gets every later event exactly once, or ``EventsTrimmed`` when the bounded stream has
 already dropped some of them: never a silent gap.
+
+A job id names one job spec: submitting the same id with the same spec (compared by the
+digest of its canonical JSON, kept in the job's state as ``spec_digest``) is idempotent,
+with another spec it is a ``JobConflict``. A new attempt of a settled job may change
+the spec (a retry with a longer timeout, a fixed credential reference): it is then the
+spec of that attempt and of the submits that follow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -26,6 +33,8 @@ from worker.errors import (
     EventsTrimmed,
     InteractionClosed,
     InvalidInput,
+    InvalidJobSpec,
+    JobConflict,
     JobNotFound,
     ServiceUnavailable,
 )
@@ -56,7 +65,7 @@ class JobState:
         return self.status in TERMINAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
-        hidden = {"job", "token", "fence", "ev_attempt"}
+        hidden = {"job", "token", "fence", "ev_attempt", "attempt_after"}
         extra = {k: v for k, v in self.fields.items() if k not in hidden}
         return {**extra, "job_id": self.job_id, "attempt": self.attempt, "status": self.status}
 
@@ -97,21 +106,32 @@ class Client:
         self.close()
 
     def submit(self, job: JobSpec | Mapping[str, Any], *, new_attempt: bool = False) -> Submission:
-        """Submit ``job``; the same ``job_id`` again returns the existing job unchanged.
+        """Submit ``job``; the same ``job_id`` and spec again returns the existing job
+        unchanged (``exists``).
 
-        A settled job runs again only with ``new_attempt=True`` (``attempt`` + 1).
+        A settled job runs again only with ``new_attempt=True`` (``attempt`` + 1, with
+        this spec, which may differ from the previous attempt's).
 
         Raises:
             InvalidJobSpec: ``job`` is not a valid job spec.
+            JobConflict: the job id is taken by a job with another spec (and no new
+                attempt of it was started); nothing changed.
             ServiceUnavailable: Redis or the broker did not answer.
         """
         spec = job if isinstance(job, JobSpec) else parse_job(dict(job))
+        digest = spec_digest(spec)
         with _translated():
             reply = self._redis.eval(
-                scripts.SUBMIT, 4, *job_keys(spec.job_id), spec.model_dump_json(), int(new_attempt)
+                scripts.SUBMIT,
+                4,
+                *job_keys(spec.job_id),
+                spec.model_dump_json(),
+                int(new_attempt),
+                digest,
             )
             outcome = _text(reply[0])
             state = self.get(spec.job_id)
+            _check_same_spec(outcome, state, digest, _text(reply[3]))
             if state.status == "queued" and state.fields.get("enqueued") != "1":
                 self._enqueue(spec, state)
                 state = self.get(spec.job_id)
@@ -197,12 +217,19 @@ class Client:
         after: str | None = None,
         follow: bool = False,
         timeout: float | None = None,
+        attempt: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Events after stream id ``after`` (from the start by default), each exactly once.
 
-        With ``follow``, waits for more and ends after the ``job.completed`` of the
-        job's current attempt, or once ``timeout`` seconds passed without it; without
-        ``follow``, ends at the current end of the stream.
+        With ``attempt``, only that attempt's events; when it is the job's current attempt
+        and ``after`` is not given, reading starts where the attempt's events begin (the
+        state's ``attempt_after``), so earlier attempts are not even read.
+
+        With ``follow``, waits for more and ends after the ``job.completed`` of
+        ``attempt``, or by default of the attempt that was current when the call began
+        (an earlier attempt's completion does not end it; a job with no state, e.g. one
+        run by ``acp-worker run --redis``, ends at the first), or once ``timeout`` seconds
+        passed without it; without ``follow``, ends at the current end of the stream.
 
         The stream keeps only the newest ``events_maxlen`` events; the worker records the
         id of the last event it trimmed in the job's state (``events_trimmed_until``).
@@ -216,19 +243,29 @@ class Client:
             InvalidInput: ``after`` is not a stream id.
             ServiceUnavailable: Redis did not answer.
         """
-        last = _cursor(after or "0-0")
+        state = self._state_or_none(job_id) if follow or attempt is not None else None
+        last = _cursor(after or _attempt_start(state, attempt))
+        until = attempt if attempt is not None else (state.attempt if state else None)
         deadline = None if timeout is None else time.monotonic() + timeout
         while deadline is None or time.monotonic() < deadline:
             batch = self._read(job_id, last)
             for item in batch:
                 last = item.id
+                if attempt is not None and item.event.get("attempt") != attempt:
+                    continue
                 yield item
-                if follow and self._final(job_id, item):
+                if follow and _completes(item, until):
                     return
             if len(batch) < _PAGE:
                 if not follow:
                     return
                 self._wait(job_id, last)
+
+    def _state_or_none(self, job_id: str) -> JobState | None:
+        try:
+            return self.get(job_id)
+        except JobNotFound:
+            return None
 
     def _read(self, job_id: str, last: str) -> list[StreamEvent]:
         """The next page after ``last``, or ``EventsTrimmed`` if part of it is gone.
@@ -258,11 +295,59 @@ class Client:
         with _translated():
             self._redis.xread({keys.events(job_id): last}, count=1, block=_BLOCK_MS)
 
-    def _final(self, job_id: str, item: StreamEvent) -> bool:
-        if item.event.get("type") != TERMINAL_TYPE:
-            return False
-        current = self.get(job_id).attempt
-        return int(item.event.get("attempt", 0)) >= current
+
+def spec_digest(spec: JobSpec) -> str:
+    """``sha256:<hex>`` of the spec's canonical JSON (sorted keys, defaults filled in), so
+    two specs that mean the same job have the same digest however they were written."""
+    canonical = json.dumps(
+        spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _check_same_spec(outcome: str, state: JobState, digest: str, existing: str) -> None:
+    """Raise ``JobConflict`` when ``submit`` found the job id taken by another spec.
+
+    A state written before digests were recorded (or by a worker that took a message
+    published without ``submit``) has none: its stored spec is digested here instead.
+    """
+    if outcome == "exists" and not existing:
+        existing = _stored_digest(state) or digest
+    if outcome not in ("exists", "conflict") or existing == digest:
+        return
+    retry = "as a new attempt" if state.settled else "as a new attempt once it settled"
+    raise JobConflict(
+        f"job {state.job_id} already exists (attempt {state.attempt}, {state.status}) with "
+        f"another spec: submit this one under another job id, or {retry}",
+        job_id=state.job_id,
+        attempt=state.attempt,
+        status=state.status,
+        existing_digest=existing,
+        submitted_digest=digest,
+    )
+
+
+def _stored_digest(state: JobState) -> str | None:
+    try:
+        return spec_digest(parse_job(state.fields.get("job", "")))
+    except InvalidJobSpec:
+        return None
+
+
+def _attempt_start(state: JobState | None, attempt: int | None) -> str:
+    """Where ``attempt``'s events begin, if the state says (the current attempt only)."""
+    if state is None or attempt is None or attempt != state.attempt:
+        return "0-0"
+    return state.fields.get("attempt_after") or "0-0"
+
+
+def _completes(item: StreamEvent, attempt: int | None) -> bool:
+    """Whether ``item`` is the ``job.completed`` of ``attempt`` (of any, if None) or of a
+    later one (which can only follow it: a resumed cursor may have passed it)."""
+    if item.event.get("type") != TERMINAL_TYPE:
+        return False
+    seen = item.event.get("attempt")
+    return attempt is None or (isinstance(seen, int) and seen >= attempt)
 
 
 def _stream_id(text: str) -> tuple[int, int]:

@@ -4,14 +4,19 @@ Jobs last minutes to hours, so: late acks (a message is acknowledged only after 
 settled), rejected back to the queue when a pool process dies, one message prefetched
 per process, a broker visibility timeout longer than the longest job a spec may ask for,
 and per-message time limits derived from the job's own timeout (a backstop: the runner
-settles ``timed_out`` well before them).
+settles ``timed_out`` well before them). ``send_run`` sets them; for a producer that
+publishes ``tasks.run_job`` itself (``apply_async``, ``send_task``) without them,
+``fill_time_limits`` derives them at publish time (``tasks`` connects it to Celery's
+``before_task_publish``), so no job gets the 24 h defaults meant for the longest one.
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from worker.jobs.spec import JobSpec
+from worker.errors import InvalidJobSpec
+from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -91,3 +96,48 @@ def send_run(
         soft_time_limit=soft,
         time_limit=hard,
     )
+
+
+def fill_time_limits(headers: MutableMapping[str, Any], body: Any, settings: Settings) -> None:
+    """Give a ``tasks.run_job`` message that lacks them the time limits of its job.
+
+    ``headers`` and ``body`` are a protocol-2 message as ``before_task_publish`` sees it
+    (``headers["timelimit"]`` is ``(hard, soft)``; ``body`` is ``(args, kwargs, embed)``).
+    A limit the producer set is kept. One it did not set is derived from the job's
+    ``limits.timeout_s`` (a soft limit never above a given hard one, a hard one never
+    below the soft one); Celery writes the app's defaults (``celery_config``: the limits
+    of the longest job a spec allows) into every message of a task the producer's app
+    knows, so a value equal to its default counts as not set. A job that does not
+    validate is left alone: the worker settles it as invalid at once.
+    """
+    given = headers.get("timelimit")
+    hard, soft = given if isinstance(given, list | tuple) and len(given) == 2 else (None, None)
+    default_soft, default_hard = time_limits(MAX_JOB_TIMEOUT_S, settings)
+    hard = None if hard == default_hard else hard
+    soft = None if soft == default_soft else soft
+    if hard is not None and soft is not None:
+        return
+    timeout_s = _timeout_of(body)
+    if timeout_s is None:
+        return
+    derived_soft, derived_hard = time_limits(timeout_s, settings)
+    if soft is None:
+        soft = derived_soft if hard is None else min(derived_soft, float(hard))
+    if hard is None:
+        hard = max(derived_hard, float(soft) + HARD_MARGIN_S)
+    headers["timelimit"] = (hard, soft)
+
+
+def _timeout_of(body: Any) -> float | None:
+    if not (isinstance(body, list | tuple) and len(body) >= 2):
+        return None
+    args, kwargs = body[0], body[1]
+    job = args[0] if isinstance(args, list | tuple) and args else None
+    if job is None and isinstance(kwargs, dict):
+        job = kwargs.get("job")
+    if not isinstance(job, str | bytes | dict):
+        return None
+    try:
+        return parse_job(job).limits.timeout_s
+    except InvalidJobSpec:
+        return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.acp.connection import Reply
-from worker.errors import ServiceUnavailable
+from worker.errors import LeaseLost, ServiceUnavailable
 from worker.events.bounded import bounded
 from worker.events.emitter import utc_timestamp
 from worker.interactions.answers import AnswerInvalid, validate_answer
@@ -164,7 +164,8 @@ class InteractionBroker:
         try:
             assert self._store is not None
             await self._store.put(item.record)
-        except ServiceUnavailable as exc:
+        except (ServiceUnavailable, LeaseLost) as exc:
+            # Lost lease: the job is being cancelled (the heartbeat saw it too); declined.
             await self._emit("notice", _notice("interaction_unavailable", exc.message, item.kind))
             return False
         self._open[item.record["interaction_id"]] = item
@@ -202,7 +203,7 @@ class InteractionBroker:
                 await self._resolve(item, answer, resolved_by, sent)
                 if settled is not None:
                     await settled(item.record)
-                with contextlib.suppress(ServiceUnavailable):
+                with contextlib.suppress(ServiceUnavailable, LeaseLost):
                     assert self._store is not None
                     await self._store.put(item.record)
             finally:

@@ -3,6 +3,11 @@
 A record is written *before* its ``interaction.requested`` event, so a control plane that
 sees the event can always find the record; it is rewritten when the interaction
 resolves. Records expire with the job's other keys (``ttl_s`` after the last write).
+
+Every write is fenced like the job's events: ``scripts.PUT_INTERACTION`` compares the
+writer's lease token with the job's lease in the same program that writes, so a worker
+that lost its lease cannot touch the records of the owner that took over. A job run
+outside the service (no lease, token ``None``) writes unfenced.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker import keys
-from worker.errors import ServiceUnavailable
+from worker.errors import LeaseLost, ServiceUnavailable
+from worker.leases import scripts
 from worker.leases.lease import REDIS_ERRORS
 
 OPEN = "open"
@@ -24,25 +30,36 @@ RESOLVED = "resolved"
 class InteractionStore:
     """Reads and writes one job's interaction records."""
 
-    def __init__(self, client: aioredis.Redis, job_id: str, *, ttl_s: int) -> None:
+    def __init__(
+        self, client: aioredis.Redis, job_id: str, *, ttl_s: int, token: int | None = None
+    ) -> None:
         self._client = client
+        self._job_id = job_id
+        self._keys = [keys.lease(job_id), keys.interactions(job_id)]
         self._key = keys.interactions(job_id)
         self._ttl = ttl_s
+        self._token = "" if token is None else str(token)
 
     async def put(self, record: Mapping[str, Any]) -> None:
-        """Write ``record`` under its ``interaction_id``.
+        """Write ``record`` under its ``interaction_id``, if this writer holds the lease.
 
         Raises:
+            LeaseLost: the job's lease is not this writer's token; nothing was written.
             ServiceUnavailable: Redis did not take the write.
         """
         text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        args = (self._token, record["interaction_id"], text, self._ttl)
         try:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(self._key, record["interaction_id"], text)
-                pipe.expire(self._key, self._ttl)
-                await pipe.execute()
+            written = await self._client.eval(scripts.PUT_INTERACTION, 2, *self._keys, *args)
         except REDIS_ERRORS as exc:
             raise ServiceUnavailable(f"could not persist an interaction: {exc}") from exc
+        if not written:
+            raise LeaseLost(
+                f"job {self._job_id}: this worker's lease is gone (expired, or another owner "
+                "took the job); the interaction record was not written",
+                job_id=self._job_id,
+                token=self._token,
+            )
 
     async def get(self, interaction_id: str) -> dict[str, Any] | None:
         raw = await self._client.hget(self._key, interaction_id)

@@ -1,43 +1,52 @@
 """The reaper: settles jobs whose owner vanished and destroys what it left behind.
 
-One pass (``reap_once``) does two sweeps, both safe to run from any process at any time
-and concurrently with other reapers:
+One pass (``reap_once``) does three sweeps, each safe to run from any process at any
+time and concurrently with other reapers (``reap_pass`` also serializes the passes of
+one host on a lock file next to ``work_dir``):
 
 1. jobs in ``acpw:leases`` whose lease expired and that never settled get exactly one
    ``job.completed`` ``lost`` (``scripts.MARK_LOST`` refuses a job that settled, whose
    lease is alive, or that moved to another attempt);
-2. every sandbox of every configured backend whose ``acpw.token`` label is not the
-   job's live lease token is destroyed, and its job is settled as in 1;
-3. every labelled job directory under ``work_dir`` (staged workspaces) whose job no
-   longer holds its lease — or, for ``acp-worker run`` jobs, whose process is gone — is
-   removed once any ``keep_until`` the job asked for has passed.
+2. every sandbox of every configured backend that is over is destroyed: one whose
+   ``acpw.token`` label is not the job's live lease token (its job is settled as in 1),
+   or, for ``acp-worker run`` jobs (token ``0``, no lease), one whose owner process
+   (``acpw.owner``, see :mod:`worker.leases.owner`) is gone;
+3. every labelled job directory under ``work_dir`` whose job is over in the same sense
+   is removed once any ``keep_until`` the job asked for has passed, and never while a
+   sandbox of the same job, attempt, token and owner is still there (it may hold the
+   directory's workspace disk mounted).
 
-Sandboxes without a fencing token (``acp-worker run`` in-process jobs label token ``0``)
-belong to no lease and are left alone, and so are sandboxes whose token this Redis never
-issued (another deployment sharing the host's sandbox state).
+Left alone: sandboxes whose token this Redis never issued (another deployment sharing
+the host's sandbox state), and token-``0`` sandboxes whose owner cannot be judged from
+here (no ``acpw.owner`` label, another boot, another pid namespace).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from worker import keys, metrics
-from worker.errors import LeaseLost, WorkerError
+from worker.errors import LeaseLost, ServiceUnavailable, WorkerError
 from worker.events.emitter import utc_timestamp
 from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
 from worker.leases import scripts
 from worker.leases.lease import job_keys, redis_client
+from worker.leases.owner import LABEL_OWNER, owner_state
+from worker.packs.cache import open_lock
 from worker.sandbox import get_backend
-from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
+from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
 from worker.settings import Settings
 from worker.workspace.prepare import read_labels
 from worker.workspace.stage import remove_staged
@@ -66,50 +75,116 @@ class ReapReport:
         }
 
 
+Holder = tuple[str, str, str, str]
+"""(job, attempt, token, owner): what ties a work directory to the sandboxes it serves."""
+
+
+def holder_of(labels: Mapping[str, str]) -> Holder:
+    return (
+        labels.get(LABEL_JOB, ""),
+        labels.get(LABEL_ATTEMPT, ""),
+        labels.get(LABEL_TOKEN, NO_FENCE),
+        labels.get(LABEL_OWNER, ""),
+    )
+
+
+@dataclass(slots=True)
+class _Sweep:
+    lost: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    kept: set[Holder] = field(default_factory=set)
+
+
 async def reap_once(
     client: aioredis.Redis, settings: Settings, backends: Mapping[str, SandboxBackend]
 ) -> ReapReport:
-    """One pass over expired leases and every backend's sandboxes."""
-    lost = [job for job in await _expired(client) if await _settle_expired(client, job, settings)]
-    destroyed: list[str] = []
-    failed: list[str] = []
+    """One pass over expired leases, every backend's sandboxes and the work directories."""
+    sweep = _Sweep()
+    for job in await _expired(client):
+        if await _settle_expired(client, job, settings):
+            sweep.lost.append(job)
     for name, backend in backends.items():
-        before = len(destroyed)
+        before = len(sweep.destroyed)
         for info in await backend.list({}):
-            if not await _is_orphan(client, info):
-                continue
-            if await mark_lost(client, info.labels[LABEL_JOB], settings) == "lost":
-                lost.append(info.labels[LABEL_JOB])
-            (destroyed if await _destroy(backend, info) else failed).append(info.sandbox_id)
-        metrics.sandboxes_reaped(name, len(destroyed) - before)
-    workspaces = await reap_workspaces(client, settings.work_dir)
-    return ReapReport(tuple(lost), tuple(destroyed), tuple(failed), tuple(workspaces))
+            await _sweep_sandbox(client, settings, backend, info, sweep)
+        metrics.sandboxes_reaped(name, len(sweep.destroyed) - before)
+    workspaces = await reap_workspaces(client, settings.work_dir, kept=frozenset(sweep.kept))
+    return ReapReport(
+        tuple(sweep.lost), tuple(sweep.destroyed), tuple(sweep.failed), tuple(workspaces)
+    )
 
 
-async def reap_workspaces(client: aioredis.Redis, work_dir: Path) -> list[str]:
-    """Remove the job directories whose job is over (see the module docstring, 3)."""
+async def _sweep_sandbox(
+    client: aioredis.Redis,
+    settings: Settings,
+    backend: SandboxBackend,
+    info: SandboxInfo,
+    sweep: _Sweep,
+) -> None:
+    if not await _over(client, info.labels):
+        sweep.kept.add(holder_of(info.labels))
+        return
+    job_id = info.labels.get(LABEL_JOB, "")
+    leased = info.labels.get(LABEL_TOKEN, NO_FENCE) != NO_FENCE
+    if leased and await mark_lost(client, job_id, settings) == "lost":
+        sweep.lost.append(job_id)
+    if await _destroy(backend, info):
+        sweep.destroyed.append(info.sandbox_id)
+    else:
+        sweep.failed.append(info.sandbox_id)
+        sweep.kept.add(holder_of(info.labels))
+
+
+async def reap_workspaces(
+    client: aioredis.Redis, work_dir: Path, *, kept: frozenset[Holder] = frozenset()
+) -> list[str]:
+    """Remove the job directories whose job is over (see the module docstring, 3).
+
+    ``kept``: the holders of sandboxes still there; their directories stay.
+    """
     removed = []
     for job_dir in await asyncio.to_thread(_job_dirs, work_dir):
         labels = read_labels(job_dir)
-        if labels is None or not await _workspace_done(client, job_dir.name, labels):
+        if labels is None or holder_of(labels) in kept:
             continue
-        await asyncio.to_thread(remove_staged, job_dir)
+        if not await _workspace_done(client, labels) or not await _remove(job_dir):
+            continue
         log.info("removed the work directory %s of job %s", job_dir.name, labels.get(LABEL_JOB))
         removed.append(job_dir.name)
     return removed
+
+
+async def _remove(job_dir: Path) -> bool:
+    try:
+        await asyncio.to_thread(remove_staged, job_dir)
+    except OSError as exc:  # a concurrent reaper took it, or a mount is stuck: next pass
+        log.error("could not remove the work directory %s: %s", job_dir, exc)
+        return False
+    return True
 
 
 def _job_dirs(work_dir: Path) -> list[Path]:
     return sorted(work_dir.iterdir()) if work_dir.is_dir() else []
 
 
-async def _workspace_done(client: aioredis.Redis, name: str, labels: Mapping[str, str]) -> bool:
+async def _workspace_done(client: aioredis.Redis, labels: Mapping[str, str]) -> bool:
     keep_until = labels.get("keep_until")
     if keep_until is not None and time.time() < float(keep_until):
         return False
-    if labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
+    if LABEL_OWNER not in labels and labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
+        # Labelled before owners were: the pid alone (a reused pid keeps it, never the
+        # other way round).
         return not _alive(int(labels.get("pid", "0") or 0))
-    return await _is_orphan(client, SandboxInfo(name, "workspace", labels))
+    return await _over(client, labels)
+
+
+async def _over(client: aioredis.Redis, labels: Mapping[str, str]) -> bool:
+    """Whether the job that labelled something is over: its lease is gone (service
+    jobs), or its owner process is (``acp-worker run``, token ``0``)."""
+    if labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
+        return owner_state(labels.get(LABEL_OWNER)) == "gone"
+    return await _lease_lost(client, labels)
 
 
 def _alive(pid: int) -> bool:
@@ -136,15 +211,15 @@ async def _settle_expired(client: aioredis.Redis, job_id: str, settings: Setting
     return result == "lost"
 
 
-async def _is_orphan(client: aioredis.Redis, info: SandboxInfo) -> bool:
-    """A sandbox whose token this Redis issued and that no longer holds the lease.
+async def _lease_lost(client: aioredis.Redis, labels: Mapping[str, str]) -> bool:
+    """Whether a token this Redis issued no longer holds the job's lease.
 
     A token above the job's fence counter (or a job this Redis does not know) was issued
     by another deployment sharing the host: not ours to destroy.
     """
-    fence = info.labels.get(LABEL_TOKEN, NO_FENCE)
-    job_id = info.labels.get(LABEL_JOB)
-    if fence == NO_FENCE or not fence.isdigit() or not job_id:
+    fence = labels.get(LABEL_TOKEN, NO_FENCE)
+    job_id = labels.get(LABEL_JOB)
+    if not fence.isdigit() or not job_id:
         return False
     issued = _str(await client.hget(keys.state(job_id), "fence"))
     if issued is None or int(fence) > int(issued):
@@ -159,7 +234,7 @@ async def _destroy(backend: SandboxBackend, info: SandboxInfo) -> bool:
     except WorkerError as exc:
         log.error("could not destroy orphan sandbox %s: %s", info.sandbox_id, exc.message)
         return False
-    log.info("destroyed orphan sandbox %s of job %s", info.sandbox_id, info.labels[LABEL_JOB])
+    log.info("destroyed orphan sandbox %s of job %s", info.sandbox_id, info.labels.get(LABEL_JOB))
     return True
 
 
@@ -239,13 +314,31 @@ def _str(value: object) -> str | None:
 async def reap_pass(settings: Settings) -> ReapReport:
     """One pass with a fresh Redis client and every backend of ``settings.reap_backends``.
 
+    The passes of one host take turns on a lock file next to ``work_dir``: several
+    workers per host each run a reaper, and a pass waits for the one under way instead
+    of destroying the same sandboxes at the same time.
+
     Raises:
-        ServiceUnavailable: no Redis is configured.
+        ServiceUnavailable: no Redis is configured, or it did not answer.
         InvalidInput: a configured backend does not exist.
     """
     backends = {name: get_backend(name, settings) for name in settings.reap_backends}
     client = redis_client(settings.redis_url)
     try:
-        return await reap_once(client, settings, backends)
+        async with _host_turn(settings.work_dir):
+            return await reap_once(client, settings, backends)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise ServiceUnavailable(f"the reaper could not reach Redis: {exc}") from exc
     finally:
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _host_turn(work_dir: Path) -> AsyncIterator[None]:
+    """Hold the host's reaper lock (a file next to ``work_dir``) while the body runs."""
+    fd = open_lock(work_dir.with_name(f".{work_dir.name}.reaper.lock"))
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock

@@ -1,0 +1,203 @@
+"""The control-plane client against a real Redis: one job id names one spec, and a reader
+of one attempt sees that attempt only. The worker's side is played here through the
+same lease and fenced-sink code a worker uses (the Celery path is in test_service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from tests.conftest import REPO
+from worker import keys
+from worker.client import Client
+from worker.client.client import spec_digest
+from worker.errors import EventsTrimmed, JobConflict
+from worker.events.emitter import EventEmitter
+from worker.events.fenced import FencedStreamSink, SinkPolicy
+from worker.jobs.spec import parse_job
+from worker.leases import lease as leases
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def _job(job_id: str, prompt: str = "scenario: hello", **extra: Any) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "job_id": job_id,
+        "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": "/tmp"},
+        "prompt": prompt,
+        **extra,
+    }
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[Client]:
+    # The broker is this test database too: nothing consumes it, the flush clears it.
+    with Client(redis_url, settings=Settings(redis_url=redis_url, broker_url=redis_url)) as c:
+        yield c
+
+
+def _run_attempt(redis_url: str, job_id: str, attempt: int, notices: int = 2) -> None:
+    """What a worker writes for one attempt: notices, then ``job.completed`` succeeded."""
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            lease = await leases.acquire(client, job_id, worker_id="sim", ttl=30, attempt=attempt)
+            assert isinstance(lease, leases.Lease), lease
+            sink = FencedStreamSink(client, lease, policy=SinkPolicy())
+            emitter = EventEmitter(job_id=job_id, attempt=attempt, sinks=[sink])
+            for i in range(notices):
+                await emitter.emit("notice", {"level": "info", "code": "t", "message": str(i)})
+            await emitter.emit(
+                "job.completed",
+                {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1},
+            )
+            await emitter.close()
+            await leases.release(client, lease)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def _attempts(items: Any) -> list[tuple[int, str]]:
+    return [(i.event["attempt"], i.event["type"]) for i in items]
+
+
+# --- one job id, one spec -----------------------------------------------------------------
+
+
+def test_the_same_spec_is_idempotent_and_another_is_a_conflict(
+    client: Client, redis_url: str
+) -> None:
+    first = client.submit(_job("spec-1"))
+    # The same job written differently (a default spelled out): the same spec.
+    same = client.submit(_job("spec-1", limits={"timeout_s": 600}))
+    assert (first.outcome, same.outcome) == ("created", "exists")
+    assert first.state.fields["spec_digest"] == spec_digest(parse_job(_job("spec-1")))
+    with pytest.raises(JobConflict) as conflict:
+        client.submit(_job("spec-1", "scenario: hang"))
+    assert conflict.value.code == "job_conflict"
+    assert conflict.value.exit_code == 2
+    assert "spec-1" in conflict.value.message
+    details = conflict.value.details
+    assert (details["job_id"], details["attempt"], details["status"]) == ("spec-1", 1, "queued")
+    assert details["existing_digest"] == first.state.fields["spec_digest"]
+    assert details["submitted_digest"] != details["existing_digest"]
+    with pytest.raises(JobConflict):  # not settled: no new attempt, and no new spec
+        client.submit(_job("spec-1", "scenario: hang"), new_attempt=True)
+    state = client.get("spec-1")
+    assert parse_job(state.fields["job"]).prompt == "scenario: hello"  # untouched
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 1  # enqueued once, by the first submit
+
+
+def test_a_new_attempt_may_change_the_spec(client: Client, redis_url: str) -> None:
+    client.submit(_job("spec-2"))
+    _run_attempt(redis_url, "spec-2", 1)
+    with pytest.raises(JobConflict) as settled:
+        client.submit(_job("spec-2", "scenario: hang"))
+    assert "as a new attempt" in settled.value.message
+    retry = client.submit(_job("spec-2", "scenario: hang"), new_attempt=True)
+    assert (retry.outcome, retry.state.attempt) == ("retried", 2)
+    hang = spec_digest(parse_job(_job("spec-2", "scenario: hang")))
+    assert retry.state.fields["spec_digest"] == hang
+    assert client.submit(_job("spec-2", "scenario: hang")).outcome == "exists"
+    with pytest.raises(JobConflict):  # the first spec is the previous attempt's now
+        client.submit(_job("spec-2"))
+
+
+def test_a_state_without_a_digest_is_compared_by_its_stored_spec(
+    client: Client, redis_url: str
+) -> None:
+    """A worker that took a message published without ``submit`` recorded only the job."""
+    spec = parse_job(_job("spec-3"))
+
+    async def deliver() -> None:
+        aclient = aioredis.Redis.from_url(redis_url)
+        try:
+            got = await leases.acquire(
+                aclient, "spec-3", worker_id="w", ttl=30, job_json=spec.model_dump_json()
+            )
+            assert isinstance(got, leases.Lease)
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(deliver())
+    assert "spec_digest" not in client.get("spec-3").fields
+    assert client.submit(_job("spec-3")).outcome == "exists"
+    with pytest.raises(JobConflict):
+        client.submit(_job("spec-3", "scenario: hang"))
+
+
+def test_the_cli_names_the_conflict_and_exits_2(
+    client: Client, redis_url: str, tmp_path: Path
+) -> None:
+    client.submit(_job("spec-4"))
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(_job("spec-4", "scenario: hang")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
+    env["ACPW_BROKER_URL"] = redis_url
+    argv = [sys.executable, "-m", "worker.cli", "submit", str(path), "--json", "--redis", redis_url]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    [line] = out.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert error["code"] == "job_conflict"
+    assert "spec-4" in error["message"]
+
+
+# --- one attempt's events -----------------------------------------------------------------
+
+
+def test_an_attempt_is_read_from_where_it_begins(client: Client, redis_url: str) -> None:
+    client.submit(_job("att-1"))
+    _run_attempt(redis_url, "att-1", 1)
+    client.submit(_job("att-1"), new_attempt=True)
+    _run_attempt(redis_url, "att-1", 2, notices=1)
+    second = list(client.events("att-1", attempt=2))
+    assert _attempts(second) == [(2, "notice"), (2, "job.completed")]
+    followed = list(client.events("att-1", attempt=2, follow=True, timeout=10))
+    assert followed == second
+    assert _attempts(client.events("att-1", attempt=1)) == [(1, "notice")] * 2 + [
+        (1, "job.completed")
+    ]
+    # Attempt 1's events trimmed off the bounded stream: reading everything fails loudly,
+    # reading attempt 2 does not even look at them.
+    entries = [i.id for i in client.events("att-1")]
+    with redis.Redis.from_url(redis_url) as raw:
+        raw.hset(keys.state("att-1"), "events_trimmed_until", entries[2])
+        raw.xtrim(keys.events("att-1"), minid=entries[3])
+    with pytest.raises(EventsTrimmed):
+        list(client.events("att-1"))
+    assert list(client.events("att-1", attempt=2, follow=True, timeout=10)) == second
+
+
+def test_follow_ends_at_the_attempt_current_when_it_began(client: Client, redis_url: str) -> None:
+    client.submit(_job("att-2"))
+    _run_attempt(redis_url, "att-2", 1)
+    following = client.events("att-2", follow=True, timeout=10)
+    first = next(following)  # the follow has begun: attempt 1 is the current one
+    client.submit(_job("att-2"), new_attempt=True)
+    _run_attempt(redis_url, "att-2", 2)
+    rest = list(following)
+    assert _attempts([first, *rest]) == [(1, "notice")] * 2 + [(1, "job.completed")]
+    # Begun now, it replays attempt 1 and ends at attempt 2's completion, not at 1's.
+    everything = _attempts(client.events("att-2", follow=True, timeout=10))
+    assert everything[-1] == (2, "job.completed")
+    assert everything.count((1, "job.completed")) == 1
