@@ -59,7 +59,7 @@ class LocalWorkspace(_Strict):
 
 
 class GitWorkspace(_Strict):
-    """A Git repository cloned by the worker (shallow, no submodules, no LFS by default)."""
+    """A Git repository cloned by the worker (shallow, no submodules by default, never LFS)."""
 
     kind: Literal["git"]
     url: str = Field(min_length=1, max_length=2048, description="https://, ssh:// or git:// URL.")
@@ -69,12 +69,27 @@ class GitWorkspace(_Strict):
     commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")
     depth: int | None = Field(default=1, ge=1, le=1_000_000, description="None: full history.")
     submodules: bool = False
-    lfs: bool = False
+    lfs: bool = Field(
+        default=False,
+        description="Must be false: this worker does not fetch LFS objects (LFS pointer files "
+        "are checked out as they are).",
+    )
     credential: str | None = Field(
         default=None,
         pattern=r"^[A-Z][A-Z0-9_]{0,63}$",
-        description="Name in `credentials` whose value authenticates HTTPS (never stored).",
+        description="Name in `credentials` whose value authenticates HTTPS to `url` (and below) "
+        "only: never stored, never sent to other repositories (submodules) or redirects.",
     )
+
+    @field_validator("lfs")
+    @classmethod
+    def _no_lfs(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "LFS fetch is not supported by this worker (LFS pointer files are checked "
+                "out as they are); set it to false"
+            )
+        return value
 
 
 class S3Workspace(_Strict):
@@ -246,6 +261,16 @@ class JobSpec(_Strict):
                     "`<scheme>:<where>`, never the secret itself"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _workspace_credential_bound(self) -> JobSpec:
+        name = getattr(self.workspace, "credential", None)
+        if name is not None and name not in self.credentials:
+            # Cloning without it would fail later, or silently fetch a public mirror.
+            raise ValueError(
+                f"workspace.credential names {name}, which `credentials` does not bind"
+            )
+        return self
 
     @field_validator("labels")
     @classmethod
