@@ -51,7 +51,13 @@ from worker.sandbox.local import sandbox_owner
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.workspace.bundle import BundleTarget, upload_bundle
-from worker.workspace.changes import Captured, capture, write_patch
+from worker.workspace.changes import (
+    Captured,
+    capture,
+    capture_limits,
+    incomplete_notice,
+    write_patch,
+)
 from worker.workspace.changes import event_data as changes_event
 from worker.workspace.prepare import Prepared, prepare_workspace, write_labels
 from worker.workspace.stage import StagedWorkspace
@@ -572,9 +578,7 @@ class _Job:
         settings = self.settings
         patch_path = settings.results_dir / self.spec.job_id / str(self.attempt) / "changes.patch"
         try:
-            captured = await asyncio.to_thread(
-                capture, workspace, inline_limit=settings.patch_inline_bytes
-            )
+            captured = await asyncio.to_thread(capture, workspace, limits=capture_limits(settings))
             ref = None
             if captured.changes:
                 ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
@@ -584,6 +588,9 @@ class _Job:
         self.phases.mark("capture")
         data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
         await self.emitter.emit("workspace.changed", data)
+        notice = incomplete_notice(captured)
+        if notice is not None:
+            await self.emitter.emit("notice", notice)
         target = self._bundle_target()
         if target is not None and captured.changes:
             self.result = await self._upload(target, captured, workspace)
@@ -609,7 +616,9 @@ class _Job:
                 attempt=self.attempt, captured=captured, workspace=workspace.path,
             )  # fmt: skip
         except ResultUploadFailed as exc:
+            # Whatever the job's status: said now, and again in job.completed.
             self.upload_error = exc
+            await self.emitter.emit("notice", _upload_failed_notice(exc))
             return None
         self.phases.mark("bundle_upload")
         return ref
@@ -620,23 +629,32 @@ class _Job:
         error = None
         if outcome.error is not None:
             error = outcome.error.to_dict()
-        await self.emitter.emit(
-            "job.completed",
-            {
-                "status": outcome.status,
-                "stop_reason": outcome.stop_reason,
-                "error": error,
-                "duration_ms": self.phases.total_ms(),
-                "timings_ms": dict(self.phases.marks),
-                "result": self.result,
-            },
-        )
+        data: dict[str, Any] = {
+            "status": outcome.status,
+            "stop_reason": outcome.stop_reason,
+            "error": error,
+            "duration_ms": self.phases.total_ms(),
+            "timings_ms": dict(self.phases.marks),
+            "result": self.result,
+        }
+        if self.upload_error is not None:  # `result` is null: the bundle is not there
+            data["result_error"] = self.upload_error.to_dict()
+        await self.emitter.emit("job.completed", data)
 
 
 def _workspace_credential(spec: JobSpec) -> list[str]:
     """The credential a git workspace fetches with (never given to the agent)."""
     name = getattr(spec.workspace, "credential", None)
     return [name] if isinstance(name, str) else []
+
+
+def _upload_failed_notice(exc: ResultUploadFailed) -> dict[str, Any]:
+    return {
+        "level": "error",
+        "code": exc.code,
+        "message": f"the result bundle was not uploaded: {exc.message}",
+        "details": dict(exc.details),
+    }
 
 
 def _capture_failed(exc: OSError) -> dict[str, Any]:

@@ -54,7 +54,22 @@ class Settings(BaseSettings):
         description="Where captured patches are written (results/<job>/<attempt>/).",
     )
     patch_inline_bytes: int = Field(
-        default=1024 * 1024, description="Files larger than this are listed, not inlined."
+        default=1024 * 1024,
+        gt=0,
+        description="Files larger than this are listed in workspace.changed, not inlined in "
+        "the patch (`omitted_reason` `too_large`).",
+    )
+    patch_max_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        gt=0,
+        description="Largest patch: a file whose diff would take it past this is listed, not "
+        "inlined (`patch_full`).",
+    )
+    capture_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time budget of change capture: files not diffed by then are listed, not "
+        "inlined (`time_budget`), and a `patch_incomplete` notice says so.",
     )
     changed_paths_max: int = Field(
         default=500, description="Paths listed in workspace.changed (counts stay exact)."

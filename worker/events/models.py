@@ -383,6 +383,11 @@ class JobCompleted(_Data):
     duration_ms: float
     timings_ms: dict[str, float] = Field(default_factory=dict, description="Per phase.")
     result: ResultRef | None = Field(default=None, description="The uploaded result bundle.")
+    result_error: ErrorInfo | None = Field(
+        default=None,
+        description="Present when a result bundle upload was attempted and failed, whatever "
+        "the status (`result` is null then; a `notice` said so too).",
+    )
 
 
 EVENT_TYPES: dict[str, type[BaseModel]] = {

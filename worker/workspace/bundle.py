@@ -2,8 +2,9 @@
 
 Layout under ``prefix``: ``blobs/sha256/<hex>`` for each file and the patch (uploaded
 once per content), and ``jobs/<job>/<attempt>/manifest.json`` listing paths, digests,
-sizes and blob keys. Bytes are read back from the workspace and checked against the
-digests the capture measured before they are uploaded.
+sizes and blob keys, and which files the patch left out (and why: they are in the
+bundle in full all the same). Bytes are read back from the workspace and checked against
+the digests the capture measured before they are uploaded.
 """
 
 from __future__ import annotations
@@ -40,14 +41,21 @@ def upload_bundle(
     """Upload the bundle; returns the manifest's reference for ``job.completed``.
 
     Raises:
-        ResultUploadFailed: S3 kept failing after retries, a file changed since capture,
-            or the bundle is over its bound. Nothing is reported as uploaded then.
+        ResultUploadFailed: S3 kept failing after retries, a file changed or went away
+            since capture, or the bundle is over its bound. Nothing is reported as
+            uploaded then.
     """
     try:
         return _upload(client, target, captured, workspace, job_id=job_id, attempt=attempt)
     except _CLIENT_ERRORS as exc:
         raise ResultUploadFailed(
             f"result bundle upload to s3://{target.bucket}/{target.prefix} failed: {exc}",
+            bucket=target.bucket,
+        ) from None
+    except OSError as exc:
+        raise ResultUploadFailed(
+            f"{exc.filename or 'a changed file'} could not be read for the result bundle: "
+            f"{exc.strerror}",
             bucket=target.bucket,
         ) from None
 
@@ -62,7 +70,11 @@ def _upload(
     attempt: int,
 ) -> dict[str, Any]:
     uploader = _Blobs(client, target)
-    patch = uploader.put(captured.patch.text, "text/x-diff")
+    patch = {
+        **uploader.put(captured.patch.text, "text/x-diff"),
+        "complete": captured.patch.complete,
+        "omitted": [{"path": o.path, "reason": o.reason} for o in captured.patch.omitted],
+    }
     files = [_file(uploader, change, root) for change in captured.changes if _is_file(change)]
     manifest = {
         "v": 1,

@@ -1,15 +1,25 @@
-"""From two snapshots to the ``workspace.changed`` event and the patch file."""
+"""From two snapshots to the ``workspace.changed`` event and the patch file.
+
+Capture runs under a time budget (``PatchLimits.time_s``, from its start: the walk, then
+the patch). The walk always finishes (it reads only what changed since staging, which
+``limits.disk_mb`` bounds), so the list of changes is exact; the patch stops at the
+deadline, and what it left out is listed, with the reason, in the event and in a
+``patch_incomplete`` notice.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker.settings import Settings
 from worker.workspace.capture import Change, Entry, compare, snapshot
-from worker.workspace.patch import Patch, build_patch
+from worker.workspace.patch import Patch, PatchLimits, build_patch
 from worker.workspace.stage import StagedWorkspace
 
 STATUSES = ("added", "modified", "deleted", "mode_changed", "type_changed")
@@ -19,20 +29,32 @@ STATUSES = ("added", "modified", "deleted", "mode_changed", "type_changed")
 class Captured:
     changes: tuple[Change, ...]
     patch: Patch
+    limits: PatchLimits
 
 
-def capture(staged: StagedWorkspace, *, inline_limit: int) -> Captured:
+def capture_limits(settings: Settings) -> PatchLimits:
+    """The patch bounds a worker's settings give."""
+    return PatchLimits(
+        file_bytes=settings.patch_inline_bytes,
+        patch_bytes=settings.patch_max_bytes,
+        time_s=settings.capture_timeout_s,
+    )
+
+
+def capture(staged: StagedWorkspace, *, limits: PatchLimits) -> Captured:
     """Compare the workspace now with what it held at the start (call after the agent
     and everything in its sandbox are gone, so nothing changes underneath)."""
+    deadline = time.monotonic() + limits.time_s
     changes = tuple(compare(staged.before, snapshot(staged.path, staged.before)))
     patch = build_patch(
-        changes, source=staged.source, workspace=staged.path, inline_limit=inline_limit
+        changes, source=staged.source, workspace=staged.path, limits=limits, deadline=deadline
     )
-    return Captured(changes, patch)
+    return Captured(changes, patch, limits)
 
 
 def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
-    """Store the patch; returns its reference for the event."""
+    """Store the patch; returns its reference for the event (:func:`event_data` adds
+    what the patch left out)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(patch.text)
     return {
@@ -40,35 +62,78 @@ def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
         "path": str(path),
         "bytes": len(patch.text),
         "sha256": hashlib.sha256(patch.text).hexdigest(),
-        "omitted": list(patch.omitted),
     }
 
 
 def event_data(
     captured: Captured, patch_ref: dict[str, Any] | None, *, max_paths: int
 ) -> dict[str, Any]:
-    """``workspace.changed`` data: counts, a bounded path list, the patch reference."""
+    """``workspace.changed`` data: counts, a bounded path list, the patch reference with
+    what the patch left out (a path list bounded alike, exact counts by reason)."""
     counts: Counter[str] = Counter(change.status for change in captured.changes)
-    omitted = set(captured.patch.omitted)
+    omitted = {o.path: o.reason for o in captured.patch.omitted}
     listed = [_path(c, omitted) for c in captured.changes[:max_paths]]
+    patch = None
+    if patch_ref is not None:
+        patch = {**patch_ref, **_omissions(captured.patch, max_paths)}
     return {
         "counts": {status: counts.get(status, 0) for status in STATUSES},
         "total": len(captured.changes),
         "truncated": len(captured.changes) > max_paths,
         "paths": listed,
-        "patch": patch_ref,
+        "patch": patch,
     }
 
 
-def _path(change: Change, omitted: set[str]) -> dict[str, Any]:
+def _omissions(patch: Patch, max_paths: int) -> dict[str, Any]:
+    reasons = Counter(o.reason for o in patch.omitted)
+    return {
+        "complete": patch.complete,
+        "omitted": [_shown(o.path) for o in patch.omitted[:max_paths]],
+        "omitted_total": len(patch.omitted),
+        "omitted_reasons": dict(sorted(reasons.items())),
+    }
+
+
+def incomplete_notice(captured: Captured) -> dict[str, Any] | None:
+    """The ``notice`` saying what the patch left out and why (None when it has all)."""
+    patch, limits = captured.patch, captured.limits
+    if patch.complete:
+        return None
+    reasons = dict(sorted(Counter(o.reason for o in patch.omitted).items()))
+    why = ", ".join(f"{count} {reason}" for reason, count in reasons.items())
+    message = (
+        f"the patch leaves out {len(patch.omitted)} changed file(s) ({why}); "
+        "workspace.changed lists them with their size and sha256"
+    )
+    if "time_budget" in reasons:
+        message = f"change capture ran out of its {limits.time_s:g} s budget: {message}"
+    return {
+        "level": "warning",
+        "code": "patch_incomplete",
+        "message": message,
+        "details": {
+            "omitted_total": len(patch.omitted),
+            "reasons": reasons,
+            "file_bytes": limits.file_bytes,
+            "patch_bytes": limits.patch_bytes,
+            "time_s": limits.time_s,
+        },
+    }
+
+
+def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
     now = change.after or change.before
     assert now is not None
-    item: dict[str, Any] = {"path": change.path, "status": change.status, "kind": now.kind}
+    item: dict[str, Any] = {"status": change.status, "kind": now.kind}
+    item.update(_name("path", change.path))
     item.update(_facts("", change.after))
-    if change.before is not None and change.status in ("modified", "mode_changed", "type_changed"):
-        item.update(_facts("old_", change.before))
+    if change.before is not None and change.status != "added":
+        item.update(_facts("old_", change.before))  # a deleted path too: what it was
     if now.kind in ("file", "link"):
         item["in_patch"] = change.path not in omitted
+        if change.path in omitted:
+            item["omitted_reason"] = omitted[change.path]
     return item
 
 
@@ -80,5 +145,16 @@ def _facts(prefix: str, entry: Entry | None) -> dict[str, Any]:
         facts[f"{prefix}size"] = entry.size
         facts[f"{prefix}sha256"] = entry.sha256
     elif entry.kind == "link":
-        facts[f"{prefix}target"] = entry.target
+        facts.update(_name(f"{prefix}target", entry.target or ""))
     return facts
+
+
+def _name(key: str, name: str) -> dict[str, Any]:
+    """``{key: name}``; a name that is not UTF-8 (its bytes arrive as surrogates) with
+    those bytes as ``\\xNN`` and ``<key>_escaped``: an event is UTF-8 JSON."""
+    shown = _shown(name)
+    return {key: shown} if shown == name else {key: shown, f"{key}_escaped": True}
+
+
+def _shown(name: str) -> str:
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

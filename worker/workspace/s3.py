@@ -2,7 +2,9 @@
 
 boto3 runs with the worker's own AWS identity (never the agent's); the endpoint can be
 pointed elsewhere (``ACPW_S3_ENDPOINT_URL``: MinIO, moto in tests). boto3 errors are
-translated here, at the seam.
+translated here, at the seam: the request, and every read of a body (a connection cut
+mid-body, a body shorter than its ``Content-Length``, a read timeout), and the local
+writes of the download.
 """
 
 from __future__ import annotations
@@ -38,12 +40,18 @@ def fetch_snapshot(
     no devices, no traversal, no duplicates). Returns the object's sha256.
 
     Raises:
-        WorkspaceUnavailable: missing object, too large, digest mismatch, S3 failure.
+        WorkspaceUnavailable: missing object, too large, digest mismatch, S3 failure
+            (the request or the body, cut short or shorter than announced).
         ArchiveRefused: an entry the extraction rules refuse.
     """
     archive = dest.with_suffix(".download")
-    digest = _download(client, bucket=bucket, key=key, path=archive, max_bytes=max_bytes)
+    try:
+        digest = _download(client, bucket=bucket, key=key, path=archive, max_bytes=max_bytes)
+    except WorkspaceUnavailable:
+        archive.unlink(missing_ok=True)
+        raise
     if sha256 is not None and digest != sha256:
+        archive.unlink()
         raise WorkspaceUnavailable(
             f"s3://{bucket}/{key} does not match its pinned sha256",
             expected=sha256,
@@ -59,11 +67,23 @@ def fetch_snapshot(
 
 def _download(client: Any, *, bucket: str, key: str, path: Path, max_bytes: int) -> str:
     try:
-        response = client.get_object(Bucket=bucket, Key=key)
+        return _stream(client, bucket=bucket, key=key, path=path, max_bytes=max_bytes)
     except _CLIENT_ERRORS as exc:
         raise WorkspaceUnavailable(
             f"cannot fetch s3://{bucket}/{key}: {exc}", bucket=bucket, key=key
         ) from None
+    except OSError as exc:  # writing the download (no room), or a socket botocore let by
+        raise WorkspaceUnavailable(
+            f"cannot fetch s3://{bucket}/{key}: {exc.strerror or exc}",
+            bucket=bucket,
+            key=key,
+            errno=exc.errno,
+        ) from None
+
+
+def _stream(client: Any, *, bucket: str, key: str, path: Path, max_bytes: int) -> str:
+    """The body to ``path`` (botocore checks it against ``Content-Length`` at its end)."""
+    response = client.get_object(Bucket=bucket, Key=key)
     digest, total = hashlib.sha256(), 0
     with path.open("wb") as out:
         for chunk in response["Body"].iter_chunks(_CHUNK):
