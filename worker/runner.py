@@ -587,6 +587,7 @@ class _Job:
             return
         self.phases.mark("capture")
         data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
+        data["base"] = {"kind": self.spec.workspace.kind, **self.prepared.source_info}
         await self.emitter.emit("workspace.changed", data)
         notice = incomplete_notice(captured)
         if notice is not None:

@@ -337,6 +337,11 @@ class SessionTitled(_Attributed):
 
 class WorkspaceChanged(_OpenData):
     paths: list[dict[str, Any]]
+    base: dict[str, Any] | None = Field(
+        default=None,
+        description="What the changes are against: {kind: local}, {kind: git, commit} (the "
+        "commit the clone checked out) or {kind: s3, sha256} (the snapshot's digest).",
+    )
 
 
 class UsageCost(_Data):
