@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what `make demo` / `make test` need on a fresh Debian machine, idempotently:
-# bubblewrap (apt), a virtualenv with the package and its dev extras, a Redis answering
-# on 127.0.0.1:6379. Prints what it does; quiet when everything is already there.
+# bubblewrap and the rest from apt, Node.js >= 20 and npm >= 10.4 (pinned, from the npm
+# registry: scripts/node/install.sh), a virtualenv with the package and its dev extras, a
+# Redis answering on 127.0.0.1:6379. Prints what it does; quiet when everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+
+# $1 >= $2, as versions.
+at_least() { [ "$(printf '%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
@@ -23,14 +28,26 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # Image push/pull is tested against Debian's distribution (registry v2) server, which the
 # tests start on a loopback port themselves; the package's own service is not wanted.
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
+# The npm packs launch /usr/bin/node inside the sandbox (which sees the host's /usr) and
+# declare Node.js >= 20 (launch.runtime); building them needs npm >= 10.4 (--os/--cpu/
+# --libc). Debian 12 has 18 and 9.2: good enough to fetch the pinned ones with.
+node_major=$(/usr/bin/node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+need_node=false
+if [ "$node_major" -lt 20 ] || ! at_least "$(npm --version 2>/dev/null || echo 0)" 10.4.0; then
+  need_node=true
+  command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: apt-get install ${need_apt[*]}" >&2
-  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
   if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true
   fi
+fi
+if $need_node; then
+  echo "bootstrap: Node.js 20 and npm from the npm registry (scripts/node/install.sh)" >&2
+  $SUDO scripts/node/install.sh
 fi
 
 stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"

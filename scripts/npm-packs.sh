@@ -7,18 +7,34 @@
 #                                        # (re)pin NAME to SPEC (name@x.y.z), then commit
 #                                        # its package.json, package-lock.json, pack.json, lock/
 #
-# Needs Node >= 20 at /usr/bin/node (the packs launch it inside the sandbox) and npm
-# reaching the npm registry; npm's own cache (~/.npm) keeps repeat builds offline-fast.
+# Needs the Node.js each pack declares (launch.runtime: >= 20 at /usr/bin/node, which the
+# packs launch inside the sandbox), checked exactly as the worker checks it before a
+# launch, and npm >= 10.4 (--os/--cpu/--libc) reaching the npm registry; npm's own cache
+# (~/.npm) keeps repeat builds offline-fast. scripts/bootstrap.sh installs both, pinned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ACPW=${ACPW:-.venv/bin/acp-worker}
+PY=${PY:-.venv/bin/python}
 
-major=$(/usr/bin/node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
-if [ "$major" -lt 20 ]; then
-  echo "npm-packs: Node >= 20 is required at /usr/bin/node (found: ${major})" >&2
+"$PY" - <<'EOF'
+import sys
+from pathlib import Path
+
+from worker.errors import WorkerError
+from worker.packs.manifest import load_pack_dir
+from worker.packs.requirements import check_runtime
+
+for lock in sorted(Path("provider_packs").glob("*/package-lock.json")):
+    try:
+        check_runtime(load_pack_dir(lock.parent), "local")
+    except WorkerError as exc:
+        sys.exit(f"npm-packs: {exc.message} (scripts/bootstrap.sh installs it)")
+EOF
+npm_version=$(npm --version 2>/dev/null || echo 0)
+if [ "$(printf '%s\n' 10.4.0 "$npm_version" | sort -V | head -n1)" != 10.4.0 ]; then
+  echo "npm-packs: npm >= 10.4 is required (npm --version: $npm_version; scripts/bootstrap.sh installs it)" >&2
   exit 1
 fi
-command -v npm >/dev/null 2>&1 || { echo "npm-packs: npm is required" >&2; exit 1; }
 
 if [ "${1:-}" = "--lock" ]; then
   shift

@@ -1,12 +1,19 @@
 """``acp-worker agents probe PACK``: what an agent advertises, from inside its sandbox.
 
-The tool an operator uses when qualifying a new agent version: the pack is materialized
-and verified exactly as for a job, the agent starts in a sandbox with an empty workspace
-and no credentials, and the worker runs ``initialize`` then ``session/new``. Whatever
-the agent advertises is printed: protocol, agent info, capabilities, auth methods and,
-when a session could be opened without credentials, its modes, models and config
-options. A refused ``session/new`` (most agents want credentials first) is reported, not
-an error: the probe exits 0 once ``initialize`` succeeded.
+The tool an operator uses when qualifying a new agent version: the pack's runtime is
+checked and its closure materialized and verified exactly as for a job, the agent starts
+in a sandbox with an empty workspace, and the worker runs ``initialize`` then
+``session/new``. Whatever the agent advertises is printed: protocol, agent info,
+capabilities, auth methods and, when a session could be opened, its modes, models and
+config options. A refused ``session/new`` (most agents want credentials first) is
+reported, not an error: the probe exits 0 once ``initialize`` succeeded.
+
+``--credential NAME=REF`` (repeatable) binds a credential as a job does: ``NAME`` must be
+one the pack accepts, ``REF`` a reference of an enabled secret source (``env:VAR``,
+``file:PATH`` under ``ACPW_SECRETS_DIR``, …), never the secret. Anything else refuses the
+probe (``credential_refused``) before the agent starts. With a credential bound, the
+pack's ``launch.authenticate`` method is called after ``initialize``, as in a job. The
+values never reach the output: everything printed, errors included, is scrubbed.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import secrets
 import tempfile
 import time
@@ -25,10 +34,13 @@ from typing import Any
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.cli import add_json_flag
-from worker.errors import WorkerError
+from worker.credentials.redact import Redactor
+from worker.credentials.resolve import resolve_credentials, secret_sources
+from worker.errors import InvalidInput, WorkerError
 from worker.packs.cli import resolve_pack
+from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
-from worker.packs.runtime import PreparedPack, prepare_pack
+from worker.packs.runtime import PreparedPack, check_runtime, prepare_pack
 from worker.sandbox import base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.local import sandbox_owner
@@ -38,6 +50,8 @@ from worker.workspace.stage import remove_staged, stage_local
 PROBE_LIMITS = base.ResourceLimits(memory_bytes=2 * 1024**3, cpus=1.0, pids=512)
 # Notifications are summarized by kind; a probe is not a transcript.
 MAX_KINDS = 50
+# A credential name, as a job spec allows it.
+_CREDENTIAL_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,6 +66,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--timeout", type=float, default=30.0, metavar="S", help="seconds per request"
     )
     probe.add_argument("--no-session", action="store_true", help="stop after initialize")
+    probe.add_argument(
+        "--credential",
+        action="append",
+        default=[],
+        metavar="NAME=REF",
+        help="bind a credential the pack accepts, as a job does: REF is env:VAR, file:PATH "
+        "(under ACPW_SECRETS_DIR) or another enabled source, never the secret; repeatable",
+    )
     add_json_flag(probe)
     probe.set_defaults(handler=probe_command)
 
@@ -60,14 +82,65 @@ def probe_command(args: argparse.Namespace, settings: Settings) -> int:
     """``agents probe PACK``: exit 0 when ``initialize`` succeeded."""
     settings = settings.model_copy(update={"acp_request_timeout": args.timeout})
     pack = resolve_pack(args.pack, settings)
-    prepared = prepare_pack(settings, pack, args.platform)
-    backend = get_backend(settings.backend, settings)
-    report = asyncio.run(_probe(prepared, settings, backend, session=not args.no_session))
+    redactor = Redactor()
+    try:
+        credentials = bind_credentials(args.credential, pack, settings, redactor)
+        check_runtime(pack, settings.backend)
+        prepared = prepare_pack(settings, pack, args.platform)
+        backend = get_backend(settings.backend, settings)
+        probe = _probe(
+            prepared, settings, backend, session=not args.no_session, credentials=credentials
+        )
+        report = asyncio.run(probe)
+    except WorkerError as exc:
+        raise scrubbed(exc, redactor) from None
     if getattr(args, "json", False):
-        print(json.dumps(report, ensure_ascii=False, indent=2))
+        text = json.dumps(report, ensure_ascii=False, indent=2)
     else:
-        print(render(report))
+        text = render(report)
+    print(redactor.scrub(text))
     return 0
+
+
+def bind_credentials(
+    pairs: list[str], pack: Pack, settings: Settings, redactor: Redactor
+) -> dict[str, str]:
+    """``NAME=REF`` pairs resolved as a job's credentials (each value registered with
+    *redactor*); the pair itself is never echoed, it may be a secret typed by mistake.
+
+    Raises:
+        InvalidInput: not ``NAME=REF``, a malformed or repeated name.
+        CredentialRefused: a name the pack does not accept, a source not enabled, or a
+            reference that does not resolve.
+    """
+    refs: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, ref = pair.partition("=")
+        if not (sep and ref and _CREDENTIAL_NAME.match(name)):
+            raise InvalidInput(
+                "--credential takes NAME=REF with NAME like CURSOR_API_KEY and REF a "
+                "reference such as env:MY_KEY or file:key, never the secret itself",
+                field="credential",
+            )
+        if name in refs:
+            raise InvalidInput(f"--credential {name} is given twice", field="credential")
+        refs[name] = ref
+    return resolve_credentials(
+        refs,
+        allowed=pack.credentials,
+        sources=secret_sources(settings, os.environ),
+        redactor=redactor,
+    )
+
+
+def scrubbed(exc: WorkerError, redactor: Redactor) -> WorkerError:
+    """*exc* with every bound value masked in its message and details."""
+    if not redactor:
+        return exc
+    exc.message = redactor.scrub(exc.message)
+    exc.args = (exc.message,)
+    exc.details = json.loads(redactor.scrub(json.dumps(exc.details, default=str)))
+    return exc
 
 
 @dataclass(slots=True)
@@ -89,9 +162,14 @@ class _Seen:
 
 
 async def _probe(
-    prepared: PreparedPack, settings: Settings, backend: SandboxBackend, *, session: bool
+    prepared: PreparedPack,
+    settings: Settings,
+    backend: SandboxBackend,
+    *,
+    session: bool,
+    credentials: Mapping[str, str],
 ) -> dict[str, Any]:
-    report: dict[str, Any] = {"pack": prepared.event_data()}
+    report: dict[str, Any] = {"pack": prepared.event_data(), "credentials": sorted(credentials)}
     job_id = f"probe-{secrets.token_hex(4)}"
     settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
     workspace = settings.work_dir / job_id
@@ -100,7 +178,9 @@ async def _probe(
         with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
             staged = stage_local(Path(empty), workspace, owner=sandbox_owner(settings))
         sandbox = await backend.create(_spec(job_id, prepared, staged.path, settings))
-        report.update(await _run_agent(sandbox, prepared, settings, session=session))
+        report.update(
+            await _run_agent(sandbox, prepared, settings, session=session, credentials=credentials)
+        )
     finally:
         if sandbox is not None:
             await backend.destroy(sandbox.sandbox_id)
@@ -125,9 +205,14 @@ def _spec(job_id: str, prepared: PreparedPack, workspace: Path, settings: Settin
 
 
 async def _run_agent(
-    sandbox: Sandbox, prepared: PreparedPack, settings: Settings, *, session: bool
+    sandbox: Sandbox,
+    prepared: PreparedPack,
+    settings: Settings,
+    *,
+    session: bool,
+    credentials: Mapping[str, str],
 ) -> dict[str, Any]:
-    plan = prepared.launch_plan({})
+    plan = prepared.launch_plan(credentials)
     seen = _Seen()
     process = await sandbox.spawn(
         plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
@@ -145,6 +230,11 @@ async def _run_agent(
     report: dict[str, Any] = {}
     try:
         report.update(await _initialize(client))
+        if credentials and plan.authenticate is not None:
+            # As a job does; without credentials the probe shows the unauthenticated view.
+            report["authenticate"] = await _authenticate(
+                client, plan.authenticate, report["auth_methods"]
+            )
         if session:
             report["session"] = await _session(client)
     except WorkerError as exc:
@@ -173,6 +263,14 @@ async def _initialize(client: AcpClient) -> dict[str, Any]:
 
 _INIT_KEYS = frozenset({"protocolVersion", "agentInfo", "agentCapabilities", "authMethods"})
 _SESSION_KEYS = ("modes", "models", "configOptions")
+
+
+async def _authenticate(client: AcpClient, method: str, offered: Any) -> dict[str, Any]:
+    try:
+        await client.authenticate(method, offered)
+    except WorkerError as exc:
+        return {"method": method, "ok": False, "error": exc.to_dict()}
+    return {"method": method, "ok": True}
 
 
 async def _session(client: AcpClient) -> dict[str, Any]:
@@ -217,7 +315,8 @@ def render(report: Mapping[str, Any]) -> str:
         f"caps      {_flat(report.get('agent_capabilities') or {})}",
         f"auth      {_auth(report.get('auth_methods') or [])}",
     ]
-    lines += _session_lines(report.get("session"))
+    lines += _credential_lines(report)
+    lines += _session_lines(report.get("session"), bool(report.get("credentials")))
     kinds = report.get("notifications") or {}
     if kinds:
         lines.append("sent      " + ", ".join(f"{k} x{n}" for k, n in kinds.items()))
@@ -238,13 +337,27 @@ def _auth(methods: list[Any]) -> str:
     return ", ".join(ids) if ids else "(none advertised)"
 
 
-def _session_lines(session: Mapping[str, Any] | None) -> list[str]:
+def _credential_lines(report: Mapping[str, Any]) -> list[str]:
+    names = report.get("credentials") or []
+    if not names:
+        return []
+    lines = ["bound     " + ", ".join(names)]
+    auth = report.get("authenticate")
+    if auth is not None:
+        error = auth.get("error") or {}
+        outcome = "ok" if auth["ok"] else f"refused: {error.get('message')} [{error.get('code')}]"
+        lines.append(f"authn     {auth['method']} {outcome}")
+    return lines
+
+
+def _session_lines(session: Mapping[str, Any] | None, bound: bool) -> list[str]:
     if session is None:
         return []
     if not session.get("opened"):
         error = session.get("error") or {}
         return [f"session   refused: {error.get('message')} [{error.get('code')}]"]
-    lines = ["session   opened without credentials"]
+    how = "with the bound credentials" if bound else "without credentials"
+    lines = [f"session   opened {how}"]
     modes = (session.get("modes") or {}).get("availableModes") or []
     if modes:
         lines.append("modes     " + ", ".join(str(m.get("id")) for m in modes))

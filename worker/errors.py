@@ -22,7 +22,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── CredentialRefused        credential_refused       3
     │   ├── AdmissionRefused         admission_refused        3
     │   ├── ModelUnavailable         model_unavailable        3
-    │   └── ImageMismatch            image_mismatch           3
+    │   ├── ImageMismatch            image_mismatch           3
+    │   └── RuntimeUnavailable       runtime_unavailable      3
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
@@ -138,6 +139,13 @@ class ArchiveRefused(Refused):
 
 class PlatformUnsupported(Refused):
     code = "platform_unsupported"
+
+
+class RuntimeUnavailable(Refused):
+    """This host lacks what a pack's launch needs outside its closure (``launch.runtime``):
+    ``details`` ``runtime``, ``required``, ``path``, ``found``, ``reason``."""
+
+    code = "runtime_unavailable"
 
 
 class CredentialRefused(Refused):

@@ -44,7 +44,13 @@ from worker.jobs.spec import JobSpec
 from worker.leases.owner import owner_labels
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
-from worker.packs.runtime import LaunchPlan, PreparedPack, load_declaration, prepare_pack
+from worker.packs.runtime import (
+    LaunchPlan,
+    PreparedPack,
+    check_runtime,
+    load_declaration,
+    prepare_pack,
+)
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.local import sandbox_owner
@@ -255,6 +261,7 @@ class _Job:
         half-way would leave what it was making behind)."""
         await self._unless_cancelled(cancel, "credentials")
         declaration = load_declaration(self.settings, self.spec.pack.name)
+        await asyncio.to_thread(check_runtime, declaration, self.backend.name)
         self._sessions(declaration.manifest.launch.session_store)
         credentials = await self._credentials(declaration.credentials)
         await self._unless_cancelled(cancel, "pack_verify")

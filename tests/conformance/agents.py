@@ -35,6 +35,13 @@ class Agent:
     # agent answer session/cancel within the grace period (else the worker kills it)?
     prompt_hangs: bool
     answers_cancel: bool
+    # What it sends on its own (notifications) offline with a (fake) key, each as
+    # `session/update:<kind>` or its method: at least these, every run (wire-tapped).
+    sends: frozenset[str]
+    # Of what it sends, what no canonical event holds (kept as provider.unmapped). Empty:
+    # its real traffic has no unknown kind; the emulator covers those
+    # (tests/integration/test_cursor_scenarios.py::test_unknown_kinds_and_fields_are_kept).
+    unmapped: frozenset[str] = frozenset()
     auth_rpc_code: int = -32000
 
 
@@ -46,6 +53,8 @@ AGENTS = (
         extra_paths=(("agent_capabilities", "_meta", "claudeCode"),),
         prompt_hangs=True,
         answers_cancel=True,
+        # Without a key, a `usage_update` sometimes follows the refused prompt.
+        sends=frozenset({"session/update:available_commands_update"}),
     ),
     Agent(
         pack="codex-acp",
@@ -57,6 +66,10 @@ AGENTS = (
         extra_paths=(("agent_capabilities", "_meta"), ("auth_methods", 0, "_meta", "api-key")),
         prompt_hangs=True,
         answers_cancel=False,
+        # After `authenticate`: an extension notification ({"authStatus": {...}}), no
+        # session/update at all before the prompt.
+        sends=frozenset({"_auth/status_update"}),
+        unmapped=frozenset({"_auth/status_update"}),
     ),
     Agent(
         pack="gemini-cli",
@@ -65,6 +78,7 @@ AGENTS = (
         extra_paths=(("auth_methods", 1, "_meta", "api-key"), ("auth_methods", 3, "_meta")),
         prompt_hangs=True,
         answers_cancel=False,
+        sends=frozenset({"session/update:available_commands_update"}),
     ),
 )
 BY_PACK = {agent.pack: agent for agent in AGENTS}

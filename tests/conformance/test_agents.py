@@ -4,19 +4,23 @@
 Per agent: initialize answers protocol 1 within 15 s and what it advertises lands in
 ``agent.initialized`` (shape pinned by a golden capture); without credentials the job
 fails ``auth_required`` with the agent's message, wherever the agent refuses; the extra
-fields it sends are kept; no process outlives the job. Where an agent's prompt hangs
-offline, a cancel settles ``cancelled`` within the grace period, and an agent that does
-not answer the cancel is killed.
+fields it sends are kept; no process outlives the job. Every notification the agent
+writes to its stdout (tapped on the wire, through the sandbox backend seam) becomes its
+canonical event or a ``provider.unmapped`` carrying its kind and raw payload: nothing is
+dropped. Where an agent's prompt hangs offline, a cancel settles ``cancelled`` within
+the grace period, and an agent that does not answer the cancel is killed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +43,15 @@ from tests.conformance.agents import (
     shape,
     write_job,
 )
+from tests.conformance.wiretap import TappedBackend, WireTap
 from tests.procs import finish
+from worker.events.normalizer import KNOWN_FIELDS
 from worker.events.schema import event_schema
+from worker.events.sinks import MemorySink
+from worker.jobs.spec import parse_job
+from worker.runner import run_job as run_in_process
+from worker.sandbox.local import LocalBackend
+from worker.settings import Settings
 
 pytestmark = pytest.mark.conformance
 IDS = [agent.pack for agent in AGENTS]
@@ -104,9 +115,10 @@ def test_initialize_then_auth_required_without_credentials(
 
     for path in agent.extra_paths:  # extra fields the agent sent are kept, not dropped
         assert dig(init, path) is not None, path
-    for unmapped in of_type(stream, "provider.unmapped"):
-        assert unmapped["kind"]
-        assert "raw" in unmapped
+    # Offline without a key none of them sends anything that has no canonical event (what
+    # each one sends, and that every bit of it becomes an event, is checked on the wire
+    # by test_every_notification_on_the_wire_becomes_an_event).
+    assert of_type(stream, "provider.unmapped") == []
 
     assert processes_with(str(tmp_path), PACK_MOUNT) == []
 
@@ -194,3 +206,172 @@ def test_probe_prints_what_the_agent_advertises(
     assert report["shutdown"]["ended_by"] in {"eof", "term", "kill"}
     assert processes_with(str(tmp_path), PACK_MOUNT) == []
     assert BY_PACK[agent.pack] is agent
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=IDS)
+def test_probe_with_a_bound_key_shows_modes_and_models(
+    agent: Agent, tmp_path: Path, worker_env: dict[str, str]
+) -> None:
+    """``--credential NAME=env:VAR``: bound as a job binds it (and the pack's
+    ``authenticate`` called), so the session opens offline; the key is never printed."""
+    probe = ["agents", "probe", agent.pack, "--json"]
+    bind = ["--credential", f"{agent.credential}=env:CONFORMANCE_KEY"]
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *probe, *bind],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**worker_env, "CONFORMANCE_KEY": FAKE_KEY},
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert FAKE_KEY not in result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["credentials"] == [agent.credential]
+    if agent.auth_at == "authenticate":
+        assert report["authenticate"] == {"method": "api-key", "ok": True}
+    session = report["session"]
+    assert session["opened"], session
+    assert session["modes"]["availableModes"]
+    models = (session.get("models") or {}).get("availableModels") or []
+    options = [o for o in session.get("configOptions") or [] if o.get("category") == "model"]
+    assert models or options
+    assert processes_with(str(tmp_path), PACK_MOUNT) == []
+
+
+# The canonical events of each ACP update kind (DESIGN.md, "Canonical events"); any other
+# kind, and any notification other than session/update, is `provider.unmapped`.
+CANONICAL: dict[str, frozenset[str]] = {
+    "agent_message_chunk": frozenset({"message.delta"}),
+    "agent_thought_chunk": frozenset({"message.delta"}),
+    "user_message_chunk": frozenset({"message.delta"}),
+    "tool_call": frozenset({"tool.started"}),
+    "tool_call_update": frozenset({"tool.updated", "tool.completed"}),
+    "plan": frozenset({"plan.updated"}),
+    "available_commands_update": frozenset({"commands.available"}),
+    "current_mode_update": frozenset({"mode.changed"}),
+    "config_option_update": frozenset({"config.updated"}),
+    "session_info_update": frozenset({"session.titled"}),
+    "usage_update": frozenset({"usage.reported"}),
+    "subagent_spawned": frozenset({"delegation.started"}),
+    "subagent_state_update": frozenset({"delegation.updated", "delegation.completed"}),
+}
+Event = Mapping[str, Any]
+
+
+class _CancelAfterStart:
+    """An event sink that cancels the job ``delay`` seconds after ``session.started``."""
+
+    def __init__(self, cancel: asyncio.Event, delay: float) -> None:
+        self.cancel, self.delay = cancel, delay
+
+    async def write(self, event: Event, line: str) -> None:
+        if event["type"] == "session.started":
+            asyncio.get_running_loop().call_later(self.delay, self.cancel.set)
+
+    async def close(self) -> None:
+        return None
+
+
+def _is_notification(message: Mapping[str, Any]) -> bool:
+    return isinstance(message.get("method"), str) and "id" not in message
+
+
+def _kind(method: str, params: Any) -> str:
+    update = params.get("update") if isinstance(params, dict) else None
+    kind = update.get("sessionUpdate") if isinstance(update, dict) else None
+    return f"{method}:{kind}" if method == "session/update" else method
+
+
+def _unmapped_of(kind: str, raw: Any, *, partial: bool = False) -> Callable[[Event], bool]:
+    """``provider.unmapped`` of *kind* carrying exactly *raw* (bounded JSON, not cut)."""
+
+    def match(event: Event) -> bool:
+        data = event["data"]
+        return (
+            event["type"] == "provider.unmapped"
+            and data["kind"] == kind
+            and bool(data.get("partial")) == partial
+            and not data["raw"]["truncated"]
+            and json.loads(data["raw"]["text"]) == raw
+        )
+
+    return match
+
+
+def _canonical_of(kind: str) -> Callable[[Event], bool]:
+    # `usage.reported` with `available: false` is the worker's own (no usage from the agent).
+    return lambda e: e["type"] in CANONICAL[kind] and e["data"].get("available") is not False
+
+
+def _events_of(method: str, params: Any) -> list[Callable[[Event], bool]]:
+    """What one notification must have become, in order."""
+    update = params.get("update") if isinstance(params, dict) else None
+    kind = update.get("sessionUpdate") if isinstance(update, dict) else None
+    if method != "session/update" or kind not in CANONICAL:
+        named = kind if method == "session/update" and isinstance(kind, str) else method
+        return [_unmapped_of(named, params)]
+    wanted = [_canonical_of(kind)]
+    extra = {k: v for k, v in update.items() if k not in KNOWN_FIELDS[kind]}
+    if extra:  # fields no canonical field holds: kept beside it, marked partial
+        wanted.append(_unmapped_of(kind, extra, partial=True))
+    return wanted
+
+
+def _explain(wire: list[tuple[str, Any]], stream: list[Event]) -> set[int]:
+    """Match every notification, in order, to its events; the stream indices used."""
+    used: set[int] = set()
+    at = 0
+    for method, params in wire:
+        for wanted in _events_of(method, params):
+            found = next((i for i in range(at, len(stream)) if wanted(stream[i])), None)
+            assert found is not None, f"{_kind(method, params)} was dropped: {params!r:.300}"
+            used.add(found)
+            at = found + 1
+    return used
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=IDS)
+async def test_every_notification_on_the_wire_becomes_an_event(
+    agent: Agent, tmp_path: Path, closure_cache: Path
+) -> None:
+    """The job runs in process on the local backend, its agent's stdout tapped: with a
+    (fake) key each agent opens a session and sends what it sends before a prompt, which
+    then hangs offline and is cancelled."""
+    settings = Settings(
+        cache_dir=closure_cache,
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        session_dir=tmp_path / "sessions",
+        secrets_dir=tmp_path / "secrets",
+        shutdown_eof_grace=1.0,
+        shutdown_term_grace=1.0,
+        cancel_grace=1.0,
+    )
+    spec = parse_job(write_job(tmp_path, agent, with_key=True).read_bytes())
+    tap, memory, cancel = WireTap(), MemorySink(), asyncio.Event()
+    outcome = await run_in_process(
+        spec,
+        settings=settings,
+        backend=TappedBackend(LocalBackend(settings), tap),
+        sinks=[memory, _CancelAfterStart(cancel, 2.0)],
+        environ={},
+        base_dir=tmp_path,
+        cancel=cancel,
+    )
+    stream = [dict(e) for e in memory.events]
+    assert _check_stream(stream)["status"] == outcome.status == "cancelled"
+
+    wire = [(m["method"], m.get("params")) for m in tap.messages() if _is_notification(m)]
+    kinds = {_kind(method, params) for method, params in wire}
+    assert agent.sends <= kinds, f"sent: {sorted(kinds)}"
+    unknown = {k for k in kinds if k.removeprefix("session/update:") not in CANONICAL}
+    assert unknown == agent.unmapped  # empty: this agent sent no unknown kind
+    used = _explain(wire, stream)
+    unexplained = [
+        stream[i]["data"]
+        for i in range(len(stream))
+        if stream[i]["type"] == "provider.unmapped" and i not in used
+    ]
+    assert unexplained == []
+    assert FAKE_KEY not in json.dumps(stream)

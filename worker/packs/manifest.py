@@ -15,6 +15,11 @@ The manifest is hand-written (name, provider, launch) except ``platforms``, whos
         "closure": {"digest": "sha256:<hex>", "files": 7, "bytes": 40000}}}}
 
 ``{pack}`` in ``launch.argv`` stands for the verified closure directory.
+``launch.runtime`` (optional) is what the launch needs from the sandbox's root filesystem
+outside the closure: the npm packs' closures hold ``node_modules`` only and run the host's
+``/usr/bin/node`` (bound read-only with ``/usr``), so they declare
+``"runtime": {"node": ">=20"}`` and the worker checks it before launching
+(``worker.packs.requirements``).
 ``launch.session_store`` (optional) is where the agent records its sessions, relative to
 its HOME, one directory per session id: the worker keeps them between jobs there
 (``worker.sessions``), so ``session.resume`` works across jobs.
@@ -57,6 +62,10 @@ _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _SLUG = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 # A HOME-relative directory: plain components only (it becomes a bind target).
 _HOME_PATH = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,15}$"
+#: Names of a Node.js binary in ``launch.argv[0]`` (checked by ``launch.runtime.node``).
+NODE_NAMES = frozenset({"node", "nodejs"})
+# A minimum version: `>=MAJOR[.MINOR[.PATCH]]`, nothing fancier (no ranges, no tags).
+_AT_LEAST = r"^>=(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3})){0,2}$"
 
 
 class _Strict(BaseModel):
@@ -129,6 +138,27 @@ class PlatformPin(_Strict):
     closure: ClosurePin
 
 
+class Runtime(_Strict):
+    """What the launch needs from the sandbox's root filesystem, outside the closure.
+
+    Only what the closure cannot carry belongs here: an interpreter the launch runs from
+    the host's ``/usr``. Something inside the closure is pinned by the closure's digest.
+    """
+
+    node: Annotated[str, Field(pattern=_AT_LEAST)] = Field(
+        description="Minimum Node.js version, `>=MAJOR[.MINOR[.PATCH]]` (e.g. `>=20`), of "
+        "`launch.argv[0]` when that is a `node` binary, else of the `node` on the sandbox's "
+        "PATH."
+    )
+
+    @property
+    def node_minimum(self) -> tuple[int, int, int]:
+        """``node`` as a comparable ``(major, minor, patch)``."""
+        parts = [int(part) for part in self.node.removeprefix(">=").split(".")]
+        major, minor, patch = (*parts, 0, 0)[:3]
+        return major, minor, patch
+
+
 class Launch(_Strict):
     """How the agent starts: fixed argv, fixed env, the credentials it may receive."""
 
@@ -146,6 +176,11 @@ class Launch(_Strict):
         description="An ACP `authenticate` method id the worker calls after `initialize` "
         "(e.g. codex-acp's `api-key`, which reads the bound key from the environment).",
     )
+    runtime: Runtime | None = Field(
+        default=None,
+        description="What the launch needs outside its closure (e.g. the host's Node.js); "
+        "checked before every launch on backends that share the host's /usr.",
+    )
 
     @field_validator("session_store")
     @classmethod
@@ -154,6 +189,19 @@ class Launch(_Strict):
         if problem:
             raise ValueError(f"session_store must be a path relative to HOME: {problem}")
         return value
+
+    @model_validator(mode="after")
+    def _runtime_outside_closure(self) -> Launch:
+        # The worker reads the version by running the host's binary: never a node from the
+        # closure (pack code outside the sandbox), which the closure's digest pins anyway.
+        first = self.argv[0]
+        runs_node = PurePosixPath(first).name in NODE_NAMES
+        if self.runtime is not None and runs_node and not _host_path(first):
+            raise ValueError(
+                "launch.runtime.node checks the host's Node.js: launch.argv[0] must then "
+                f"be a host path such as /usr/bin/node, not {first!r}"
+            )
+        return self
 
     @model_serializer(mode="wrap")
     def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -164,6 +212,10 @@ class Launch(_Strict):
     def render_argv(self, closure: Path) -> list[str]:
         """argv with ``{pack}`` replaced by *closure*."""
         return [arg.replace("{pack}", str(closure)) for arg in self.argv]
+
+
+def _host_path(arg: str) -> bool:
+    return arg.startswith("/") and "{" not in arg
 
 
 class PackManifest(_Strict):

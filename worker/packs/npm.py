@@ -183,7 +183,8 @@ def _require_declaration(pack_dir: Path) -> None:
     if not (pack_dir / MANIFEST).is_file():
         raise InvalidInput(
             f"{pack_dir / MANIFEST} does not exist: write the pack declaration first "
-            '(launch.argv ["/usr/bin/node", "{pack}/node_modules/<package>/<entry>.js", …])',
+            '(launch.argv ["/usr/bin/node", "{pack}/node_modules/<package>/<entry>.js", …] '
+            'and launch.runtime {"node": ">=20"}: the host\'s node runs it)',
             path=str(pack_dir / MANIFEST),
             field="pack.json",
         )

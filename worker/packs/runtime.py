@@ -1,6 +1,9 @@
-"""The runner's seam to packs: resolve a declaration, prepare a verified closure.
+"""The runner's seam to packs: resolve a declaration, check its runtime, prepare a
+verified closure.
 
-``prepare_pack`` runs before every launch (in a thread: it is blocking I/O). It
+``check_runtime`` refuses a pack whose ``launch.runtime`` this host cannot provide (the
+host's Node.js for the npm packs; see ``worker.packs.requirements``), before anything is
+prepared. ``prepare_pack`` runs before every launch (in a thread: it is blocking I/O). It
 materializes the closure when the cache lacks it and always re-verifies it, so the agent
 starts only from bytes that match the pins at that moment.
 """
@@ -15,10 +18,17 @@ from typing import Any
 from worker.launch import LaunchPlan, launch_plan
 from worker.packs.cache import materialize
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
+from worker.packs.requirements import check_runtime
 from worker.packs.verify import VerifyStats, verify_closure
 from worker.settings import Settings
 
-__all__ = ["LaunchPlan", "PreparedPack", "load_declaration", "prepare_pack"]
+__all__ = [
+    "LaunchPlan",
+    "PreparedPack",
+    "check_runtime",
+    "load_declaration",
+    "prepare_pack",
+]
 
 
 @dataclass(frozen=True, slots=True)
