@@ -1,26 +1,51 @@
-"""``acp-worker run`` (one job in this process) and ``acp-worker schema``."""
+"""``acp-worker run`` (one job in this process) and ``acp-worker schema``.
+
+With ``--redis`` (or ``ACPW_REDIS_URL``) the job is owned the way the service owns a
+delivered one (``worker.leases.guarded``): its lease is taken with a fencing token before
+anything starts — a job id that already settled, or whose lease a live owner holds, is
+refused with exit 2 — renewed while the job runs, and the events reach
+``acpw:{J}:events`` only through the fenced sink, which settles the state hash and gives
+the job's keys their TTL. ``status``, ``events``, ``cancel`` and ``answer`` work on such a
+job as on a served one. If Redis stays away longer than ``sink_retry_s``, the job fails
+with ``sink_unavailable`` while stdout and ``--events-out`` still get its
+``job.completed``; its lease is then left to expire, so a reaper settles it ``lost``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
 
 from worker.cli import add_json_flag
-from worker.errors import InvalidJobSpec, SinkUnavailable
+from worker.errors import InvalidInput, InvalidJobSpec, SinkUnavailable
+from worker.events.fenced import FencedStreamSink
 from worker.events.progress import ProgressSink
 from worker.events.schema import event_schema
-from worker.events.sinks import EventSink, JsonlSink, RedisStreamSink
-from worker.jobs.spec import JobSpec, parse_job
+from worker.events.sinks import EventSink, JsonlSink
+from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
+from worker.leases import lease as leases
+from worker.leases.guarded import lease_guards, release_lease, sink_policy
+from worker.leases.lease import Lease, Refusal, redis_client
+from worker.leases.reaper import mark_lost
 from worker.runner import run_job
 from worker.sandbox import BACKENDS, get_backend
+from worker.sandbox.base import LABEL_TOKEN
 from worker.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("job", type=Path, help="job spec JSON file (`-` for stdin)")
     run.add_argument("--backend", choices=BACKENDS, default=None, help="sandbox backend")
     run.add_argument("--events-out", type=Path, default=None, help="also write events (JSONL)")
-    run.add_argument("--redis", default=None, metavar="URL", help="also stream events to Redis")
+    run.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="also stream events to Redis, under the job's lease (like a served job)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_json_flag(run)
     run.set_defaults(handler=_run)
@@ -61,34 +91,147 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(_run_async(args, settings, spec, base_dir))
 
 
+@dataclass(frozen=True, slots=True)
+class _Ownership:
+    """What running under the job's lease adds to a run (the default: no Redis)."""
+
+    client: aioredis.Redis | None = None  # also reads acpw:{J}:control (cancel, answers)
+    sinks: tuple[EventSink, ...] = ()
+    attempt: int = 1
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
 async def _run_async(
     args: argparse.Namespace, settings: Settings, spec: JobSpec, base_dir: Path
 ) -> int:
     cancel = asyncio.Event()
     _install_signals(cancel)
+    backend = get_backend(settings.backend, settings)
+    url = args.redis or settings.redis_url
     async with AsyncExitStack() as stack:
-        sinks = await _sinks(args, settings, spec, stack)
+        owned = _Ownership()
+        if url:
+            owned = await _own(
+                url, settings=settings, spec=spec, base_dir=base_dir, stack=stack, cancel=cancel
+            )
         outcome = await run_job(
             spec,
             settings=settings,
-            backend=get_backend(settings.backend, settings),
-            sinks=sinks,
+            backend=backend,
+            sinks=[*_local_sinks(args, stack), *owned.sinks],
             environ=dict(os.environ),
             base_dir=base_dir,
+            attempt=owned.attempt,
             cancel=cancel,
-            control=_control_client(sinks),
+            labels=owned.labels,
+            control=owned.client,
         )
     return outcome.exit_code
 
 
-def _control_client(sinks: list[EventSink]) -> Any:
-    """With --redis, the same connection carries interaction answers (acpw:{J}:control)."""
-    return next((s.client for s in sinks if isinstance(s, RedisStreamSink)), None)
+async def _own(
+    url: str,
+    *,
+    settings: Settings,
+    spec: JobSpec,
+    base_dir: Path,
+    stack: AsyncExitStack,
+    cancel: asyncio.Event,
+) -> _Ownership:
+    """Take the job's lease (or refuse the job), guard it while the job runs, give it back
+    after — unless the stream could not be settled: then it expires and a reaper settles
+    the job ``lost``."""
+    client = redis_client(url)
+    stack.push_async_callback(client.aclose)
+    with _reaching_redis():
+        lease = await _acquire(client, spec, settings, _recorded(spec, base_dir))
+    policy = sink_policy(settings)
+    sink = FencedStreamSink(client, lease, policy=policy, raise_when_broken=True)
+    stack.push_async_callback(_release_unless_broken, client, lease, sink)
+    await stack.enter_async_context(lease_guards(client, lease, settings, cancel))
+    return _Ownership(client, (sink,), lease.attempt, {LABEL_TOKEN: str(lease.token)})
 
 
-async def _sinks(
-    args: argparse.Namespace, settings: Settings, spec: JobSpec, stack: AsyncExitStack
-) -> list[EventSink]:
+async def _acquire(
+    client: aioredis.Redis, spec: JobSpec, settings: Settings, job_json: str
+) -> Lease:
+    """The lease of the job's current attempt (a job never seen is recorded as ``job_json``).
+
+    Raises:
+        InvalidInput: the attempt has settled, or a live owner holds its lease.
+    """
+    got = await _take(client, spec, settings, job_json)
+    if isinstance(got, Refusal) and got.reason == "orphaned":
+        # Its last owner's lease expired before it settled: settled `lost`, as the
+        # service does for a duplicate delivery (and as a reaper would).
+        await mark_lost(client, spec.job_id, settings)
+        got = await _take(client, spec, settings, job_json)
+    if isinstance(got, Refusal):
+        raise _refused(got)
+    return got
+
+
+async def _take(
+    client: aioredis.Redis, spec: JobSpec, settings: Settings, job_json: str
+) -> Lease | Refusal:
+    return await leases.acquire(
+        client,
+        spec.job_id,
+        worker_id=settings.worker_id,
+        ttl=settings.lease_ttl,
+        job_json=job_json,
+    )
+
+
+def _recorded(spec: JobSpec, base_dir: Path) -> str:
+    """The spec as the job's state records it: a relative local workspace made absolute,
+    as ``submit`` records it, so that submitting the same file finds this job (``exists``)
+    instead of a conflicting spec."""
+    workspace = spec.workspace
+    if isinstance(workspace, LocalWorkspace) and not Path(workspace.path).is_absolute():
+        where = str((base_dir / workspace.path).resolve())
+        spec = spec.model_copy(update={"workspace": workspace.model_copy(update={"path": where})})
+    return spec.model_dump_json()
+
+
+def _refused(refusal: Refusal) -> InvalidInput:
+    job = f"job {refusal.job_id!r} attempt {refusal.attempt}"
+    if refusal.reason == "settled":
+        why = f"has already settled ({refusal.detail}); run it again under a new job_id"
+    elif refusal.reason == "held":
+        why = "is running: a live owner holds its lease"
+    else:
+        why = f"cannot be run here ({refusal.reason}: {refusal.detail})"
+    return InvalidInput(
+        f"{job} {why}; nothing was started",
+        job_id=refusal.job_id,
+        attempt=refusal.attempt,
+        reason=refusal.reason,
+    )
+
+
+@contextlib.contextmanager
+def _reaching_redis() -> Iterator[None]:
+    try:
+        yield
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise SinkUnavailable(f"cannot reach Redis: {exc}") from exc
+
+
+async def _release_unless_broken(
+    client: aioredis.Redis, lease: Lease, sink: FencedStreamSink
+) -> None:
+    if sink.broken:
+        log.warning(
+            "the events of %s could not be settled in Redis: its lease is left to "
+            "expire, then a reaper settles it lost",
+            lease.job_id,
+        )
+        return
+    await release_lease(client, lease)
+
+
+def _local_sinks(args: argparse.Namespace, stack: AsyncExitStack) -> list[EventSink]:
     sinks: list[EventSink] = []
     if not args.quiet:
         sinks.append(ProgressSink(sys.stderr))
@@ -97,25 +240,7 @@ async def _sinks(
     if args.events_out is not None:
         handle = stack.enter_context(args.events_out.open("w", encoding="utf-8"))
         sinks.append(JsonlSink(handle, flush_each=False))
-    url = args.redis or settings.redis_url
-    if url:
-        sinks.append(await _redis_sink(url, settings, spec, stack))
     return sinks
-
-
-async def _redis_sink(
-    url: str, settings: Settings, spec: JobSpec, stack: AsyncExitStack
-) -> EventSink:
-    import redis.asyncio as aioredis
-    import redis.exceptions
-
-    client: Any = aioredis.Redis.from_url(url)
-    stack.push_async_callback(client.aclose)
-    try:
-        await client.ping()
-    except (redis.exceptions.RedisError, OSError) as exc:
-        raise SinkUnavailable(f"cannot reach Redis: {exc}") from None
-    return RedisStreamSink(client, spec.job_id, maxlen=settings.events_maxlen)
 
 
 def _install_signals(cancel: asyncio.Event) -> None:

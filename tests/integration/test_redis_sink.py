@@ -1,47 +1,109 @@
-"""The Redis Stream sink against a real Redis: order, contiguity, batching, MAXLEN."""
+"""How the fenced Redis Stream sink fails, against a real Redis: typed, once, and never
+taking the job's other sinks down with it (``acp-worker run --redis`` relies on this)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from worker import keys
-from worker.errors import SinkUnavailable
+from worker.errors import LeaseLost, SinkUnavailable
 from worker.events.emitter import EventEmitter
-from worker.events.sinks import RedisStreamSink
+from worker.events.fenced import FencedStreamSink, SinkPolicy
+from worker.events.sinks import MemorySink
+from worker.leases import lease as leases
+from worker.leases.lease import Lease
+
+pytestmark = pytest.mark.integration
 
 
-async def test_events_arrive_in_order_with_contiguous_seq(aredis: aioredis.Redis) -> None:
-    sink = RedisStreamSink(aredis, "job-r1", maxlen=10_000)
-    emitter = EventEmitter(job_id="job-r1", attempt=1, sinks=[sink])
-    for i in range(500):
-        await emitter.emit("notice", {"level": "info", "code": "n", "message": str(i)})
-    await emitter.close()
-    entries = await aredis.xrange(keys.events("job-r1"))
-    events = [json.loads(fields[b"event"]) for _, fields in entries]
-    assert [e["seq"] for e in events] == list(range(1, 501))
-    assert [e["data"]["message"] for e in events] == [str(i) for i in range(500)]
+async def _notice(emitter: EventEmitter, text: str) -> None:
+    await emitter.emit("notice", {"level": "info", "code": "t", "message": text})
 
 
-async def test_stream_is_bounded_approximately(aredis: aioredis.Redis) -> None:
-    sink = RedisStreamSink(aredis, "job-r2", maxlen=100)
-    emitter = EventEmitter(job_id="job-r2", attempt=1, sinks=[sink])
-    for i in range(2000):
-        await emitter.emit("notice", {"level": "info", "code": "n", "message": str(i)})
-    await emitter.close()
-    length = await aredis.xlen(keys.events("job-r2"))
-    assert 100 <= length < 2000
-    last = await aredis.xrevrange(keys.events("job-r2"), count=1)
-    assert json.loads(last[0][1][b"event"])["seq"] == 2000
+async def _until_raised(emitter: EventEmitter) -> tuple[Exception, int]:
+    """Emit notices until one raises; returns the error and how many went out before."""
+    for i in range(300):
+        try:
+            await _notice(emitter, str(i))
+        except (SinkUnavailable, LeaseLost) as exc:
+            return exc, i
+        await asyncio.sleep(0.01)
+    raise AssertionError("the sink never reported its failure")
 
 
-async def test_unreachable_redis_is_a_typed_error() -> None:
+async def _take(client: aioredis.Redis, job_id: str, attempt: int | None = None) -> Lease:
+    got = await leases.acquire(client, job_id, worker_id="w1", ttl=30, attempt=attempt)
+    assert isinstance(got, Lease), got
+    return got
+
+
+@pytest.fixture
+async def nowhere() -> AsyncIterator[aioredis.Redis]:
+    """A client of a Redis that is not there (connections refused at once)."""
     client = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
-    sink = RedisStreamSink(client, "job-r3", maxlen=10)
-    emitter = EventEmitter(job_id="job-r3", attempt=1, sinks=[sink])
-    await emitter.emit("notice", {"level": "info", "code": "n", "message": "x"})
+    yield client
+    await client.aclose()
+
+
+async def test_redis_gone_for_good_raises_once_and_keeps_the_other_sinks(
+    nowhere: aioredis.Redis,
+) -> None:
+    lease = Lease("job-s1", 1, 1, "w1")
+    policy = SinkPolicy(retry_for=0.3)
+    local = MemorySink()
+    sink = FencedStreamSink(nowhere, lease, policy=policy, raise_when_broken=True)
+    emitter = EventEmitter(job_id="job-s1", attempt=1, sinks=[local, sink])
+    started = time.monotonic()
+    raised, before = await _until_raised(emitter)
+    assert isinstance(raised, SinkUnavailable)
+    assert time.monotonic() - started < 3  # the retry budget, not forever
+    assert sink.broken
+    await _notice(emitter, "after")  # the failed sink is out; the others go on
+    await emitter.emit("job.completed", {"status": "failed"})
+    assert [e["seq"] for e in local.events] == list(range(1, before + 4))
+    with pytest.raises(SinkUnavailable) as info:
+        await emitter.close()
+    assert info.value.details["undelivered"] >= 1
+
+
+async def test_by_default_a_broken_sink_reports_only_at_close(nowhere: aioredis.Redis) -> None:
+    broken = asyncio.Event()
+    sink = FencedStreamSink(
+        nowhere, Lease("job-s2", 1, 1, "w1"), policy=SinkPolicy(retry_for=0.2), on_broken=broken.set
+    )
+    emitter = EventEmitter(job_id="job-s2", attempt=1, sinks=[sink])
+    await _notice(emitter, "0")
+    await asyncio.wait_for(broken.wait(), 5)
+    await _notice(emitter, "1")  # dropped quietly: the service cancels through on_broken
     with pytest.raises(SinkUnavailable):
         await emitter.close()
-    await client.aclose()
+
+
+async def test_a_taken_over_lease_raises_lease_lost_and_writes_nothing_more(
+    aredis: aioredis.Redis,
+) -> None:
+    old = await _take(aredis, "job-s3")
+    local = MemorySink()
+    sink = FencedStreamSink(aredis, old, policy=SinkPolicy(), raise_when_broken=True)
+    emitter = EventEmitter(job_id="job-s3", attempt=1, sinks=[local, sink])
+    await _notice(emitter, "mine")
+    for _ in range(100):  # let the first batch land
+        if await aredis.xlen(keys.events("job-s3")):
+            break
+        await asyncio.sleep(0.01)
+    await aredis.delete(keys.lease("job-s3"))
+    await _take(aredis, "job-s3", attempt=2)
+    raised, _ = await _until_raised(emitter)
+    assert isinstance(raised, LeaseLost)
+    await emitter.emit("job.completed", {"status": "failed"})
+    with pytest.raises(LeaseLost):
+        await emitter.close()
+    assert local.events[-1]["type"] == "job.completed"
+    stored = [json.loads(f[b"event"]) for _, f in await aredis.xrange(keys.events("job-s3"))]
+    assert [e["data"]["message"] for e in stored] == ["mine"]

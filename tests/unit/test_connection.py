@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from worker.acp.connection import Connection, RpcError
-from worker.errors import AgentExited, AgentTimeout, LineTooLong
+from worker.errors import AgentExited, AgentTimeout, LineTooLong, SinkUnavailable, WorkerError
 
 
 class Peer:
@@ -207,3 +207,67 @@ async def test_deeply_nested_json_is_malformed_not_fatal() -> None:
     await conn.aclose()
     w1.close()
     w2.close()
+
+
+async def _failing_pair(
+    **handlers: Any,
+) -> tuple[Connection, Peer, asyncio.StreamWriter]:
+    left, right = socket.socketpair()
+    r1, w1 = await asyncio.open_connection(sock=left, limit=2**24)
+    r2, w2 = await asyncio.open_connection(sock=right, limit=2**24)
+    conn = Connection(r1, w1, line_limit=1024, request_timeout=2, **handlers)
+    conn.start()
+    return conn, Peer(r2, w2), w1
+
+
+async def _close(conn: Connection, peer: Peer, writer: asyncio.StreamWriter) -> None:
+    await conn.aclose()
+    writer.close()
+    peer.writer.close()
+
+
+async def test_a_failing_notification_handler_fails_pending_requests_typed() -> None:
+    async def sink_gone(method: str, params: Any) -> None:
+        raise SinkUnavailable("could not write events to Redis")
+
+    conn, peer, writer = await _failing_pair(on_notification=sink_gone)
+    call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "method": "session/update", "params": {}})
+    with pytest.raises(SinkUnavailable):  # at once, not after a timeout
+        await asyncio.wait_for(call, 2)
+    assert isinstance(conn.closed.result(), SinkUnavailable)
+    with pytest.raises(SinkUnavailable):  # and every later request, without waiting
+        await conn.request("session/cancel", {}, timeout=None)
+    await _close(conn, peer, writer)
+
+
+async def test_a_bug_in_a_handler_is_a_typed_failure_not_a_dead_reader() -> None:
+    async def buggy(preview: str, reason: str) -> None:
+        raise KeyError("oops")
+
+    conn, peer, writer = await _failing_pair(on_malformed=buggy)
+    call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    await peer.recv()
+    await peer.send(b"not json")
+    with pytest.raises(WorkerError) as info:
+        await asyncio.wait_for(call, 2)
+    assert info.value.code == "worker_error"
+    assert "KeyError" in info.value.message
+    await _close(conn, peer, writer)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+async def test_a_failing_request_handler_ends_the_connection(inline: bool) -> None:
+    conn, peer, writer = await _failing_pair()
+
+    async def ask(params: Any) -> Any:
+        raise SinkUnavailable("could not record the question")
+
+    conn.route("cursor/ask_question", ask, inline=inline)
+    call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "id": 3, "method": "cursor/ask_question", "params": {}})
+    with pytest.raises(SinkUnavailable):
+        await asyncio.wait_for(call, 2)
+    await _close(conn, peer, writer)

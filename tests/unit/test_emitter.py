@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from worker.credentials.redact import MASK, Redactor
+from worker.errors import LeaseLost, SinkUnavailable
 from worker.events.emitter import EventEmitter
 from worker.events.sinks import MemorySink
 
@@ -67,3 +70,67 @@ def test_short_values_are_not_registered() -> None:
     redactor = Redactor()
     redactor.register("ab")
     assert redactor.scrub("about") == "about"
+
+
+class _BrokenPipeSink(MemorySink):
+    """Takes ``ok`` events, then fails like stdout whose reader went away."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+        self.calls = 0
+
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        self.calls += 1
+        if self.calls > self.ok:
+            raise BrokenPipeError(32, "Broken pipe")
+        await super().write(event, line)
+
+
+class _FencedOut(MemorySink):
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        raise LeaseLost("the job's lease belongs to another owner", job_id="j1")
+
+
+async def _notice(emitter: EventEmitter, text: str) -> None:
+    await emitter.emit("notice", {"level": "info", "code": "c", "message": text})
+
+
+async def test_a_failing_sink_does_not_take_the_others_down() -> None:
+    before, broken, after = MemorySink(), _BrokenPipeSink(ok=1), MemorySink()
+    emitter = EventEmitter(job_id="j1", attempt=1, sinks=[before, broken, after])
+    await _notice(emitter, "1")
+    with pytest.raises(SinkUnavailable) as info:  # raised once, typed, to whoever emitted
+        await _notice(emitter, "2")
+    assert isinstance(info.value.__cause__, BrokenPipeError)
+    await _notice(emitter, "3")  # not raised again: the failed sink is out of the fan-out
+    await emitter.emit("job.completed", {"status": "failed"})
+    for sink in (before, after):
+        assert [e["seq"] for e in sink.events] == [1, 2, 3, 4]
+    assert broken.calls == 2
+    with pytest.raises(SinkUnavailable):  # and reported again when the sinks are closed
+        await emitter.close()
+    assert emitter.failure is info.value
+
+
+async def test_a_sink_failing_on_job_completed_does_not_unwind_the_settling() -> None:
+    good, broken = MemorySink(), _BrokenPipeSink(ok=0)
+    emitter = EventEmitter(job_id="j1", attempt=1, sinks=[broken, good])
+    event = await emitter.emit("job.completed", {"status": "succeeded"})
+    assert emitter.completed is event
+    assert [e["type"] for e in good.events] == ["job.completed"]
+    with pytest.raises(SinkUnavailable):
+        await emitter.close()
+
+
+async def test_a_sink_failure_that_unwound_the_job_is_settled_at_close() -> None:
+    good = MemorySink()
+    emitter = EventEmitter(job_id="j1", attempt=3, sinks=[good, _FencedOut()])
+    with pytest.raises(LeaseLost):  # a sink's own typed error passes through as it is
+        await _notice(emitter, "1")
+    with pytest.raises(LeaseLost):  # nobody settled the job: close() does, then reports
+        await emitter.close()
+    assert [(e["seq"], e["type"]) for e in good.events] == [(1, "notice"), (2, "job.completed")]
+    done = good.events[-1]["data"]
+    assert (done["status"], done["error"]["code"]) == ("failed", "lease_lost")
+    assert done["duration_ms"] >= 0

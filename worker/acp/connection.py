@@ -15,6 +15,11 @@ exact method name; unknown methods get -32601.
 - A malformed line (not JSON, not an object, not JSON-RPC) is reported through
   ``on_malformed`` and skipped; a line longer than ``line_limit`` is fatal
   (:class:`LineTooLong`), because memory must stay bounded.
+- A handler that raises (anything but :class:`RpcError`, which is an answer) ends the
+  connection: ``closed`` resolves with the handler's :class:`WorkerError` (any other
+  exception is wrapped in one and logged with its traceback), and every pending and
+  later request raises it. The job then fails with that typed error at once, instead
+  of waiting on a reader that is gone (an event sink that lost Redis, for instance).
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError
+from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError, WorkerError
+
+log = logging.getLogger(__name__)
 
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
@@ -54,6 +62,14 @@ class RpcError(Exception):
         if self.data is not None:
             out["data"] = self.data
         return out
+
+
+class _HandlerFailed(Exception):
+    """A handler raised while the reader awaited it: the connection ends with ``reason``."""
+
+    def __init__(self, reason: WorkerError) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +167,8 @@ class Connection:
 
     def _closed_error(self, method: str) -> BaseException:
         reason = self.closed.result()
-        if isinstance(reason, LineTooLong | ProtocolError):
-            return reason
+        if isinstance(reason, WorkerError) and not isinstance(reason, AgentExited):
+            return reason  # a line too long, a protocol error, a failed handler
         return AgentExited(f"agent closed the connection during {method}", method=method)
 
     async def notify(self, method: str, params: Any) -> None:
@@ -189,6 +205,8 @@ class Connection:
             self._close(AgentExited("agent closed its stdout"))
         except (LineTooLong, ProtocolError) as exc:
             self._close(exc)
+        except _HandlerFailed as exc:
+            self._close(exc.reason)
         except (ConnectionError, OSError) as exc:
             self._close(AgentExited("agent stdout failed", error=str(exc)))
 
@@ -227,14 +245,21 @@ class Connection:
         method, params = message["method"], message.get("params")
         if "id" not in message:
             if self._on_notification is not None:
-                await self._on_notification(method, params)
+                await _handled(method, self._on_notification(method, params))
             return
         if method in self._inline:
-            await self._answer(message["id"], method, params)
+            await _handled(method, self._answer(message["id"], method, params))
             return
-        task = asyncio.create_task(self._answer(message["id"], method, params))
+        task = asyncio.create_task(self._answer_apart(message["id"], method, params))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _answer_apart(self, request_id: Any, method: str, params: Any) -> None:
+        """``_answer`` in a task of its own, where a failure would otherwise go unseen."""
+        try:
+            await self._answer(request_id, method, params)
+        except Exception as exc:  # any handler failure ends the connection, typed
+            self._close(_handler_failure(method, exc))
 
     async def _answer(self, request_id: Any, method: str, params: Any) -> None:
         handler = self._handlers.get(method)
@@ -252,7 +277,7 @@ class Connection:
                     result, after = result.result, result.after
                 reply["result"] = result
         sent = False
-        with contextlib.suppress(AgentExited, LineTooLong, ProtocolError):
+        with contextlib.suppress(WorkerError):  # the connection is closed: nobody to tell
             await self._send(reply)
             sent = True
         if after is not None:
@@ -271,7 +296,8 @@ class Connection:
 
     async def _malformed(self, line: bytes, reason: str) -> None:
         if self._on_malformed is not None:
-            await self._on_malformed(line[:512].decode("utf-8", "replace"), reason)
+            preview = line[:512].decode("utf-8", "replace")
+            await _handled("a malformed line", self._on_malformed(preview, reason))
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -286,6 +312,23 @@ class Connection:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _handled(what: str, call: Awaitable[None]) -> None:
+    """Await a handler on the reader; its failure ends the reading loop, typed."""
+    try:
+        await call
+    except Exception as exc:  # any handler failure ends the connection, typed
+        raise _HandlerFailed(_handler_failure(what, exc)) from exc
+
+
+def _handler_failure(what: str, exc: Exception) -> WorkerError:
+    """The typed reason a failed handler closes the connection with (logged here)."""
+    if isinstance(exc, WorkerError):
+        log.error("the handler of %s failed: %s [%s]", what, exc.message, exc.code)
+        return exc
+    log.exception("the handler of %s failed", what, exc_info=exc)
+    return WorkerError(f"the handler of {what} failed: {exc!r}", method=what)
 
 
 def _rpc_error(error: Any) -> RpcError:

@@ -9,6 +9,12 @@ When Redis is briefly unreachable the sink keeps events in a bounded in-memory q
 and retries with exponential backoff (tenacity); a full queue makes ``write`` wait, so
 nothing is dropped and nothing is reordered. Retrying a batch whose reply was lost is
 safe: the program skips every ``seq`` at or below the last one it appended.
+
+Once the sink is broken (fenced, or Redis away longer than the retry budget) it takes
+nothing more. By default ``write`` then drops events quietly and ``close`` reports the
+failure: the service cancels the job through ``on_broken``. With ``raise_when_broken``
+(``acp-worker run --redis``) ``write`` raises the failure instead, so the emitter drops
+this sink, keeps the others, and the job fails with the typed error.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from worker.errors import LeaseLost, SinkUnavailable
+from worker.errors import LeaseLost, SinkUnavailable, WorkerError
 from worker.events.models import TERMINAL_TYPE
 from worker.leases import scripts
 from worker.leases.lease import REDIS_ERRORS, Lease, job_keys
@@ -63,6 +69,7 @@ class FencedStreamSink:
         policy: SinkPolicy,
         on_broken: Callable[[], None] = lambda: None,
         on_written: Callable[[int], None] = lambda n: None,
+        raise_when_broken: bool = False,
     ) -> None:
         self._client = client
         self._lease = lease
@@ -71,6 +78,7 @@ class FencedStreamSink:
         self._keys = job_keys(lease.job_id)
         self._on_broken = on_broken
         self._on_written = on_written
+        self._raise_when_broken = raise_when_broken
         self._queue: collections.deque[_Pending] = collections.deque()
         self._wakeup = asyncio.Event()
         self._space = asyncio.Condition()
@@ -85,11 +93,24 @@ class FencedStreamSink:
         """True once the lease was found to belong to someone else."""
         return self._fenced
 
+    @property
+    def broken(self) -> bool:
+        """True once the sink takes nothing more: fenced, or Redis away for too long."""
+        return self._broken
+
     async def write(self, event: Mapping[str, Any], line: str) -> None:
+        """Queue one event; waits while the buffer is full.
+
+        Raises:
+            LeaseLost, SinkUnavailable: the sink is broken and ``raise_when_broken`` is set
+                (otherwise the event is dropped and ``close`` reports the failure).
+        """
+        await self._wait_for_space()  # returns early once the sink is broken
         if self._broken:
-            self.dropped += 1  # close() reports it; raising here would unwind the agent
+            self.dropped += 1
+            if self._raise_when_broken:
+                raise self._failure()
             return
-        await self._wait_for_space()
         status = str(event["data"].get("status", "")) if event["type"] == TERMINAL_TYPE else ""
         self._queue.append(_Pending(int(event["seq"]), status, line))
         self._wakeup.set()
@@ -186,13 +207,20 @@ class FencedStreamSink:
         if self._flusher is not None:
             self._wakeup.set()
             await self._flusher
+        if self._broken:
+            raise self._failure()
+
+    def _failure(self) -> WorkerError:
         if self._fenced:
-            raise LeaseLost(
+            return LeaseLost(
                 "the job's lease belongs to another owner; events were refused",
                 job_id=self._lease.job_id,
                 refused=self.dropped,
             )
-        if self._error is not None:
-            raise SinkUnavailable(
-                f"could not write events to Redis: {self._error}", job_id=self._lease.job_id
-            ) from self._error
+        error = SinkUnavailable(
+            f"could not write events to Redis: {self._error}",
+            job_id=self._lease.job_id,
+            undelivered=len(self._queue) + self.dropped,
+        )
+        error.__cause__ = self._error
+        return error

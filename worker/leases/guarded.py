@@ -5,6 +5,8 @@
 
 A delivery that does not get the lease (another live owner, an attempt that already
 settled, a stale attempt) is acknowledged and counted in the job's state, never run.
+``acp-worker run --redis`` owns its job with the same pieces: ``sink_policy``,
+``lease_guards`` and ``release_lease``.
 An invalid job spec whose id can be read settles with one ``job.completed`` carrying
 ``invalid_job_spec``; one without a readable id is only logged. Neither is retried.
 """
@@ -76,6 +78,33 @@ def sink_policy(settings: Settings) -> SinkPolicy:
         buffer_events=settings.sink_buffer_events,
         retry_for=settings.sink_retry_s,
     )
+
+
+@contextlib.asynccontextmanager
+async def lease_guards(
+    client: aioredis.Redis, lease: Lease, settings: Settings, cancel: asyncio.Event
+) -> AsyncIterator[None]:
+    """While the body runs, renew ``lease`` and follow the job's control stream; a lost
+    lease or a ``cancel`` entry sets ``cancel``."""
+    heartbeat = Heartbeat(
+        client,
+        lease,
+        ttl=settings.lease_ttl,
+        every=settings.lease_renew,
+        on_lost=cancel.set,
+        on_failure=metrics.lease_renew_failed,
+    )
+    watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
+    async with heartbeat.running(), watcher.running():
+        yield
+
+
+async def release_lease(client: aioredis.Redis, lease: Lease) -> None:
+    """Give the lease back; if Redis is away it expires and the reaper settles the job."""
+    try:
+        await leases.release(client, lease)
+    except leases.REDIS_ERRORS as exc:
+        log.warning("could not release the lease of %s: %s", lease.job_id, exc)
 
 
 async def run_delivery(
@@ -190,7 +219,7 @@ class _GuardedRun:
 
     async def _run_with_guards(self, spec: JobSpec, lease: Lease, observer: _Observer) -> str:
         cancel = asyncio.Event()
-        async with self._guards(lease, cancel):
+        async with lease_guards(self.client, lease, self.settings, cancel):
             sink = FencedStreamSink(
                 self.client,
                 lease,
@@ -212,25 +241,7 @@ class _GuardedRun:
         return outcome.status
 
     async def _release(self, lease: Lease) -> None:
-        """Give the lease back; if Redis is away it expires and the reaper settles the job."""
-        try:
-            await leases.release(self.client, lease)
-        except leases.REDIS_ERRORS as exc:
-            log.warning("could not release the lease of %s: %s", lease.job_id, exc)
-
-    @contextlib.asynccontextmanager
-    async def _guards(self, lease: Lease, cancel: asyncio.Event) -> AsyncIterator[None]:
-        heartbeat = Heartbeat(
-            self.client,
-            lease,
-            ttl=self.settings.lease_ttl,
-            every=self.settings.lease_renew,
-            on_lost=cancel.set,
-            on_failure=metrics.lease_renew_failed,
-        )
-        watcher = ControlWatcher(self.client, lease.job_id, lease.attempt, cancel)
-        async with heartbeat.running(), watcher.running():
-            yield
+        await release_lease(self.client, lease)
 
 
 def _as_job(payload: object) -> str | bytes | dict[str, Any]:

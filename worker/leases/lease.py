@@ -110,9 +110,11 @@ async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
 
 
 async def release(client: aioredis.Redis, lease: Lease) -> bool:
-    """Give the lease up; False when it was not ours any more."""
+    """Give the lease up; False when it was not ours any more (then the reaper's index
+    entry stays: it may be another owner's, or the hint that settles an expired one)."""
     ok = await client.eval(scripts.RELEASE, 1, keys.lease(lease.job_id), lease.token)
-    await client.zrem(keys.LEASES, lease.job_id)
+    if ok:
+        await client.zrem(keys.LEASES, lease.job_id)
     return bool(ok)
 
 
