@@ -26,6 +26,9 @@ from hypothesis import strategies as st
 from tests.integration.test_packs_integration import entry, reg, tar_bytes
 from worker.acp.connection import Connection
 from worker.errors import AgentExited, ArchiveRefused, LineTooLong
+from worker.events.emitter import EventEmitter
+from worker.events.normalizer import Normalizer
+from worker.events.sinks import JsonlSink
 from worker.packs.archive import ArchiveFormat, extract_tar
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -184,3 +187,33 @@ def test_corrupted_archives_are_refused_or_contained(
             assert {e.path for e in inventory} == {
                 p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()
             }
+
+
+def test_a_lone_surrogate_on_the_wire_reaches_every_sink_as_a_replacement(
+    tmp_path: Path,
+) -> None:
+    """JSON lets an agent write "\\ud800": the reader decodes it to a str no UTF-8 can
+    carry. Normalized and emitted, it must reach a real file as valid UTF-8."""
+    update = {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": "lone \ud800 surrogate"},
+    }
+    line = json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": "s1", "update": update}}).encode() + b"\n"  # fmt: skip
+    assert b"\\ud800" in line
+    _, notified, malformed, _ = asyncio.run(_feed([line]))
+    assert malformed == []
+    [(method, params)] = notified
+    assert method == "session/update"
+    events_file = tmp_path / "events.jsonl"
+
+    async def emit_all() -> None:
+        with events_file.open("w", encoding="utf-8") as stream:
+            emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
+            for type_, data in Normalizer(workspace_root="/workspace").normalize(params):
+                await emitter.emit(type_, data)
+
+    asyncio.run(emit_all())
+    [event] = [json.loads(x) for x in events_file.read_bytes().decode("utf-8").splitlines()]
+    assert event["type"] == "message.delta"
+    assert event["data"]["text"] == "lone \ufffd surrogate"

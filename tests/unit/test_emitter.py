@@ -134,3 +134,14 @@ async def test_a_sink_failure_that_unwound_the_job_is_settled_at_close() -> None
     done = good.events[-1]["data"]
     assert (done["status"], done["error"]["code"]) == ("failed", "lease_lost")
     assert done["duration_ms"] >= 0
+
+
+async def test_a_lone_surrogate_from_an_agent_becomes_a_replacement_character() -> None:
+    # JSON lets an agent write "\ud800"; decoded, it is a str no UTF-8 can carry.
+    text = json.loads('"ok \\ud800 and \\udfff, \\ud83d\\ude00 kept"')
+    sink = MemorySink()
+    emitter = EventEmitter(job_id="j", attempt=1, sinks=[sink])
+    sent = await emitter.emit("message.delta", {"text": text})
+    assert sent["data"]["text"] == "ok \ufffd and \ufffd, \U0001f600 kept"
+    assert sink.lines[-1].encode("utf-8")  # every sink gets a line that encodes
+    assert json.loads(sink.lines[-1])["data"]["text"] == sent["data"]["text"]

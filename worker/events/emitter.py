@@ -14,6 +14,7 @@ gone). The failure is raised once, from the ``emit`` that met it, so that whoeve
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,6 +24,8 @@ from worker.credentials.redact import Redactor
 from worker.errors import SinkUnavailable, WorkerError
 from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
 from worker.events.sinks import EventSink
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def utc_timestamp(now: float | None = None) -> str:
@@ -80,7 +83,15 @@ class EventEmitter:
         if self.completed is not None:
             raise RuntimeError(f"event {type_!r} after job.completed")
         event, line = self._serialize(type_, data, self._seq + 1)
-        if len(line.encode("utf-8")) > self._max_bytes:
+        try:
+            size = len(line.encode("utf-8"))
+        except UnicodeEncodeError:
+            # A lone surrogate (what JSON's "\ud800" decodes to, from an agent): no UTF-8
+            # can carry it, and every sink would fail on it. Each becomes U+FFFD.
+            line = _SURROGATE.sub("\ufffd", line)
+            event = json.loads(line)
+            size = len(line.encode("utf-8"))
+        if size > self._max_bytes:
             notice = self._oversize_notice(type_, line)
             event, line = self._serialize("notice", notice, self._seq + 1)
         self._seq += 1
