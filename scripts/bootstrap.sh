@@ -18,6 +18,11 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
+# Debian's python3 makes venvs only with python3-venv (ensurepip); not needed for a venv
+# that exists already.
+if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
 # The docker backend is tested against Podman's Docker-compatible API (DESIGN.md);
 # mmdebstrap builds the sandbox base image's rootfs from the configured apt mirror.
 command -v podman >/dev/null 2>&1 || need_apt+=(podman)
