@@ -130,6 +130,46 @@ def test_s3_job_exports_a_bundle_read_back_byte_exact(
     assert (manifest["patch"]["complete"], manifest["patch"]["omitted"]) == (True, [])
 
 
+def test_a_blob_already_in_the_bucket_is_not_sent_again(
+    s3: Any, s3_endpoint: str, tmp_path: Path
+) -> None:
+    bucket = _bucket(s3)
+    s3.put_object(Bucket=bucket, Key="snap.tar", Body=_tar([("a.txt", None, b"one\n")]))
+    # Two files with the same new content: one blob, counted once.
+    script = "#!scenario\nwrite a.txt same bytes\nwrite b.txt same bytes\n"
+    env = _env(tmp_path, ACPW_S3_ENDPOINT_URL=s3_endpoint, **S3_ENV)
+
+    def run(name: str) -> dict[str, Any]:
+        (tmp_path / name).mkdir()
+        job = _job(
+            tmp_path / name,
+            script,
+            workspace={"kind": "s3", "bucket": bucket, "key": "snap.tar"},
+            results={"bucket": bucket, "prefix": "results"},
+        )
+        result = run_cli(tmp_path / name, "run", str(job), "--json", "--quiet", env=env)
+        assert result.returncode == 0, result.stderr
+        ref = _check_stream(_events(result.stdout))["result"]
+        manifest: dict[str, Any] = json.loads(
+            s3.get_object(Bucket=bucket, Key=ref["key"])["Body"].read()
+        )
+        return manifest
+
+    first = run("one")
+    [key] = {f["key"] for f in first["files"]}
+    blob = s3.get_object(Bucket=bucket, Key=key)
+    body, digest = blob["Body"].read(), blob["Metadata"]["sha256"]
+    # Mark the stored blob: an upload by the next job would replace it, marker and all.
+    s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={"sha256": digest, "mark": "1"})
+    second = run("two")
+    assert {f["key"] for f in second["files"]} == {key}
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == {"sha256": digest, "mark": "1"}
+    # A blob whose recorded digest does not match is not trusted: uploaded again.
+    s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={"sha256": "0" * 64})
+    run("three")
+    assert s3.head_object(Bucket=bucket, Key=key)["Metadata"] == {"sha256": digest}
+
+
 def test_a_bounded_patch_is_said_in_the_events_and_the_bundle(
     s3: Any, s3_endpoint: str, tmp_path: Path
 ) -> None:

@@ -1,7 +1,8 @@
 """Result bundles: the patch and every changed file, content-addressed in S3.
 
 Layout under ``prefix``: ``blobs/sha256/<hex>`` for each file and the patch (uploaded
-once per content), and ``jobs/<job>/<attempt>/manifest.json`` listing paths, digests,
+once per content: a blob the bucket already holds, with that length and recorded sha256,
+is not sent again), and ``jobs/<job>/<attempt>/manifest.json`` listing paths, digests,
 sizes and blob keys, and which files the patch left out (and why: they are in the
 bundle in full all the same). Bytes are read back from the workspace and checked against
 the digests the capture measured before they are uploaded.
@@ -113,20 +114,40 @@ def _file(uploader: _Blobs, change: Change, root: Path) -> dict[str, Any]:
 
 
 class _Blobs:
+    """Content-addressed uploads: a blob already in the bucket (same key, length and
+    recorded sha256), or already sent by this job, is not sent again nor counted twice
+    toward the bound."""
+
     def __init__(self, client: Any, target: BundleTarget) -> None:
         self._client = client
         self._target = target
         self._sent = 0
+        self._known: set[str] = set()
 
     def put(self, data: bytes, content_type: str) -> dict[str, Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"{self._target.prefix}/blobs/sha256/{digest}".lstrip("/")
+        ref = {"key": key, "sha256": digest, "size": len(data)}
+        if digest in self._known:
+            return ref
         self._sent += len(data)
         if self._sent > self._target.max_bytes:
             raise ResultUploadFailed(
                 f"the result bundle exceeds {self._target.max_bytes} bytes",
                 bound=self._target.max_bytes,
             )
-        digest = hashlib.sha256(data).hexdigest()
-        key = f"{self._target.prefix}/blobs/sha256/{digest}".lstrip("/")
-        put_object(self._client, bucket=self._target.bucket, key=key, body=data,
-                   content_type=content_type)  # fmt: skip
-        return {"key": key, "sha256": digest, "size": len(data)}
+        if not self._stored(key, digest, len(data)):
+            put_object(self._client, bucket=self._target.bucket, key=key, body=data,
+                       content_type=content_type)  # fmt: skip
+        self._known.add(digest)
+        return ref
+
+    def _stored(self, key: str, digest: str, size: int) -> bool:
+        """Whether the bucket holds this blob already (any doubt: no, upload it)."""
+        try:
+            head = self._client.head_object(Bucket=self._target.bucket, Key=key)
+        except _CLIENT_ERRORS:
+            return False
+        return bool(
+            head.get("ContentLength") == size and head.get("Metadata", {}).get("sha256") == digest
+        )
