@@ -53,6 +53,12 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(platformdirs.user_data_dir("acp-worker")) / "results",
         description="Where captured patches are written (results/<job>/<attempt>/).",
     )
+    results_keep_s: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=0,
+        description="How long the reaper keeps a job attempt's captured patch in results_dir "
+        "after it was written; 0 keeps them forever.",
+    )
     patch_inline_bytes: int = Field(
         default=1024 * 1024,
         gt=0,

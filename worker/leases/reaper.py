@@ -15,6 +15,8 @@ one host on a lock file next to ``work_dir``):
    is removed once any ``keep_until`` the job asked for has passed, and never while a
    sandbox of the same job, attempt, token and owner is still there (it may hold the
    directory's workspace disk mounted).
+4. every attempt directory under ``results_dir`` (a captured patch) untouched for
+   ``results_keep_s`` is removed (never when that setting is 0).
 
 Left alone: sandboxes whose token this Redis never issued (another deployment sharing
 the host's sandbox state), and token-``0`` sandboxes whose owner cannot be judged from
@@ -29,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +68,7 @@ class ReapReport:
     destroyed: tuple[str, ...]
     failed: tuple[str, ...]
     workspaces: tuple[str, ...] = ()
+    results: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, list[str]]:
         return {
@@ -72,6 +76,7 @@ class ReapReport:
             "destroyed": list(self.destroyed),
             "failed": list(self.failed),
             "workspaces": list(self.workspaces),
+            "results": list(self.results),
         }
 
 
@@ -110,9 +115,54 @@ async def reap_once(
             await _sweep_sandbox(client, settings, backend, info, sweep)
         metrics.sandboxes_reaped(name, len(sweep.destroyed) - before)
     workspaces = await reap_workspaces(client, settings.work_dir, kept=frozenset(sweep.kept))
-    return ReapReport(
-        tuple(sweep.lost), tuple(sweep.destroyed), tuple(sweep.failed), tuple(workspaces)
+    results = await asyncio.to_thread(
+        reap_results, settings.results_dir, keep_s=settings.results_keep_s
     )
+    return ReapReport(
+        tuple(sweep.lost),
+        tuple(sweep.destroyed),
+        tuple(sweep.failed),
+        tuple(workspaces),
+        tuple(results),
+    )
+
+
+def reap_results(results_dir: Path, *, keep_s: float, now: float | None = None) -> list[str]:
+    """Remove ``<job>/<attempt>`` directories of ``results_dir`` nothing in which changed
+    for ``keep_s`` seconds (then their job directory, once empty); ``keep_s`` 0: none.
+
+    Returns the ``job/attempt`` names removed. Links are never followed; what cannot be
+    removed is logged and tried again by the next pass.
+    """
+    if keep_s <= 0 or not results_dir.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - keep_s
+    removed = []
+    for job_dir in sorted(results_dir.iterdir()):
+        if job_dir.is_symlink() or not job_dir.is_dir():
+            continue
+        for attempt_dir in sorted(job_dir.iterdir()):
+            if attempt_dir.is_symlink() or not attempt_dir.is_dir():
+                continue
+            if _newest_mtime(attempt_dir) >= cutoff:
+                continue
+            try:
+                shutil.rmtree(attempt_dir)
+            except OSError as exc:
+                log.warning("could not remove %s: %s", attempt_dir, exc)
+                continue
+            removed.append(f"{job_dir.name}/{attempt_dir.name}")
+        with contextlib.suppress(OSError):
+            job_dir.rmdir()  # only once empty
+    return removed
+
+
+def _newest_mtime(root: Path) -> float:
+    newest = root.lstat().st_mtime
+    for parent, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
+    return newest
 
 
 async def _sweep_sandbox(
