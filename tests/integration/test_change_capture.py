@@ -375,3 +375,23 @@ def test_a_job_that_writes_names_not_utf8_completes(tmp_path: Path) -> None:
     assert "path_escaped" not in by_path["l"]
     patch = Path(changed["patch"]["path"]).read_bytes()
     assert b"+++ b/x\xff\n" in patch
+
+
+def test_a_mode_change_is_in_the_patch_whatever_the_files_size(tmp_path: Path) -> None:
+    big = os.urandom(3 * 1024 * 1024)  # over the inline bound below, twice over
+    source, staged = _staged(tmp_path, {"big.bin": big, "run.sh": b"#!/bin/sh\n"})
+    (staged.path / "big.bin").chmod(0o755)
+    (staged.path / "run.sh").chmod(0o755)
+    captured = capture(staged, limits=PatchLimits(file_bytes=1024 * 1024))
+    assert {c.path: c.status for c in captured.changes} == {
+        "big.bin": "mode_changed",
+        "run.sh": "mode_changed",
+    }
+    assert captured.patch.omitted == ()
+    assert b"diff --git a/big.bin b/big.bin\nold mode 100644\nnew mode 100755\n" in (
+        captured.patch.text
+    )
+    data = _written(tmp_path, captured)
+    assert data["patch"]["complete"] is True
+    assert all(entry["in_patch"] for entry in data["paths"])
+    _apply(tmp_path, source, tmp_path / "out" / "changes.patch", staged)

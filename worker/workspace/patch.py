@@ -198,6 +198,8 @@ class _Builder:
             yield batch
 
     def _read(self, change: Change) -> list[_Part] | None:
+        if _mode_only(change):  # no content needed, whatever the file's size
+            return [_Part(change, b"", b"", "same")]
         reason = self._precheck(change)
         if reason is None:
             try:
@@ -296,6 +298,18 @@ def _parts(change: Change, old: bytes | None, new: bytes | None) -> list[_Part]:
     if change.after is not None and change.after.kind != "dir":
         parts.append(_part(Change(change.path, "added", None, change.after), None, new))
     return parts
+
+
+def _mode_only(change: Change) -> bool:
+    """A file whose mode changed and whose bytes did not (as measured)."""
+    before, after = change.before, change.after
+    return (
+        before is not None
+        and after is not None
+        and before.kind == after.kind == "file"
+        and before.sha256 == after.sha256
+        and _git_mode(before) != _git_mode(after)
+    )
 
 
 def _git_mode(entry: Entry | None) -> str | None:
