@@ -14,6 +14,9 @@ from collections import deque
 from worker.acp.connection import Connection, MalformedHandler, NotificationHandler
 from worker.sandbox.base import SandboxProcess
 
+#: Bound on reading what an exited agent left in its stdout pipe.
+_DRAIN_S = 2.0
+
 PREVIEW_BYTES = 4 * 1024
 
 
@@ -84,6 +87,10 @@ class AgentProcess:
         if code is None:
             self.process.kill()
             code = await self.process.wait()
+        # What the agent wrote before it exited may still be in the pipe: let the reader
+        # reach EOF (bounded: a stray child may hold stdout open) before closing.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.connection.closed), _DRAIN_S)
         await self.connection.aclose()
         if self._stderr_task is not None:
             with contextlib.suppress(asyncio.TimeoutError):
