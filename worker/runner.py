@@ -559,12 +559,14 @@ class _Job:
             await self.backend.destroy(self.sandbox.sandbox_id)
         await self._save_session()
         self.phases.mark("teardown")
-        if self.prepared.staged is not None and self.sandbox is not None:
-            await self._capture(self.prepared.staged)
-        if self.spec.keep_workspace and self.job_dir is not None:
-            await self._keep(self.job_dir)
-        else:
-            await self.prepared.remove()
+        try:
+            if self.prepared.staged is not None and self.sandbox is not None:
+                await self._capture(self.prepared.staged)
+        finally:  # a sink that failed on workspace.changed must not leave the workspace
+            if self.spec.keep_workspace and self.job_dir is not None:
+                await self._keep(self.job_dir)
+            else:
+                await self.prepared.remove()
 
     async def _keep(self, job_dir: Path) -> None:
         until = time.time() + self.settings.keep_workspace_s

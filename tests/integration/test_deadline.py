@@ -3,7 +3,7 @@ process with real bubblewrap (the local backend) and the Cursor emulator pack.
 
 A deadline that passes during preparation stops the job at the next phase boundary, and
 an agent that never answers while the session opens is cut at the deadline; both settle
-``timed_out`` and leave nothing behind.
+``timed_out`` and leave nothing behind. So does a sink that fails during teardown.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cancel import _job, _left_behind, _notices, _settings, _types
-from worker.errors import EXIT_TIMED_OUT
+from worker.errors import EXIT_TIMED_OUT, SinkUnavailable
 from worker.events.sinks import MemorySink
 from worker.jobs.spec import parse_job
 from worker.runner import run_job
@@ -82,3 +82,38 @@ def test_an_agent_silent_while_the_session_opens_is_cut_at_the_deadline(tmp_path
     assert "agent.initialized" not in _types(events)
     assert "agent_spawn" in events[-1]["data"]["timings_ms"]
     assert _left_behind(tmp_path, events[0]["job_id"]) == {"sandboxes": [], "work": [], "held": []}
+
+
+class _FailsOn:
+    """A sink that fails like an unreachable stream, at the first event of one type."""
+
+    def __init__(self, type_: str) -> None:
+        self.type_ = type_
+
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        if event["type"] == self.type_:
+            raise SinkUnavailable("the stream went away", key="test")
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_sink_failing_in_teardown_still_leaves_nothing_behind(tmp_path: Path) -> None:
+    spec = parse_job(_job(tmp_path, "#!scenario\nwrite new.txt hello\n"))
+    settings = _settings(tmp_path)
+    memory = MemorySink()
+    with pytest.raises(SinkUnavailable):
+        asyncio.run(
+            run_job(
+                spec,
+                settings=settings,
+                backend=LocalBackend(settings),
+                sinks=[memory, _FailsOn("workspace.changed")],
+                environ={},
+                cancel=asyncio.Event(),
+            )
+        )
+    types = _types([dict(e) for e in memory.events])
+    assert "workspace.changed" in types  # the other sink got it
+    assert types.count("job.completed") == 1
+    assert _left_behind(tmp_path, spec.job_id) == {"sandboxes": [], "work": [], "held": []}
