@@ -81,8 +81,10 @@ class Settings(BaseSettings):
         default=500, description="Paths listed in workspace.changed (counts stay exact)."
     )
     git_allowed_schemes: tuple[str, ...] = Field(
-        default=("https", "ssh", "git"),
-        description="Transports a git workspace may use (add `file` only for local tests).",
+        default=("https", "git"),
+        description="Transports a git workspace may use (add `file` only for local tests). "
+        "`ssh` is not in the default: git runs with an empty HOME, no key and strict host "
+        "key checking, and there is no way yet to give it a key or known hosts.",
     )
     git_timeout_s: float = Field(default=600.0, description="Bound on each git step.")
     workspace_max_bytes: int = Field(

