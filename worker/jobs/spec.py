@@ -62,7 +62,11 @@ class GitWorkspace(_Strict):
     """A Git repository cloned by the worker (shallow, no submodules by default, never LFS)."""
 
     kind: Literal["git"]
-    url: str = Field(min_length=1, max_length=2048, description="https://, ssh:// or git:// URL.")
+    url: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="https:// or git:// URL (see ACPW_GIT_ALLOWED_SCHEMES).",
+    )
     ref: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$", description="Branch or tag."
     )
