@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from worker.errors import SandboxError
+from worker.sandbox import cgroups
 from worker.sandbox.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -220,6 +222,32 @@ async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, Loc
     assert proc.pid in record.pids
     proc.kill()
     await proc.wait()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05])
+async def test_the_program_starts_inside_its_cgroups_however_slow_the_join(
+    local_box: tuple[LocalBackend, LocalSandbox], monkeypatch: pytest.MonkeyPatch, delay: float
+) -> None:
+    # A slow first migration (an RCU grace period on a cold kernel) must not let bwrap
+    # clone the sandbox, or the program run, outside the cgroups: the sandbox's cgroup
+    # namespace is then rooted at its own cgroup, so every line reads "/".
+    _, box = local_box
+    join = cgroups.join
+    calls: list[int] = []
+
+    def slow_join(cgs: cgroups.CgroupSet, pid: int) -> None:
+        if not calls:
+            time.sleep(delay)
+        calls.append(pid)
+        join(cgs, pid)
+
+    monkeypatch.setattr(cgroups, "join", slow_join)
+    rc, out, err = await _output(box, ["/bin/cat", "/proc/self/cgroup"])
+    assert rc == 0, err
+    lines = out.decode().splitlines()
+    assert {line.split(":", 1)[1] for line in lines if line.split(":")[1]} >= {"memory:/", "pids:/"}
+    assert all(line.endswith(":/") for line in lines), lines
+    assert len(calls) == 2  # bwrap, then its sandboxed child
 
 
 async def test_thorough_drop_also_empties_bwraps_bounding_set(

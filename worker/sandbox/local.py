@@ -546,41 +546,60 @@ def _child_pid(info_fd: int, deadline: float) -> int | None:
     return pid
 
 
-def _admit(cgs: cgroups.CgroupSet, pid: int, info_fd: int, gate_fd: int) -> None:
+def _admit(cgs: cgroups.CgroupSet, pid: int, options: bytes, fds: tuple[int, int, int]) -> None:
     """Put one spawn into the sandbox's cgroups, then let it run (blocking; a thread).
 
-    ``pid`` (nsenter, then bwrap: one pid across the execs) is moved first,
-    while it starts, so the migration's wait (an RCU grace period after an idle spell,
-    several ms) overlaps bwrap's start-up and mounts. Then the child bwrap reports on
-    ``info_fd`` is moved too (it may have been cloned before its parent moved) and only
-    then is ``gate_fd`` written: that child waits on it before it forks the sandbox's
-    init or execs the command, so not one instruction of the program runs outside the
-    cgroups. On any failure the spawn's process group is killed before the gate closes
-    (bwrap reads EOF on the gate as "go"). Owns and closes both descriptors.
+    ``fds``: the write end of bwrap's ``--args`` pipe, the read end of its ``--info-fd``,
+    the write end of its ``--block-fd`` gate. ``pid`` (nsenter, then bwrap: one pid
+    across the execs) is moved while it starts; bwrap waits for its options on the args
+    pipe, which are written only then, so it clones the sandbox inside the cgroups (and
+    the sandbox's cgroup namespace is rooted at its own cgroup: the agent sees ``/``).
+    The child bwrap reports on the info fd is moved too, and only then is the gate
+    written: that child waits on it before it forks the sandbox's init or execs the
+    command, so not one instruction of the program runs outside the cgroups. On any
+    failure the spawn's process group is killed before the gate closes (bwrap reads EOF
+    on the gate as "go"). Owns and closes the three descriptors.
 
     Raises:
         SandboxError: a cgroup could not be joined, or bwrap did not report in time.
     """
+    args_fd, info_fd, gate_fd = fds
     opened = False
     try:
         try:
             cgroups.join(cgs, pid)
-        except ProcessLookupError:
+            _write_all(args_fd, options)
+        except (ProcessLookupError, BrokenPipeError):
             return  # exited already (nsenter or bwrap refused): its stderr says why
+        os.close(args_fd)  # bwrap parses its options and clones, inside the cgroups
+        args_fd = -1
         child = _child_pid(info_fd, time.monotonic() + _ADMIT_TIMEOUT_S)
         if child is None:
             return
-        cgroups.join(cgs, child)
+        try:
+            cgroups.join(cgs, child)
+        except ProcessLookupError:
+            # The child died in its own set-up (a mount bwrap could not make): nothing
+            # can run, and bwrap's exit and stderr say why, so it is not killed.
+            opened = True
+            return
         os.write(gate_fd, b"1")
         opened = True
     except OSError as exc:
         raise SandboxError("cannot join the sandbox's cgroups", error=str(exc)) from exc
     finally:
-        if not opened:
+        if not opened:  # killed before its args or its gate read EOF: nothing runs
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-        os.close(info_fd)
-        os.close(gate_fd)
+        for fd in (args_fd, info_fd, gate_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _children(pid: int) -> list[int]:
@@ -735,10 +754,18 @@ class LocalSandbox:
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str, limit: int
     ) -> asyncio.subprocess.Process:
         filter_fd = _data_fd("acpw-seccomp", seccomp.program())
-        info_r, info_w = os.pipe()
-        gate_r, gate_w = os.pipe()
-        child_fds = [filter_fd, info_w, gate_r]
+        child_fds = [filter_fd]
+        ours: list[int] = []
         try:
+            info_r, info_w = os.pipe()
+            ours.append(info_r)
+            child_fds.append(info_w)
+            gate_r, gate_w = os.pipe()
+            ours.append(gate_w)
+            child_fds.append(gate_r)
+            args_r, args_w = os.pipe()  # filled once bwrap is in the cgroups: see _admit
+            ours.append(args_w)
+            child_fds.append(args_r)
             options = build_bwrap_options(
                 layout=self._backend.layout,
                 spec=self._spec,
@@ -748,10 +775,9 @@ class LocalSandbox:
                 cwd=cwd,
                 seccomp_fd=filter_fd,
             )
-            args_fd = _data_fd("acpw-bwrap-args", _nul_joined(options))
-            child_fds.append(args_fd)
+            data = _nul_joined(options)
             command = bwrap_command(
-                self._backend.bwrap_path(), args_fd, argv, info_fd=info_w, block_fd=gate_r
+                self._backend.bwrap_path(), args_r, argv, info_fd=info_w, block_fd=gate_r
             )
             proc = await asyncio.create_subprocess_exec(
                 *self._backend.privilege_drop(self._record),
@@ -765,15 +791,15 @@ class LocalSandbox:
                 start_new_session=True,
             )
         except BaseException:
-            os.close(info_r)
-            os.close(gate_w)
+            for fd in ours:
+                os.close(fd)
             raise
         finally:
             for fd in child_fds:
                 os.close(fd)
         # Submitted now, so the thread owns both descriptors whatever happens to us.
         admitted = asyncio.get_running_loop().run_in_executor(
-            None, _admit, self._record.cgroups, proc.pid, info_r, gate_w
+            None, _admit, self._record.cgroups, proc.pid, data, (args_w, info_r, gate_w)
         )
         try:
             await admitted
