@@ -4,8 +4,13 @@ Layout under ``prefix``: ``blobs/sha256/<hex>`` for each file and the patch (upl
 once per content: a blob the bucket already holds, with that length and recorded sha256,
 is not sent again), and ``jobs/<job>/<attempt>/manifest.json`` listing paths, digests,
 sizes and blob keys, and which files the patch left out (and why: they are in the
-bundle in full all the same). Bytes are read back from the workspace and checked against
-the digests the capture measured before they are uploaded.
+bundle in full all the same). A file's bytes are read back from the workspace in chunks
+into a private temporary file (``TMPDIR``), checked against the digest the capture
+measured, and uploaded from there: the worker never holds a whole file in memory, and
+the bound is checked with each file's captured size before it is read.
+
+The manifest is UTF-8 JSON: a name or link target that is not UTF-8 is written as in
+``workspace.changed``, its bytes as ``\\xNN`` with ``<key>_escaped: true`` beside it.
 """
 
 from __future__ import annotations
@@ -13,14 +18,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from worker.errors import ResultUploadFailed
-from worker.workspace.capture import Change
-from worker.workspace.changes import Captured
-from worker.workspace.s3 import _CLIENT_ERRORS, put_object
+from worker.workspace.capture import Change, Entry
+from worker.workspace.changes import Captured, named, shown
+from worker.workspace.s3 import _CLIENT_ERRORS, put_file, put_object
+
+_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +64,9 @@ def upload_bundle(
             bucket=target.bucket,
         ) from None
     except OSError as exc:
+        name = shown(os.fsdecode(exc.filename)) if exc.filename else "a changed file"
         raise ResultUploadFailed(
-            f"{exc.filename or 'a changed file'} could not be read for the result bundle: "
-            f"{exc.strerror}",
+            f"{name} could not be read for the result bundle: {exc.strerror}",
             bucket=target.bucket,
         ) from None
 
@@ -74,18 +84,18 @@ def _upload(
     patch = {
         **uploader.put(captured.patch.text, "text/x-diff"),
         "complete": captured.patch.complete,
-        "omitted": [{"path": o.path, "reason": o.reason} for o in captured.patch.omitted],
+        "omitted": [{**named("path", o.path), "reason": o.reason} for o in captured.patch.omitted],
     }
     files = [_file(uploader, change, root) for change in captured.changes if _is_file(change)]
     manifest = {
-        "v": 1,
+        "v": 2,
         "job_id": job_id,
         "attempt": attempt,
         "patch": patch,
         "files": files,
-        "deleted": [c.path for c in captured.changes if c.after is None],
+        "deleted": [named("path", c.path) for c in captured.changes if c.after is None],
         "links": [
-            {"path": c.path, "target": c.after.target}
+            {**named("path", c.path), **named("target", c.after.target or "")}
             for c in captured.changes
             if c.after is not None and c.after.kind == "link"
         ],
@@ -104,19 +114,32 @@ def _is_file(change: Change) -> bool:
 def _file(uploader: _Blobs, change: Change, root: Path) -> dict[str, Any]:
     entry = change.after
     assert entry is not None
-    fd = os.open(root / change.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(entry.size + 1)
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise ResultUploadFailed(f"{change.path} changed after capture", path=change.path)
-    blob = uploader.put(data, "application/octet-stream")
-    return {"path": change.path, "mode": f"{entry.mode:04o}", **blob}
+    blob = uploader.put_file(root / change.path, entry, name=shown(change.path))
+    return {**named("path", change.path), "mode": f"{entry.mode:04o}", **blob}
+
+
+@contextmanager
+def _verified_copy(path: Path, entry: Entry, *, name: str) -> Iterator[BinaryIO]:
+    """The file's bytes in a private temporary file, checked against the digest the
+    capture measured: read in chunks (never whole in memory, and no more than the
+    captured size and one byte), and what is uploaded is the copy nothing else can
+    change."""
+    digest, remaining = hashlib.sha256(), entry.size + 1
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb", buffering=0) as source, tempfile.TemporaryFile() as spool:
+        while remaining > 0 and (chunk := source.read(min(_CHUNK, remaining))):
+            digest.update(chunk)
+            spool.write(chunk)
+            remaining -= len(chunk)
+        if digest.hexdigest() != entry.sha256:
+            raise ResultUploadFailed(f"{name} changed after capture", path=name)
+        yield spool
 
 
 class _Blobs:
     """Content-addressed uploads: a blob already in the bucket (same key, length and
     recorded sha256), or already sent by this job, is not sent again nor counted twice
-    toward the bound."""
+    toward the bound. The bound is checked with the size before anything is read."""
 
     def __init__(self, client: Any, target: BundleTarget) -> None:
         self._client = client
@@ -125,20 +148,39 @@ class _Blobs:
         self._known: set[str] = set()
 
     def put(self, data: bytes, content_type: str) -> dict[str, Any]:
-        digest = hashlib.sha256(data).hexdigest()
+        """Upload bytes held in memory (the patch, bounded by its own limit)."""
+
+        def send(key: str) -> None:
+            put_object(self._client, bucket=self._target.bucket, key=key, body=data,
+                       content_type=content_type)  # fmt: skip
+
+        return self._put(hashlib.sha256(data).hexdigest(), len(data), send)
+
+    def put_file(self, path: Path, entry: Entry, *, name: str) -> dict[str, Any]:
+        """Upload a changed file, streamed, if its captured content is not stored yet."""
+        assert entry.sha256 is not None
+        digest = entry.sha256
+
+        def send(key: str) -> None:
+            with _verified_copy(path, entry, name=name) as spool:
+                put_file(self._client, bucket=self._target.bucket, key=key, body=spool,
+                         sha256=digest, content_type="application/octet-stream")  # fmt: skip
+
+        return self._put(digest, entry.size, send)
+
+    def _put(self, digest: str, size: int, send: Callable[[str], None]) -> dict[str, Any]:
         key = f"{self._target.prefix}/blobs/sha256/{digest}".lstrip("/")
-        ref = {"key": key, "sha256": digest, "size": len(data)}
+        ref = {"key": key, "sha256": digest, "size": size}
         if digest in self._known:
             return ref
-        self._sent += len(data)
-        if self._sent > self._target.max_bytes:
+        if self._sent + size > self._target.max_bytes:
             raise ResultUploadFailed(
                 f"the result bundle exceeds {self._target.max_bytes} bytes",
                 bound=self._target.max_bytes,
             )
-        if not self._stored(key, digest, len(data)):
-            put_object(self._client, bucket=self._target.bucket, key=key, body=data,
-                       content_type=content_type)  # fmt: skip
+        self._sent += size
+        if not self._stored(key, digest, size):
+            send(key)
         self._known.add(digest)
         return ref
 

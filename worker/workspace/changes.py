@@ -10,10 +10,12 @@ deadline, and what it left out is listed, with the reason, in the event and in a
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,10 @@ from worker.settings import Settings
 from worker.workspace.capture import Change, Entry, compare, snapshot
 from worker.workspace.patch import Patch, PatchLimits, build_patch
 from worker.workspace.stage import StagedWorkspace
+
+EVENT_DATA_BYTES = 160 * 1024
+"""Bound on ``workspace.changed`` data, serialized: under the emitter's 196 KiB event cap
+(``Settings.event_max_bytes``), with room for the envelope, ``base`` and redaction."""
 
 STATUSES = ("added", "modified", "deleted", "mode_changed", "type_changed")
 
@@ -66,33 +72,79 @@ def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
 
 
 def event_data(
-    captured: Captured, patch_ref: dict[str, Any] | None, *, max_paths: int
+    captured: Captured,
+    patch_ref: dict[str, Any] | None,
+    *,
+    max_paths: int,
+    max_bytes: int = EVENT_DATA_BYTES,
 ) -> dict[str, Any]:
     """``workspace.changed`` data: counts, a bounded path list, the patch reference with
-    what the patch left out (a path list bounded alike, exact counts by reason)."""
+    what the patch left out (a path list bounded alike, exact counts by reason).
+
+    Both lists are bounded by count (``max_paths``) and together by size: the data,
+    serialized, stays within ``max_bytes`` however long the names are (counts, ``total``
+    and the patch reference are always kept; ``truncated`` says the path list is short).
+    """
     counts: Counter[str] = Counter(change.status for change in captured.changes)
     omitted = {o.path: o.reason for o in captured.patch.omitted}
     listed = [_path(c, omitted) for c in captured.changes[:max_paths]]
-    patch = None
+    patch, left_out = None, []
     if patch_ref is not None:
-        patch = {**patch_ref, **_omissions(captured.patch, max_paths)}
-    return {
+        patch = {**patch_ref, **_omissions(captured.patch)}
+        left_out = [shown(o.path) for o in captured.patch.omitted[:max_paths]]
+    data = {
         "counts": {status: counts.get(status, 0) for status in STATUSES},
         "total": len(captured.changes),
-        "truncated": len(captured.changes) > max_paths,
+        "truncated": False,
         "paths": listed,
         "patch": patch,
     }
+    return _fit(data, listed, left_out, max_bytes)
 
 
-def _omissions(patch: Patch, max_paths: int) -> dict[str, Any]:
+def _omissions(patch: Patch) -> dict[str, Any]:
     reasons = Counter(o.reason for o in patch.omitted)
     return {
         "complete": patch.complete,
-        "omitted": [_shown(o.path) for o in patch.omitted[:max_paths]],
+        "omitted": [],  # filled in by _fit, to size
         "omitted_total": len(patch.omitted),
         "omitted_reasons": dict(sorted(reasons.items())),
     }
+
+
+def _fit(
+    data: dict[str, Any], paths: list[dict[str, Any]], omitted: list[str], max_bytes: int
+) -> dict[str, Any]:
+    """``data`` with the longest prefixes of ``paths`` and of the patch's ``omitted``
+    that fit in ``max_bytes``: each list gets half the room, and what one leaves
+    unused goes to the other."""
+    path_sizes = [_size(item) + 1 for item in paths]  # + 1: the comma
+    omitted_sizes = [_size(item) + 1 for item in omitted]
+    room = max_bytes - _size({**data, "truncated": True, "paths": [], "patch": _with(data, [])})
+    n_paths = _fitting(path_sizes, room // 2)
+    n_omitted = _fitting(omitted_sizes, room - sum(path_sizes[:n_paths]))
+    n_paths = _fitting(path_sizes, room - sum(omitted_sizes[:n_omitted]))
+    return {
+        **data,
+        "truncated": n_paths < data["total"],
+        "paths": paths[:n_paths],
+        "patch": _with(data, omitted[:n_omitted]),
+    }
+
+
+def _with(data: dict[str, Any], omitted: list[str]) -> dict[str, Any] | None:
+    patch: dict[str, Any] | None = data["patch"]
+    return None if patch is None else {**patch, "omitted": omitted}
+
+
+def _fitting(sizes: list[int], room: int) -> int:
+    """How many of the first ``sizes`` add up to no more than ``room``."""
+    return sum(1 for total in accumulate(sizes) if total <= room)
+
+
+def _size(value: Any) -> int:
+    """Bytes of ``value`` serialized as the event emitter does (UTF-8, compact)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def incomplete_notice(captured: Captured) -> dict[str, Any] | None:
@@ -126,7 +178,7 @@ def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
     now = change.after or change.before
     assert now is not None
     item: dict[str, Any] = {"status": change.status, "kind": now.kind}
-    item.update(_name("path", change.path))
+    item.update(named("path", change.path))
     item.update(_facts("", change.after))
     if change.before is not None and change.status != "added":
         item.update(_facts("old_", change.before))  # a deleted path too: what it was
@@ -145,16 +197,17 @@ def _facts(prefix: str, entry: Entry | None) -> dict[str, Any]:
         facts[f"{prefix}size"] = entry.size
         facts[f"{prefix}sha256"] = entry.sha256
     elif entry.kind == "link":
-        facts.update(_name(f"{prefix}target", entry.target or ""))
+        facts.update(named(f"{prefix}target", entry.target or ""))
     return facts
 
 
-def _name(key: str, name: str) -> dict[str, Any]:
+def named(key: str, name: str) -> dict[str, Any]:
     """``{key: name}``; a name that is not UTF-8 (its bytes arrive as surrogates) with
     those bytes as ``\\xNN`` and ``<key>_escaped``: an event is UTF-8 JSON."""
-    shown = _shown(name)
-    return {key: shown} if shown == name else {key: shown, f"{key}_escaped": True}
+    text = shown(name)
+    return {key: text} if text == name else {key: text, f"{key}_escaped": True}
 
 
-def _shown(name: str) -> str:
+def shown(name: str) -> str:
+    """``name`` as UTF-8 text: the bytes of a name that is not UTF-8 as ``\\xNN``."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import boto3
 import botocore.exceptions
@@ -114,4 +114,22 @@ def put_object(client: Any, *, bucket: str, key: str, body: bytes, content_type:
     sha = hashlib.sha256(body).hexdigest()
     client.put_object(
         Bucket=bucket, Key=key, Body=body, ContentType=content_type, Metadata={"sha256": sha}
+    )
+
+
+@retry(
+    retry=retry_if_exception_type(_CLIENT_ERRORS),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.2, max=3),
+    reraise=True,
+)
+def put_file(
+    client: Any, *, bucket: str, key: str, body: BinaryIO, sha256: str, content_type: str
+) -> None:
+    """Upload a seekable file from its start, streamed (never held whole in memory), in
+    one request; retried with backoff (raises the last boto error). ``sha256`` is the
+    caller's measure of the file, recorded as the object's metadata."""
+    body.seek(0)
+    client.put_object(
+        Bucket=bucket, Key=key, Body=body, ContentType=content_type, Metadata={"sha256": sha256}
     )
