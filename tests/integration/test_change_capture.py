@@ -16,7 +16,7 @@ from typing import Any
 from tests.integration.test_run_job import _check_stream, _env, _events, _job, run_cli
 from worker.workspace.capture import compare, snapshot
 from worker.workspace.changes import Captured, capture, event_data, incomplete_notice, write_patch
-from worker.workspace.patch import Omission, PatchLimits, build_patch
+from worker.workspace.patch import Omission, PatchLimits, build_patch, git_refuses
 from worker.workspace.stage import StagedWorkspace, stage_local
 
 OWNER = (os.getuid(), os.getgid())
@@ -395,3 +395,191 @@ def test_a_mode_change_is_in_the_patch_whatever_the_files_size(tmp_path: Path) -
     assert data["patch"]["complete"] is True
     assert all(entry["in_patch"] for entry in data["paths"])
     _apply(tmp_path, source, tmp_path / "out" / "changes.patch", staged)
+
+
+def _applied(tmp_path: Path, source: Path, patch: Path) -> Path:
+    """A fresh copy of ``source`` with the patch `git apply`-ed (refused: an error)."""
+    check = tmp_path / "applied"
+    shutil.copytree(source, check, symlinks=True)
+    subprocess.run(["git", "init", "-q", str(check)], check=True)
+    apply = ["git", "-C", str(check), "apply", "--allow-empty", "--whitespace=nowarn", str(patch)]
+    subprocess.run(apply, check=True)
+    return check
+
+
+def _reasons(data: dict[str, Any]) -> dict[str, tuple[bool, str | None]]:
+    return {p["path"]: (p["in_patch"], p.get("omitted_reason")) for p in data["paths"]
+            if "in_patch" in p}  # fmt: skip
+
+
+def test_permissions_git_cannot_say_are_left_out_and_the_rest_applies(tmp_path: Path) -> None:
+    """git has two file modes: 0644 to 0600 (or 0755 to 0700) alone is left out with its
+    reason (a bare `diff --git` line made git refuse the whole patch); with a content
+    change the content goes in, with the git mode unchanged."""
+    files = {"README.md": b"read me\n", "tool.sh": b"#!/bin/sh\n", "edit.txt": b"old\n"}
+    source, staged = _staged(tmp_path, files)
+    (source / "tool.sh").chmod(0o755)
+    staged = stage_local(source, tmp_path / "ws2", owner=OWNER)
+    ws = staged.path
+    (ws / "README.md").chmod(0o600)
+    (ws / "tool.sh").chmod(0o700)
+    (ws / "edit.txt").write_text("new\n")
+    (ws / "edit.txt").chmod(0o600)
+    (ws / "notes.txt").write_text("hello\n")
+    captured = capture(staged, limits=PatchLimits())
+    assert captured.patch.omitted == (
+        Omission("README.md", "not_representable"),
+        Omission("tool.sh", "not_representable"),
+    )
+    assert b"README.md" not in captured.patch.text
+    assert b"tool.sh" not in captured.patch.text
+    index = b"3367afdbbf91e638efe983616377c60477cc6612..3e757656cf36eca53338e520d134963a44f793f8"
+    assert b"\nindex " + index + b" 100644\n" in captured.patch.text  # edit.txt, as 100644
+    data = _written(tmp_path, captured)
+    assert _reasons(data) == {
+        "README.md": (False, "not_representable"),
+        "tool.sh": (False, "not_representable"),
+        "edit.txt": (True, None),
+        "notes.txt": (True, None),
+    }
+    assert (data["patch"]["complete"], data["patch"]["omitted_reasons"]) == (
+        False,
+        {"not_representable": 2},
+    )
+    applied = _applied(tmp_path, source, Path(data["patch"]["path"]))
+    assert (applied / "edit.txt").read_text() == "new\n"
+    assert (applied / "notes.txt").read_text() == "hello\n"
+
+
+def test_a_permission_change_alone_gives_an_empty_patch_that_says_so(tmp_path: Path) -> None:
+    _, staged = _staged(tmp_path, {"README.md": b"read me\n"})
+    (staged.path / "README.md").chmod(0o600)
+    captured = capture(staged, limits=PatchLimits())
+    assert captured.patch.text == b""
+    assert captured.patch.omitted == (Omission("README.md", "not_representable"),)
+
+
+def test_paths_git_refuses_are_left_out_and_the_rest_applies(tmp_path: Path) -> None:
+    """The agent's own repository in a subdirectory, `.GIT`, `git~1`, a `.gitmodules`
+    link: `git apply` refused the whole patch for any one of them."""
+    source, staged = _staged(tmp_path, {"keep.txt": b"k\n", "vendor/lib/lib.c": b"int x;\n"})
+    ws = staged.path
+    git = ["git", "-c", "init.defaultBranch=main", "init", "-q", str(ws / "vendor/lib")]
+    subprocess.run(git, check=True, env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null"})
+    (ws / ".GIT").mkdir()
+    (ws / ".GIT" / "x").write_text("x\n")
+    (ws / "sub" / "git~1").mkdir(parents=True)
+    (ws / "sub" / "git~1" / "y").write_text("y\n")
+    os.symlink("keep.txt", ws / ".gitmodules")
+    os.symlink("keep.txt", ws / "link.txt")
+    (ws / ".gitmodules-not").write_text("fine\n")
+    (ws / "vendor/lib/lib.c").write_text("int y;\n")
+    captured = capture(staged, limits=PatchLimits())
+    refused = {c.path for c in captured.changes if c.after and c.after.kind != "dir"}
+    refused -= {"link.txt", ".gitmodules-not", "vendor/lib/lib.c"}
+    assert "vendor/lib/.git/HEAD" in refused
+    assert captured.patch.omitted == tuple(Omission(p, "git_path") for p in sorted(refused))
+    assert b".git/" not in captured.patch.text.lower()
+    data = _written(tmp_path, captured)
+    shown = _reasons(data)
+    assert {p for p, (kept, _) in shown.items() if not kept} == refused
+    assert {shown[p][1] for p in refused} == {"git_path"}
+    assert data["patch"]["omitted_reasons"] == {"git_path": len(refused)}
+    applied = _applied(tmp_path, source, Path(data["patch"]["path"]))
+    assert (applied / "vendor/lib/lib.c").read_text() == "int y;\n"
+    assert os.readlink(applied / "link.txt") == "keep.txt"
+    assert (applied / ".gitmodules-not").read_text() == "fine\n"
+    assert not (applied / ".GIT").exists()
+
+
+def test_a_file_replaced_by_a_fifo_is_deleted_in_the_patch(tmp_path: Path) -> None:
+    """The patch deletes the file (it used to leave it, saying complete); the FIFO, and
+    one added beside, are left out as git cannot say them."""
+    source, staged = _staged(tmp_path, {"pipe": b"was a file\n", "b.txt": b"b\n"})
+    ws = staged.path
+    (ws / "pipe").unlink()
+    os.mkfifo(ws / "pipe")
+    os.mkfifo(ws / "new-pipe")
+    (ws / "b.txt").write_text("B\n")
+    captured = capture(staged, limits=PatchLimits())
+    statuses = {c.path: c.status for c in captured.changes}
+    assert statuses == {"pipe": "type_changed", "new-pipe": "added", "b.txt": "modified"}
+    assert captured.patch.omitted == (
+        Omission("new-pipe", "not_representable"),
+        Omission("pipe", "not_representable"),
+    )
+    assert b"diff --git a/pipe b/pipe\ndeleted file mode 100644\n" in captured.patch.text
+    data = _written(tmp_path, captured)
+    assert (data["patch"]["complete"], data["patch"]["omitted_reasons"]) == (
+        False,
+        {"not_representable": 2},
+    )
+    applied = _applied(tmp_path, source, Path(data["patch"]["path"]))
+    assert not (applied / "pipe").exists()
+    assert (applied / "b.txt").read_text() == "B\n"
+
+
+def test_a_large_file_replaced_by_a_fifo_is_listed_once(tmp_path: Path) -> None:
+    _, staged = _staged(tmp_path, {"pipe": b"x" * 5000})
+    (staged.path / "pipe").unlink()
+    os.mkfifo(staged.path / "pipe")
+    captured = capture(staged, limits=PatchLimits(file_bytes=1000))
+    assert captured.patch.omitted == (Omission("pipe", "not_representable"),)
+    assert captured.patch.text == b""
+
+
+GIT_NAMES = [
+    ".git/x", ".GIT/x", ".Git", "a/.git/HEAD", "a/.git", "GIT~1/x", "git~1", "git~2/x",
+    ".git./x", ".git /x", ".git. . /x", ".git:x", ".git::$INDEX_ALLOCATION/x", "a\\.git/x",
+    "a\\.git", "a/.git\\x", ".gitx", ".git~1", "x.git/y", "a.git", ".git\u200c/x",
+    ".g\u200cit/x", ".gi\ufefft", ".gitmodules", ".GITMODULES", "a/.gitmodules",
+    "gitmod~1", "gitmod~5", "GITMOD~4 .", "gi7eba~1", "gi7eb~9", "gi7eb~91", "~1234567",
+    ".gitmodules .", ".gitmodules:x", ".gitmodules\u200c", ".gitmodulesx", "a\\.gitmodules",
+    "sub/.gitmodules/x", "sub/.gitmodules ./x", ".gitattributes", ".gitignore", "ok.txt",
+]  # fmt: skip
+
+
+def test_git_refuses_says_what_git_apply_refuses(tmp_path: Path) -> None:
+    """Our verify_path against git's, with its NTFS and HFS+ protections on."""
+    subprocess.run(["git", "init", "-q", str(tmp_path / "r")], check=True)
+    git = ["git", "-c", "core.protectNTFS=true", "-c", "core.protectHFS=true"]
+    for link in (False, True):
+        for name in GIT_NAMES:
+            mode = "120000" if link else "100644"
+            patch = (f"diff --git a/{name} b/{name}\nnew file mode {mode}\n--- /dev/null\n"
+                     f"+++ b/{name}\n@@ -0,0 +1 @@\n+x\n")  # fmt: skip
+            check = [*git, "-C", str(tmp_path / "r"), "apply", "--check", "-"]
+            done = subprocess.run(check, input=patch.encode(), capture_output=True, check=False)
+            assert git_refuses(name, link=link) == (done.returncode != 0), (name, link)
+
+
+def test_a_job_whose_changes_git_cannot_all_say_gives_a_patch_that_applies(
+    tmp_path: Path,
+) -> None:
+    """The audit's job: `chmod 600` beside a new file made `git apply` refuse the whole
+    patch ("bad git-diff"); so did the agent's own `git init` in a subdirectory."""
+    script = (
+        "#!scenario\n"
+        "exec chmod 600 README.md && mkdir -p vendor/lib && git init -q vendor/lib "
+        "&& mkfifo pipe\n"
+        "write notes.txt hello\n"
+    )
+    result = run_cli(tmp_path, "run", str(_job(tmp_path, script)), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    assert _check_stream(events)["status"] == "succeeded"
+    changed = next(e["data"] for e in events if e["type"] == "workspace.changed")
+    reasons = _reasons(changed)
+    assert reasons["README.md"] == (False, "not_representable")
+    assert reasons["notes.txt"] == (True, None)
+    in_git = [p for p in reasons if p.startswith("vendor/lib/.git/")]
+    assert in_git
+    assert {reasons[p] for p in in_git} == {(False, "git_path")}
+    patch = changed["patch"]
+    assert patch["complete"] is False
+    assert patch["omitted_reasons"] == {"git_path": len(in_git), "not_representable": 2}
+    source = tmp_path / "pristine"
+    source.mkdir()
+    (source / "README.md").write_text("# hello\n")
+    applied = _applied(tmp_path, source, Path(patch["path"]))
+    assert (applied / "notes.txt").read_text().startswith("hello")

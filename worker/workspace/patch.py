@@ -23,6 +23,21 @@ Bounds (:class:`PatchLimits`), each leaving a file out with its reason, never si
 - ``unavailable``: its bytes are no longer the ones the snapshot measured;
 - ``diff_failed``: git failed on it.
 
+And what a git patch cannot say, also left out with its reason (and listed in
+``workspace.changed``):
+
+- ``not_representable``: git knows two file modes (100644, 100755), links and nothing
+  else. A permission change within one of them (0644 to 0600, 0755 to 0700) alone is
+  left out; with a content change the content goes in with the git mode unchanged (the
+  exact modes are in ``workspace.changed``). A FIFO, socket or device (added, deleted,
+  or either side of a type change) is left out; a file or link it replaced is deleted
+  in the patch, so applying it leaves the path empty.
+- ``git_path``: a path ``git apply`` refuses (git's ``verify_path``, with its NTFS and
+  HFS+ protections both on, so the patch applies everywhere): a ``.git`` component in any
+  case (the agent's own repository in a subdirectory), its NTFS forms (``git~1``,
+  ``.git.``, ``.git ``, ``.git:…``, after a backslash too) and HFS+ forms (``.git`` with
+  ignorable code points), and a link named ``.gitmodules`` in any of those forms.
+
 Memory holds at most one batch of inputs (``_BATCH_BYTES``) besides the patch itself.
 """
 
@@ -31,6 +46,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -43,7 +59,15 @@ from typing import Literal
 
 from worker.workspace.capture import Change, Entry
 
-Reason = Literal["too_large", "patch_full", "time_budget", "unavailable", "diff_failed"]
+Reason = Literal[
+    "too_large",
+    "patch_full",
+    "time_budget",
+    "unavailable",
+    "diff_failed",
+    "not_representable",
+    "git_path",
+]
 
 _NULL_SHA1 = "0" * 40
 #: Inputs held (and copied for git) at once, and files per git run.
@@ -61,6 +85,22 @@ _GIT_ENV = {
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_ATTR_NOSYSTEM": "1",
 }
+#: git's NTFS forms of ``.git`` in a path component (matched at its start and after each
+#: backslash), and of ``.gitmodules`` for a link (matched on the rest of the path: git
+#: stops only at its end or a ``:``), with the 8.3 short names ``gitmod~N`` and the
+#: fallback ``gi7eba~N``-like ones of 8 characters.
+_DOTGIT = re.compile(rb"(?:\.git|git~1)[. ]*(?:[\\:]|\Z)", re.IGNORECASE)
+_DOTGITMODULES = re.compile(
+    rb"(?:\.gitmodules|gitmod~[1-4]|"
+    + b"|".join(b"gi7eba"[:k] + b"~[1-9][0-9]{%d}" % (6 - k) for k in range(7))
+    + rb")[. ]*(?::|\Z)",
+    re.IGNORECASE,
+)
+#: Code points HFS+ ignores in names (git skips them when it looks for ``.git``).
+_HFS_IGNORED = dict.fromkeys(
+    [*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF]
+)
+_BLOBS = ("file", "link")
 _GIT_DIFF = ("git", "diff", "--no-index", "--no-renames", "--text", "--full-index",
              "--no-color", "--no-ext-diff", "--no-textconv", "--diff-algorithm=myers",
              "--unified=3", "--src-prefix=a/", "--dst-prefix=b/", "--", "a", "b")  # fmt: skip
@@ -171,24 +211,27 @@ class _Builder:
         self.limits, self.deadline = limits, deadline
         self.out: list[bytes] = []
         self.size = 0
-        self.omitted: list[Omission] = []
+        self.omitted: dict[str, Omission] = {}
 
     def result(self) -> Patch:
-        omitted = tuple(sorted(self.omitted, key=lambda o: o.path))
+        omitted = tuple(sorted(self.omitted.values(), key=lambda o: o.path))
         return Patch(b"".join(self.out), omitted)
 
     def late(self) -> bool:
         return time.monotonic() >= self.deadline
 
     def omit(self, change: Change, reason: Reason) -> None:
-        self.omitted.append(Omission(change.path, reason))
+        """Record that ``change`` is not (wholly) in the patch; a path's first reason
+        stands (a special file's, before the deletion it carries is read)."""
+        self.omitted.setdefault(change.path, Omission(change.path, reason))
 
     def batches(self, changes: Iterable[Change]) -> Iterator[_Batch]:
         batch = _Batch()
         for change in changes:
-            if _is_dir(change):
+            carried = self._carried(change)
+            if carried is None:
                 continue
-            parts = self._read(change)
+            parts = self._read(carried)
             if parts is not None:
                 batch.add(parts)
             if batch.full():
@@ -196,6 +239,17 @@ class _Builder:
                 batch = _Batch()
         if batch.changes:
             yield batch
+
+    def _carried(self, change: Change) -> Change | None:
+        """What of ``change`` the patch is to carry (None: nothing; what it cannot carry
+        is omitted with its reason)."""
+        if _is_dir(change):
+            return None  # git has no directories: their files say it all
+        reason = _unrepresentable(change)
+        if reason is None:
+            return change
+        self.omit(change, reason)
+        return _deletion(change) if reason == "not_representable" else None
 
     def _read(self, change: Change) -> list[_Part] | None:
         if _mode_only(change):  # no content needed, whatever the file's size
@@ -266,8 +320,62 @@ class _Builder:
 
 
 def _is_dir(change: Change) -> bool:
-    kinds = {e.kind for e in (change.before, change.after) if e is not None}
-    return kinds <= {"dir"} or "other" in kinds
+    return all(e is None or e.kind == "dir" for e in (change.before, change.after))
+
+
+def _unrepresentable(change: Change) -> Reason | None:
+    sides = [e for e in (change.before, change.after) if e is not None]
+    if git_refuses(change.path, link=any(e.kind == "link" for e in sides)):
+        return "git_path"
+    if any(e.kind == "other" for e in sides) or _mode_within_git_mode(change):
+        return "not_representable"
+    return None
+
+
+def _deletion(change: Change) -> Change | None:
+    """The deletion of the file or link a special file replaced (None: there is none)."""
+    before, after = change.before, change.after
+    if before is None or before.kind not in _BLOBS or after is None or after.kind != "other":
+        return None
+    return Change(change.path, "deleted", before, None)
+
+
+def _mode_within_git_mode(change: Change) -> bool:
+    """A file whose bytes and git mode are the same, its permissions not (0644 to 0600)."""
+    before, after = change.before, change.after
+    return (
+        before is not None
+        and after is not None
+        and before.kind == after.kind == "file"
+        and before.sha256 == after.sha256
+        and _git_mode(before) == _git_mode(after)
+    )
+
+
+def git_refuses(path: str, *, link: bool) -> bool:
+    """``git apply`` refuses ``path`` (for a link when ``link``), on any system."""
+    raw = path.encode("utf-8", "surrogateescape")
+    starts = [0, *(i + 1 for i, byte in enumerate(raw) if byte == 0x2F)]
+    return any(_refused_at(raw, start, link=link) for start in starts)
+
+
+def _refused_at(raw: bytes, start: int, *, link: bool) -> bool:
+    """The component of ``raw`` from ``start`` names .git (or, for a link, .gitmodules)."""
+    component = raw[start:].split(b"/", 1)[0]
+    ntfs = [0, *(i + 1 for i, byte in enumerate(component) if byte == 0x5C)]
+    if any(_DOTGIT.match(component, i) for i in ntfs) or _hfs(component) == b".git":
+        return True
+    if not link:
+        return False
+    rest = raw[start:]
+    return any(_DOTGITMODULES.match(rest, i) for i in ntfs) or _hfs(component) == b".gitmodules"
+
+
+def _hfs(component: bytes) -> bytes:
+    """``component`` as HFS+ compares it with ``.git``: ignorable code points dropped,
+    ASCII letters lowered."""
+    text = component.decode("utf-8", "surrogateescape").translate(_HFS_IGNORED)
+    return text.encode("utf-8", "surrogateescape").lower()
 
 
 def _content(root: Path, rel: str, entry: Entry | None, limit: int) -> bytes | None:
@@ -301,7 +409,7 @@ def _parts(change: Change, old: bytes | None, new: bytes | None) -> list[_Part]:
 
 
 def _mode_only(change: Change) -> bool:
-    """A file whose mode changed and whose bytes did not (as measured)."""
+    """A file whose git mode changed and whose bytes did not (as measured)."""
     before, after = change.before, change.after
     return (
         before is not None
