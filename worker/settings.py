@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     workspace_max_bytes: int = Field(
         default=4 * 1024**3, description="Largest fetched workspace (git or S3)."
     )
+    workspace_max_depth: int = Field(
+        default=256,
+        ge=1,
+        description="Most directory levels a workspace may nest; a deeper one is refused "
+        "(`workspace_unavailable`) before it is staged.",
+    )
     s3_endpoint_url: str | None = Field(
         default=None, description="S3 endpoint for workspaces and result bundles (default AWS)."
     )

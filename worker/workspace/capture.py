@@ -60,20 +60,30 @@ def snapshot(root: Path, known: Snapshot | None = None) -> dict[str, Entry]:
     A file whose (inode, ctime, size) matches its entry in ``known`` keeps that entry's
     digest without being read again.
     """
-    return dict(_walk(root, "", known or {}))
+    return dict(_walk(root, known or {}))
 
 
-def _walk(directory: Path, prefix: str, known: Snapshot) -> Iterator[tuple[str, Entry]]:
-    with os.scandir(directory) as entries:
-        found = sorted(entries, key=lambda e: e.name)
-    for item in found:
-        if not prefix and item.name in SKIP_ROOT:
+def _walk(root: Path, known: Snapshot) -> Iterator[tuple[str, Entry]]:
+    """Depth first, names sorted, each directory before what it holds. An explicit
+    stack, not recursion: the agent may nest directories deeper than Python's stack."""
+    stack = [("", _listing(root, skip=SKIP_ROOT))]
+    while stack:
+        prefix, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
             continue
         rel = prefix + item.name
         entry = _entry(item, known.get(rel))
         yield rel, entry
         if entry.kind == "dir":
-            yield from _walk(Path(item.path), rel + "/", known)
+            stack.append((rel + "/", _listing(Path(item.path), skip=frozenset())))
+
+
+def _listing(directory: Path, *, skip: frozenset[str]) -> Iterator[os.DirEntry[str]]:
+    with os.scandir(directory) as entries:
+        found = sorted((e for e in entries if e.name not in skip), key=lambda e: e.name)
+    return iter(found)
 
 
 def seen_key(info: os.stat_result) -> tuple[int, int, int]:

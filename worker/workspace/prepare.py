@@ -101,7 +101,9 @@ async def prepare_workspace(
     dest = await _destination(prepared, settings=settings, job_dir=job_dir, disk_mb=disk_mb)
     prepared.cleanup.append(dest)
     try:
-        staged = await asyncio.to_thread(stage_local, source, dest, owner=owner)
+        staged = await asyncio.to_thread(
+            stage_local, source, dest, owner=owner, max_depth=settings.workspace_max_depth
+        )
     except WorkspaceUnavailable as exc:
         if prepared.disk is not None and exc.details.get("errno") == errno.ENOSPC:
             raise WorkspaceUnavailable(
