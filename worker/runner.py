@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import token_hex
@@ -71,6 +72,7 @@ from worker.workspace.stage import StagedWorkspace
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+log = logging.getLogger(__name__)
 SUCCESS_STOPS = {"end_turn", "max_tokens", "max_turn_requests"}
 
 
@@ -192,6 +194,8 @@ class _Job:
         #: A shared lock on the pack closure's digest (``hold_closure``): a pack-cache gc
         #: keeps the closure while the job runs. Released after the sandbox is destroyed.
         self.pack_hold: int | None = None
+        #: The first teardown step that failed (``_teardown`` does not raise).
+        self.teardown_error: WorkerError | None = None
         store = None
         if control is not None:
             ttl = settings.events_ttl + int(spec.limits.timeout_s)
@@ -221,6 +225,7 @@ class _Job:
             # The turn succeeded but its result could not be delivered: not a success.
             error = self.upload_error
             outcome = JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
+        outcome = _after_teardown(outcome, self.teardown_error)
         await self._complete(outcome)
         return outcome
 
@@ -244,16 +249,28 @@ class _Job:
         plan = await self._prepare(cancel)
         await self._unless_cancelled(cancel, "agent_spawn")
         client = await self._launch(plan)
-        scope = asyncio.timeout(max(0.0, deadline - time.monotonic()))
-        try:
-            async with scope:
-                session_id = await self._session(client)
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            raise _Stop("timed_out", None) from None
+        session_id = await self._opened(client, cancel, deadline)
         await self._unless_cancelled(cancel, "turn")  # no prompt once cancelled
         return await self._turn(client, session_id, cancel, deadline)
+
+    async def _opened(self, client: AcpClient, cancel: asyncio.Event, deadline: float) -> str:
+        """The session, opened unless a cancel (or a lost lease) or the deadline comes
+        first: each of its requests may otherwise wait up to the ACP request timeout."""
+        opening = asyncio.create_task(self._session(client))
+        cancelled = asyncio.create_task(cancel.wait())
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            await asyncio.wait(
+                {opening, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if opening.done():
+                return opening.result()
+            raise _Stop("cancelled" if cancel.is_set() else "timed_out", None)
+        finally:
+            cancelled.cancel()
+            if not opening.done():
+                opening.cancel()
+            await asyncio.gather(opening, cancelled, return_exceptions=True)
 
     async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
         """Everything before the launch, checking for a cancel between phases. A phase
@@ -540,24 +557,60 @@ class _Job:
         return exc
 
     async def _teardown(self) -> None:
+        """Dismantle what the job made, as far as that is safe; never raises.
+
+        A step that fails is logged and the first such error kept in ``teardown_error``, so
+        the job still settles with exactly one ``job.completed``, and the later steps still
+        run: the sandbox is destroyed whatever happened to the agent. A sandbox that could
+        not be destroyed may still run processes writing to the workspace and hold mounts
+        on it, though: then no session is saved, no change captured and nothing removed;
+        the job's directory is left to the reaper, which destroys the sandbox again before
+        it removes the directory.
+        """
         try:
-            await self._dismantle()
+            await self._step("agent_shutdown", self._stop_agent)
+            destroyed = await self._step("sandbox_destroy", self._destroy)
+            await self._step("cleanup", self._dismantle if destroyed else self._abandon)
         finally:
             if self.pack_hold is not None:
                 os.close(self.pack_hold)
                 self.pack_hold = None
 
-    async def _dismantle(self) -> None:
-        if self.acp is not None:
-            await self.acp.terminals.close_all()
-        if self.agent is not None:
-            await self.agent.shutdown(
-                eof_grace=self.settings.shutdown_eof_grace,
-                term_grace=self.settings.shutdown_term_grace,
-            )
+    async def _step(self, step: str, work: Callable[[], Awaitable[None]]) -> bool:
+        """Run one teardown step: whether it completed; a failure is logged and kept."""
+        try:
+            await work()
+        except Exception as exc:  # any failure (a sink, a bug too): the job must still settle
+            log.exception("teardown step %s failed for job %s", step, self.spec.job_id)
+            if self.teardown_error is None:
+                self.teardown_error = _teardown_error(step, exc)
+            return False
+        return True
+
+    async def _stop_agent(self) -> None:
+        try:
+            if self.acp is not None:
+                await self.acp.terminals.close_all()
+        finally:
+            if self.agent is not None:
+                await self.agent.shutdown(
+                    eof_grace=self.settings.shutdown_eof_grace,
+                    term_grace=self.settings.shutdown_term_grace,
+                )
+
+    async def _destroy(self) -> None:
         if self.sandbox is not None:
             await self.backend.destroy(self.sandbox.sandbox_id)
-        await self._save_session()
+
+    async def _abandon(self) -> None:
+        """The sandbox survived its destroy: say what was left undone."""
+        self.phases.mark("teardown")
+        sandbox_id = self.sandbox.sandbox_id if self.sandbox is not None else None
+        await self.emitter.emit("notice", _not_destroyed_notice(sandbox_id))
+
+    async def _dismantle(self) -> None:
+        """Everything after the sandbox is destroyed."""
+        await self._step("session_save", self._save_session)
         self.phases.mark("teardown")
         try:
             if self.prepared.staged is not None and self.sandbox is not None:
@@ -591,7 +644,8 @@ class _Job:
             ref = None
             if captured.changes:
                 ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
-        except OSError as exc:
+        except Exception as exc:  # any failure (a bug, a pathological tree) still settles the job
+            log.exception("change capture failed for job %s", self.spec.job_id)
             await self.emitter.emit("notice", _capture_failed(exc))
             return
         self.phases.mark("capture")
@@ -649,7 +703,40 @@ class _Job:
         }
         if self.upload_error is not None:  # `result` is null: the bundle is not there
             data["result_error"] = self.upload_error.to_dict()
+        if self.teardown_error is not None:
+            data["teardown_error"] = self.teardown_error.to_dict()
         await self.emitter.emit("job.completed", data)
+
+
+def _after_teardown(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
+    """The outcome once teardown is over. A job whose turn succeeded but that could not be
+    torn down failed (its sandbox may live on, its changes may not have been captured): the
+    teardown error is its error. One that had failed, been cancelled or timed out already
+    keeps its status and error, which say more about the job; ``job.completed`` carries the
+    teardown error apart (``teardown_error``) either way, and it is logged."""
+    if error is None or outcome.status != "succeeded":
+        return outcome
+    return JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
+
+
+def _teardown_error(step: str, exc: Exception) -> WorkerError:
+    if isinstance(exc, WorkerError):
+        return exc
+    # No message: an exception's text may quote what the agent wrote.
+    return SandboxError(
+        f"the job's teardown failed at {step}: internal error ({type(exc).__name__})", step=step
+    )
+
+
+def _not_destroyed_notice(sandbox_id: str | None) -> dict[str, Any]:
+    return {
+        "level": "error",
+        "code": "sandbox_not_destroyed",
+        "message": "the sandbox could not be destroyed: the workspace changes were not "
+        "captured, the session was not saved, and the reaper removes the sandbox and the "
+        "job's directory later",
+        "details": {"sandbox_id": sandbox_id},
+    }
 
 
 def _workspace_credential(spec: JobSpec) -> list[str]:
@@ -667,12 +754,16 @@ def _upload_failed_notice(exc: ResultUploadFailed) -> dict[str, Any]:
     }
 
 
-def _capture_failed(exc: OSError) -> dict[str, Any]:
+def _capture_failed(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, OSError):
+        reason, path = exc.strerror, str(exc.filename or "")
+    else:  # no message: an exception's text may quote what the agent wrote
+        reason, path = f"internal error ({type(exc).__name__})", ""
     return {
         "level": "error",
         "code": "capture_failed",
-        "message": f"the workspace changes could not be captured: {exc.strerror}",
-        "details": {"path": str(exc.filename or "")},
+        "message": f"the workspace changes could not be captured: {reason}",
+        "details": {"path": path},
     }
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,40 @@ def test_follow_ends_at_the_attempt_current_when_it_began(client: Client, redis_
     everything = _attempts(client.events("att-2", follow=True, timeout=10))
     assert everything[-1] == (2, "job.completed")
     assert everything.count((1, "job.completed")) == 1
+
+
+def test_follow_resumed_after_the_completion_ends(
+    client: Client, redis_url: str, tmp_path: Path
+) -> None:
+    client.submit(_job("att-3"))
+    _run_attempt(redis_url, "att-3", 1)
+    done = list(client.events("att-3"))[-1]
+    assert done.event["type"] == "job.completed"
+    started = time.monotonic()
+    assert list(client.events("att-3", follow=True, after=done.id, timeout=30)) == []
+    assert list(client.events("att-3", attempt=1, follow=True, after=done.id, timeout=30)) == []
+    # An earlier attempt's follow, resumed after its completion, ends too: later attempts'
+    # events are not its own.
+    client.submit(_job("att-3"), new_attempt=True)
+    _run_attempt(redis_url, "att-3", 2)
+    assert list(client.events("att-3", attempt=1, follow=True, after=done.id, timeout=30)) == []
+    assert time.monotonic() - started < 10  # not the timeouts
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
+    argv = [sys.executable, "-m", "worker.cli", "events", "att-3", "--follow", "--json"]
+    last = list(client.events("att-3"))[-1].id
+    argv += ["--after", last, "--redis", redis_url]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
+
+
+def test_follow_of_a_running_attempt_waits_past_its_last_event(
+    client: Client, redis_url: str
+) -> None:
+    client.submit(_job("att-4"))
+    _run_attempt(redis_url, "att-4", 1)
+    with redis.Redis.from_url(redis_url) as raw:  # as if attempt 1 were still running
+        raw.hset(keys.state("att-4"), "status", "running")
+    done = list(client.events("att-4"))[-1]
+    started = time.monotonic()
+    assert list(client.events("att-4", follow=True, after=done.id, timeout=2)) == []
+    assert time.monotonic() - started >= 2  # ended by the timeout, not by the state

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cancel import _job, _left_behind, _notices, _settings, _types
-from worker.errors import EXIT_TIMED_OUT, SinkUnavailable
+from worker.errors import EXIT_CANCELLED, EXIT_TIMED_OUT, SinkUnavailable
 from worker.events.sinks import MemorySink
 from worker.jobs.spec import parse_job
 from worker.runner import run_job
@@ -117,3 +117,30 @@ def test_a_sink_failing_in_teardown_still_leaves_nothing_behind(tmp_path: Path) 
     assert "workspace.changed" in types  # the other sink got it
     assert types.count("job.completed") == 1
     assert _left_behind(tmp_path, spec.job_id) == {"sandboxes": [], "work": [], "held": []}
+
+
+def test_a_cancel_while_the_session_opens_is_not_kept_waiting(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    job["limits"]["timeout_s"] = 30  # far beyond the cancel below
+    spec = parse_job(job)
+    settings = _settings(tmp_path)
+    memory = MemorySink()
+
+    async def run() -> Any:
+        cancel = asyncio.Event()
+        asyncio.get_running_loop().call_later(2.0, cancel.set)  # initialize is unanswered
+        return await run_job(
+            spec,
+            settings=settings,
+            backend=_SilentBackend(settings),
+            sinks=[memory],
+            environ={},
+            cancel=cancel,
+        )
+
+    outcome = asyncio.run(run())
+    events = [dict(e) for e in memory.events]
+    assert (outcome.status, outcome.exit_code) == ("cancelled", EXIT_CANCELLED)
+    assert "agent.initialized" not in _types(events)
+    assert "agent_spawn" in events[-1]["data"]["timings_ms"]
+    assert _left_behind(tmp_path, events[0]["job_id"]) == {"sandboxes": [], "work": [], "held": []}

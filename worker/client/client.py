@@ -229,7 +229,10 @@ class Client:
         ``attempt``, or by default of the attempt that was current when the call began
         (an earlier attempt's completion does not end it; a job with no state, e.g. one
         run by ``acp-worker run --redis``, ends at the first), or once ``timeout`` seconds
-        passed without it; without ``follow``, ends at the current end of the stream.
+        passed without it; without ``follow``, ends at the current end of the stream. A
+        cursor already past that ``job.completed`` (resuming after it) ends it too: once
+        the job's state says the attempt settled and the stream, read again after that,
+        has nothing more.
 
         The stream keeps only the newest ``events_maxlen`` events; the worker records the
         id of the last event it trimmed in the job's state (``events_trimmed_until``).
@@ -247,6 +250,10 @@ class Client:
         last = _cursor(after or _attempt_start(state, attempt))
         until = attempt if attempt is not None else (state.attempt if state else None)
         deadline = None if timeout is None else time.monotonic() + timeout
+        # The state hash is settled in the same Lua call that appends the attempt's
+        # job.completed: once it reads settled, the stream read to its end again holds
+        # that event, so a cursor that met no job.completed on the way was already past it.
+        settled = False
         while deadline is None or time.monotonic() < deadline:
             batch = self._read(job_id, last)
             for item in batch:
@@ -257,9 +264,19 @@ class Client:
                 if follow and _completes(item, until):
                     return
             if len(batch) < _PAGE:
-                if not follow:
+                if not follow or settled:
                     return
-                self._wait(job_id, last)
+                settled = self._settled(job_id, until)
+                if not settled:
+                    self._wait(job_id, last)
+
+    def _settled(self, job_id: str, attempt: int | None) -> bool:
+        """Whether the job's state says ``attempt`` is over (settled, or superseded by a
+        later attempt, which only a settled one can be); never for a job with no state."""
+        state = None if attempt is None else self._state_or_none(job_id)
+        if state is None or attempt is None:
+            return False
+        return state.attempt > attempt or (state.attempt == attempt and state.settled)
 
     def _state_or_none(self, job_id: str) -> JobState | None:
         try:

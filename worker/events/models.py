@@ -393,6 +393,11 @@ class JobCompleted(_Data):
         description="Present when a result bundle upload was attempted and failed, whatever "
         "the status (`result` is null then; a `notice` said so too).",
     )
+    teardown_error: ErrorInfo | None = Field(
+        default=None,
+        description="Present when a step of the teardown failed (the first one): a job whose "
+        "turn succeeded then settles `failed` with this error; another keeps its own.",
+    )
 
 
 EVENT_TYPES: dict[str, type[BaseModel]] = {
