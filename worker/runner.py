@@ -42,7 +42,7 @@ from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
-from worker.leases.owner import owner_labels
+from worker.leases.owner import LABEL_STORE, owner_labels, store_label
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
 from worker.packs.runtime import (
@@ -435,7 +435,14 @@ class _Job:
             base.LABEL_TOKEN: self.labels.get(base.LABEL_TOKEN, "0"),
             base.LABEL_WORKER: self.settings.worker_id,
             **owner_labels(),  # the reaper's proof that a `run` without a lease is over
+            **self._store_labels(),
         }
+
+    def _store_labels(self) -> dict[str, str]:
+        """Which Redis issued the job's lease token (none for a `run` without a lease)."""
+        store = store_label(self.settings.redis_url)
+        leased = self.labels.get(base.LABEL_TOKEN, "0") != "0"
+        return {LABEL_STORE: store} if store is not None and leased else {}
 
     async def _readmit(self) -> None:
         """Admission again, in the sandbox's own mount view, right before launch (a backend

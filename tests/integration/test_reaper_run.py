@@ -1,6 +1,10 @@
 """The reaper and what ``acp-worker run`` makes: a job without a lease (token ``0``) is
 reaped once its process is gone — sandbox, cgroups, staging namespace, loop device and
-work directory — and never while the process lives. Real bubblewrap, real Redis.
+work directory — and never while the process lives. The same owner label decides for
+served jobs of another deployment (another ``acpw.store``): a live owner keeps its
+sandbox whatever this Redis's tokens say; a gone owner loses it even when this Redis never
+heard of its job; a job of this Redis whose lease is gone is over however alive its
+owner. Real bubblewrap, real Redis.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +24,29 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.procs import finish
+from worker import keys
 from worker.errors import SandboxError
-from worker.leases.owner import LABEL_OWNER, owner_labels, owner_state
+from worker.events.emitter import EventEmitter
+from worker.events.fenced import FencedStreamSink, SinkPolicy
+from worker.events.models import TERMINAL_TYPE
+from worker.leases import lease as leases
+from worker.leases.owner import (
+    LABEL_OWNER,
+    LABEL_STORE,
+    owner_label,
+    owner_labels,
+    owner_state,
+    store_label,
+)
 from worker.leases.reaper import reap_once, reap_pass
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.fake import FakeBackend
-from worker.sandbox.local import DEFAULT_STAGE_DIR, LocalBackend, SandboxRecord
+from worker.sandbox.local import (
+    DEFAULT_STAGE_DIR,
+    LocalBackend,
+    SandboxRecord,
+    chown_to_sandbox,
+)
 from worker.settings import Settings
 from worker.workspace import disk
 from worker.workspace.prepare import write_labels
@@ -238,3 +260,168 @@ def test_owner_labels_survive_only_their_own_process() -> None:
     assert owner_state(f"{boot}:1:{pid}:{started}") == "unknown"  # another pid namespace
     assert owner_state(None) == "unknown"
     assert owner_state("garbage") == "unknown"
+
+
+# --- the owner decides, whatever the tokens say: the real local backend ------------------
+
+
+class _Host:
+    """Sandboxes made by a local backend with its own record store, as another worker
+    (another deployment, perhaps) on this host would leave them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.settings = Settings(
+            redis_url="redis://unused",
+            cgroup_parent="acpw-test",
+            work_dir=tmp_path / "work",
+            results_dir=tmp_path / "results",
+        )
+        self.backend = LocalBackend(
+            self.settings, state_dir=tmp_path / "state", etc_dir=tmp_path / "etc"
+        )
+        (tmp_path / "ws").mkdir()
+        chown_to_sandbox(tmp_path / "ws", self.settings)
+        (tmp_path / "pack").mkdir()
+
+    async def sandbox(
+        self, job_id: str, token: int, owner: str, store: str | None = None
+    ) -> tuple[str, Path]:
+        """A sandbox running ``sleep`` and its labelled work directory (as the runner
+        makes them, ``store`` naming the Redis of its lease); their ids."""
+        labels = {LABEL_TOKEN: str(token), LABEL_OWNER: owner}
+        if store is not None:
+            labels[LABEL_STORE] = store
+        spec = SandboxSpec(
+            job_id=job_id,
+            attempt=1,
+            workspace=self.tmp_path / "ws",
+            pack_closure=self.tmp_path / "pack",
+            limits=ResourceLimits(memory_bytes=1 << 28, cpus=1, pids=64),
+            labels=labels,
+        )
+        box = await self.backend.create(spec)
+        await box.spawn(["sleep", "300"], env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        job_dir = self.settings.work_dir / f"{job_id}-1-abcd"
+        job_dir.mkdir(parents=True)
+        write_labels(job_dir, {**labels, LABEL_JOB: job_id, LABEL_ATTEMPT: "1"})
+        return box.sandbox_id, job_dir
+
+    async def running(self, sandbox_id: str) -> bool:
+        status = await self.backend.status(sandbox_id)
+        return status is not None and status.running
+
+    async def clean(self) -> None:
+        for info in await self.backend.list({}):
+            await self.backend.destroy(info.sandbox_id)
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[_Host]:
+    made = _Host(tmp_path)
+    try:
+        yield made
+    finally:
+        await made.clean()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _label_of(proc: subprocess.Popen[bytes]) -> str:
+    label = owner_label(proc.pid)
+    assert label is not None
+    assert owner_state(label) == "alive"
+    return label
+
+
+async def _settled(client: aioredis.Redis, job_id: str) -> int:
+    """Run ``job_id`` to ``succeeded`` in this Redis; the token it ran under."""
+    lease = await leases.acquire(client, job_id, worker_id="here", ttl=30)
+    assert isinstance(lease, leases.Lease)
+    sink = FencedStreamSink(client, lease, policy=SinkPolicy())
+    emitter = EventEmitter(job_id=job_id, attempt=lease.attempt, sinks=[sink])
+    await emitter.emit(
+        TERMINAL_TYPE,
+        {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0},
+    )
+    await emitter.close()
+    assert await leases.release(client, lease)
+    assert await client.hget(keys.state(job_id), "status") == b"succeeded"
+    return lease.token
+
+
+async def test_a_live_owner_keeps_its_sandbox_whatever_this_redis_says(
+    host: _Host, aredis: aioredis.Redis, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Another deployment runs `job_id` too: here it settled long ago, under the same
+    # token its live sandbox carries. The tokens alone would call that sandbox over.
+    job_id = f"hello-{uuid.uuid4().hex[:8]}"
+    token = await _settled(aredis, job_id)
+    elsewhere = store_label("redis://10.9.8.7:6379/3")
+    sandbox_id, job_dir = await host.sandbox(job_id, token, _label_of(sleeper), elsewhere)
+    kept = await reap_once(aredis, host.settings, {"local": host.backend})
+    assert (kept.lost, kept.destroyed, kept.failed, kept.workspaces) == ((), (), (), ())
+    assert await host.running(sandbox_id)
+    assert job_dir.is_dir()
+
+    sleeper.kill()  # its owner is gone: now it is over
+    sleeper.wait()
+    reaped = await reap_once(aredis, host.settings, {"local": host.backend})
+    assert reaped.destroyed == (sandbox_id,)
+    assert reaped.workspaces == (job_dir.name,)
+    assert reaped.lost == ()  # it had settled: nothing more is written
+    assert await host.backend.list({}) == []
+    assert not job_dir.exists()
+
+
+async def test_this_redis_reaps_its_own_job_whose_lease_is_gone_however_alive_its_owner(
+    host: _Host, aredis: aioredis.Redis, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # A worker process that lives on (a pool process) but leaked a sandbox of a job that
+    # settled: this Redis issued the token, so its lease decides.
+    job_id = f"leak-{uuid.uuid4().hex[:8]}"
+    token = await _settled(aredis, job_id)
+    mine = store_label(host.settings.redis_url)
+    sandbox_id, job_dir = await host.sandbox(job_id, token, _label_of(sleeper), mine)
+    reaped = await reap_once(aredis, host.settings, {"local": host.backend})
+    assert reaped.destroyed == (sandbox_id,)
+    assert reaped.workspaces == (job_dir.name,)
+    assert await host.backend.list({}) == []
+
+
+async def test_a_gone_owner_is_reaped_even_when_this_redis_never_knew_its_job(
+    host: _Host, aredis: aioredis.Redis, sleeper: subprocess.Popen[bytes]
+) -> None:
+    owner = _label_of(sleeper)
+    sleeper.kill()
+    sleeper.wait()
+    assert owner_state(owner) == "gone"
+    unknown = f"flushed-{uuid.uuid4().hex[:8]}"  # a token, but no state here (flushed)
+    orphan, orphan_dir = await host.sandbox(unknown, 7, owner)
+    # A served job whose worker died while its lease lives: the sandbox goes now, but
+    # the job is settled `lost` only once its lease has expired.
+    leased = f"leased-{uuid.uuid4().hex[:8]}"
+    lease = await leases.acquire(aredis, leased, worker_id="dead", ttl=30)
+    assert isinstance(lease, leases.Lease)
+    served, served_dir = await host.sandbox(leased, lease.token, owner)
+    report = await reap_once(aredis, host.settings, {"local": host.backend})
+    assert sorted(report.destroyed) == sorted([orphan, served])
+    assert sorted(report.workspaces) == sorted([orphan_dir.name, served_dir.name])
+    assert report.lost == ()
+    assert await host.backend.list({}) == []
+    assert await aredis.hget(keys.state(leased), "status") == b"running"
+    assert await aredis.exists(keys.state(unknown)) == 0  # nothing written for it
+
+    await aredis.delete(keys.lease(leased))  # the lease expires
+    await aredis.zadd(keys.LEASES, {leased: 0})
+    expired = await reap_once(aredis, host.settings, {"local": host.backend})
+    assert expired.lost == (leased,)
+    assert await aredis.hget(keys.state(leased), "status") == b"lost"

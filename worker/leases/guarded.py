@@ -1,7 +1,8 @@
 """Runs one delivered job under its lease: the service side of ``worker.runner.run_job``.
 
     payload → validate → acquire lease (or drop the duplicate) → heartbeat + control
-    watcher + fenced sink → run_job → release
+    watcher + fenced sink → run_job → release (unless the stream could not be settled:
+    then the lease expires and a reaper settles the job ``lost``)
 
 A delivery that does not get the lease (another live owner, an attempt that already
 settled, a stale attempt) is acknowledged and counted in the job's state, never run.
@@ -206,9 +207,11 @@ class _GuardedRun:
         except LeaseLost as exc:
             log.warning("lost the lease of %s mid-run", spec.job_id)
             return GuardedResult(spec.job_id, "lease_lost", lease.attempt, error=exc.to_dict())
-        except WorkerError as exc:  # the stream could not be written: let the reaper settle
-            log.error("job %s could not settle: %s", spec.job_id, exc.message)
-            await self._release(lease)
+        except WorkerError as exc:
+            # The stream could not be settled. Releasing would drop the job from the
+            # reaper's index and leave it `running` for good: the lease is left to
+            # expire instead, and a reaper settles the job `lost`.
+            log.error("job %s could not settle, lease left to expire: %s", spec.job_id, exc.message)
             return GuardedResult(spec.job_id, "unsettled", lease.attempt, error=exc.to_dict())
         await self._release(lease)
         metrics.job_settled(status, time.monotonic() - started)

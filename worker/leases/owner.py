@@ -1,23 +1,30 @@
 """The process that owns what a job creates, named so that a reused pid cannot pass for it.
 
-A job run by ``acp-worker run`` holds no lease (its token label is ``0``), so the reaper
-cannot ask Redis whether it is over. Its sandbox and work directory carry instead the
-``acpw.owner`` label: ``<boot id>:<pid namespace inode>:<pid>:<start time>``, the start
-time being field 22 of ``/proc/<pid>/stat`` (clock ticks since boot). A pid is reused
-after its process dies, but never with the same start time within one boot.
+Every sandbox and work directory carries the ``acpw.owner`` label of the process that
+ran its job: ``<boot id>:<pid namespace inode>:<pid>:<start time>``, the start time being
+field 22 of ``/proc/<pid>/stat`` (clock ticks since boot). A pid is reused after its
+process dies, but never with the same start time within one boot. It is the reaper's
+first word on whether a job is over: a job run by ``acp-worker run`` holds no lease (its
+token label is ``0``), and a job id may be reused by another deployment whose tokens this
+Redis cannot judge.
 
 :func:`owner_state` judges a label only from the boot and the pid namespace it was made
 in (another host, another boot or another container's pids cannot be checked from here):
-anything else is ``unknown`` and the reaper leaves it alone.
+anything else is ``unknown``, and the reaper falls back to the lease tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 LABEL_OWNER = "acpw.owner"
+#: The Redis a leased job's token comes from: another deployment's sandboxes on this host
+#: carry another value, and their tokens mean nothing to this one's reaper.
+LABEL_STORE = "acpw.store"
 
 OwnerState = Literal["alive", "gone", "unknown"]
 
@@ -27,8 +34,18 @@ _DEAD_STATES = frozenset({"Z", "X", "x"})  # zombie, dead: exited, not yet (or j
 
 def owner_labels() -> dict[str, str]:
     """``{"acpw.owner": ...}`` for this process, or nothing where ``/proc`` cannot tell."""
-    identity = _identity(os.getpid())
+    identity = owner_label(os.getpid())
     return {} if identity is None else {LABEL_OWNER: identity}
+
+
+def store_label(redis_url: str | None) -> str | None:
+    """A short, credential-free name of the Redis at ``redis_url`` (scheme, host, port,
+    database), or None without one."""
+    if not redis_url:
+        return None
+    parts = urlsplit(redis_url)
+    where = f"{parts.scheme}://{parts.hostname}:{parts.port}{parts.path or '/0'}"
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
 def owner_state(label: str | None) -> OwnerState:
@@ -55,7 +72,8 @@ def _judge(pid: int, started: str) -> OwnerState:
     return "alive"
 
 
-def _identity(pid: int) -> str | None:
+def owner_label(pid: int) -> str | None:
+    """The ``acpw.owner`` label naming process ``pid``; None where ``/proc`` cannot tell."""
     here = _host()
     try:
         stat = _stat(pid)

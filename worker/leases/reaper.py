@@ -1,16 +1,24 @@
 """The reaper: settles jobs whose owner vanished and destroys what it left behind.
 
-One pass (``reap_once``) does three sweeps, each safe to run from any process at any
+One pass (``reap_once``) does four sweeps, each safe to run from any process at any
 time and concurrently with other reapers (``reap_pass`` also serializes the passes of
 one host on a lock file next to ``work_dir``):
 
 1. jobs in ``acpw:leases`` whose lease expired and that never settled get exactly one
    ``job.completed`` ``lost`` (``scripts.MARK_LOST`` refuses a job that settled, whose
    lease is alive, or that moved to another attempt);
-2. every sandbox of every configured backend that is over is destroyed: one whose
-   ``acpw.token`` label is not the job's live lease token (its job is settled as in 1),
-   or, for ``acp-worker run`` jobs (token ``0``, no lease), one whose owner process
-   (``acpw.owner``, see :mod:`worker.leases.owner`) is gone;
+2. every sandbox of every configured backend whose job is over is destroyed (its job,
+   if this Redis holds it with an expired lease, is settled as in 1). Over means:
+
+   - its owner process (``acpw.owner``, see :mod:`worker.leases.owner`) can be judged
+     from here (same boot, same pid namespace): over once that process is gone, even
+     when this Redis never heard of the job (expired or flushed state); never while it
+     lives, whatever the tokens say (the job id may be another deployment's, and a
+     worker that lost its lease cancels its own job);
+   - otherwise: its ``acpw.token`` was issued by this Redis (not above the job's fence
+     counter) and is not the job's live lease token. A token-``0`` sandbox
+     (``acp-worker run`` without a lease) whose owner cannot be judged is never over.
+
 3. every labelled job directory under ``work_dir`` whose job is over in the same sense
    is removed once any ``keep_until`` the job asked for has passed, and never while a
    sandbox of the same job, attempt, token and owner is still there (it may hold the
@@ -18,9 +26,8 @@ one host on a lock file next to ``work_dir``):
 4. every attempt directory under ``results_dir`` (a captured patch) untouched for
    ``results_keep_s`` is removed (never when that setting is 0).
 
-Left alone: sandboxes whose token this Redis never issued (another deployment sharing
-the host's sandbox state), and token-``0`` sandboxes whose owner cannot be judged from
-here (no ``acpw.owner`` label, another boot, another pid namespace).
+A served job whose worker died while its lease still lives loses its sandbox at once,
+but is settled ``lost`` only by step 1, once that lease has expired.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from worker.events.emitter import utc_timestamp
 from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
 from worker.leases import scripts
 from worker.leases.lease import job_keys, redis_client
-from worker.leases.owner import LABEL_OWNER, owner_state
+from worker.leases.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
 from worker.packs.cache import open_lock
 from worker.sandbox import get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
@@ -114,7 +121,9 @@ async def reap_once(
         for info in await backend.list({}):
             await _sweep_sandbox(client, settings, backend, info, sweep)
         metrics.sandboxes_reaped(name, len(sweep.destroyed) - before)
-    workspaces = await reap_workspaces(client, settings.work_dir, kept=frozenset(sweep.kept))
+    workspaces = await reap_workspaces(
+        client, settings.work_dir, kept=frozenset(sweep.kept), store=store_label(settings.redis_url)
+    )
     results = await asyncio.to_thread(
         reap_results, settings.results_dir, keep_s=settings.results_keep_s
     )
@@ -172,7 +181,7 @@ async def _sweep_sandbox(
     info: SandboxInfo,
     sweep: _Sweep,
 ) -> None:
-    if not await _over(client, info.labels):
+    if not await _over(client, info.labels, store_label(settings.redis_url)):
         sweep.kept.add(holder_of(info.labels))
         return
     job_id = info.labels.get(LABEL_JOB, "")
@@ -187,22 +196,39 @@ async def _sweep_sandbox(
 
 
 async def reap_workspaces(
-    client: aioredis.Redis, work_dir: Path, *, kept: frozenset[Holder] = frozenset()
+    client: aioredis.Redis,
+    work_dir: Path,
+    *,
+    kept: frozenset[Holder] = frozenset(),
+    store: str | None = None,
 ) -> list[str]:
     """Remove the job directories whose job is over (see the module docstring, 3).
 
-    ``kept``: the holders of sandboxes still there; their directories stay.
+    ``kept``: the holders of sandboxes still there; their directories stay. ``store``:
+    this Redis's ``acpw.store`` label (None: every leased job is judged as this one's).
     """
     removed = []
     for job_dir in await asyncio.to_thread(_job_dirs, work_dir):
-        labels = read_labels(job_dir)
-        if labels is None or holder_of(labels) in kept:
-            continue
-        if not await _workspace_done(client, labels) or not await _remove(job_dir):
-            continue
-        log.info("removed the work directory %s of job %s", job_dir.name, labels.get(LABEL_JOB))
-        removed.append(job_dir.name)
+        try:
+            if await _reap_one(client, job_dir, kept, store):
+                removed.append(job_dir.name)
+        except redis.exceptions.RedisError:
+            raise  # Redis itself is down: the pass as a whole fails and is retried
+        except Exception:  # one bad directory must not stop the others being reaped
+            log.exception("could not reap the work directory %s; next pass", job_dir)
     return removed
+
+
+async def _reap_one(
+    client: aioredis.Redis, job_dir: Path, kept: frozenset[Holder], store: str | None
+) -> bool:
+    labels = read_labels(job_dir)
+    if labels is None or holder_of(labels) in kept:
+        return False
+    if not await _workspace_done(client, labels, store) or not await _remove(job_dir):
+        return False
+    log.info("removed the work directory %s of job %s", job_dir.name, labels.get(LABEL_JOB))
+    return True
 
 
 async def _remove(job_dir: Path) -> bool:
@@ -218,7 +244,9 @@ def _job_dirs(work_dir: Path) -> list[Path]:
     return sorted(work_dir.iterdir()) if work_dir.is_dir() else []
 
 
-async def _workspace_done(client: aioredis.Redis, labels: Mapping[str, str]) -> bool:
+async def _workspace_done(
+    client: aioredis.Redis, labels: Mapping[str, str], store: str | None
+) -> bool:
     keep_until = labels.get("keep_until")
     if keep_until is not None and time.time() < float(keep_until):
         return False
@@ -226,14 +254,26 @@ async def _workspace_done(client: aioredis.Redis, labels: Mapping[str, str]) -> 
         # Labelled before owners were: the pid alone (a reused pid keeps it, never the
         # other way round).
         return not _alive(int(labels.get("pid", "0") or 0))
-    return await _over(client, labels)
+    return await _over(client, labels, store)
 
 
-async def _over(client: aioredis.Redis, labels: Mapping[str, str]) -> bool:
-    """Whether the job that labelled something is over: its lease is gone (service
-    jobs), or its owner process is (``acp-worker run``, token ``0``)."""
+async def _over(client: aioredis.Redis, labels: Mapping[str, str], store: str | None) -> bool:
+    """Whether the job that labelled something is over.
+
+    An owner process judged gone from here makes it over, even if this Redis does not
+    know the job. A job whose lease this Redis issued (its ``acpw.store`` label is this
+    Redis, or it has none: made before the label existed) is over once that lease is
+    gone, whatever its owner (a worker that leaked a sandbox lives on). Anything else —
+    another deployment's job, an ``acp-worker run`` without a lease — is over only when
+    its owner is gone.
+    """
+    owner = owner_state(labels.get(LABEL_OWNER))
+    if owner == "gone":
+        return True
     if labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
-        return owner_state(labels.get(LABEL_OWNER)) == "gone"
+        return False
+    if store is not None and labels.get(LABEL_STORE, store) != store:
+        return False
     return await _lease_lost(client, labels)
 
 

@@ -1,0 +1,123 @@
+"""A served job (``run_delivery``, in-process) whose Redis goes away for longer than the
+sink's retry budget: the lease is left to expire, and a reaper settles the job ``lost``
+once. Real bubblewrap, the real emulator pack, a real Redis behind a real TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.integration.test_run_job import _job
+from tests.integration.test_run_redis import _Proxy, _stored, _through, _ticks
+from worker import keys
+from worker.leases.guarded import Delivery, run_delivery
+from worker.leases.reaper import ReapReport, reap_once
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+class _GaveUp(logging.Handler):
+    """Sets ``event`` when the fenced sink logs that it gave up on Redis."""
+
+    def __init__(self, event: asyncio.Event) -> None:
+        super().__init__(logging.ERROR)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("event sink gave up on Redis"):
+            self.event.set()
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[_Proxy]:
+    host, _, port = redis_url.split("//", 1)[1].split("/", 1)[0].partition(":")
+    proxy = _Proxy((host, int(port or 6379)))
+    await proxy.start()
+    yield proxy
+    await proxy.cut()
+
+
+@pytest.fixture
+def gave_up() -> Iterator[asyncio.Event]:
+    event = asyncio.Event()
+    handler = _GaveUp(event)
+    sink_log = logging.getLogger("worker.events.fenced")
+    sink_log.addHandler(handler)
+    yield event
+    sink_log.removeHandler(handler)
+
+
+async def _until(job_id: str, redis_url: str, text: str) -> None:
+    for _ in range(600):
+        if any(text in json.dumps(e) for e in _stored(redis_url, job_id)):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"{text!r} never reached Redis")
+
+
+async def test_a_served_job_whose_redis_stayed_away_is_settled_lost_once(
+    tmp_path: Path, redis_url: str, proxy: _Proxy, gave_up: asyncio.Event
+) -> None:
+    job = json.loads(_job(tmp_path, _ticks(100)).read_text())
+    job["workspace"]["path"] = str(tmp_path / "ws")
+    job_id = job["job_id"]
+    settings = Settings(
+        redis_url=_through(proxy, redis_url),
+        lease_ttl=3,  # outlives the outage: the worker keeps its lease throughout
+        lease_renew=0.5,
+        sink_retry_s=0.5,
+        cache_dir=tmp_path / "cache",
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        secrets_dir=tmp_path / "secrets",
+        shutdown_eof_grace=1,
+    )
+    served = asyncio.create_task(run_delivery(Delivery(job), settings=settings, environ={}))
+    await _until(job_id, redis_url, "tick-010")
+    await proxy.cut()
+    await asyncio.wait_for(gave_up.wait(), 30)  # longer than the retry budget
+    await proxy.start()  # back while the job still tears down: it could release its lease
+    result = await asyncio.wait_for(served, 60)
+    assert result.outcome == "unsettled"
+    assert result.error is not None
+    assert result.error["code"] == "sink_unavailable"
+
+    direct = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await direct.hget(keys.state(job_id), "status") == b"running"
+        assert await direct.zscore(keys.LEASES, job_id) is not None  # the reaper's hint
+        report = await _reap_until_lost(direct, settings, job_id)
+        again = await reap_once(direct, settings, {})
+        assert await direct.hget(keys.state(job_id), "status") == b"lost"
+        assert await direct.zscore(keys.LEASES, job_id) is None
+    finally:
+        await direct.aclose()
+    assert report.lost == (job_id,)
+    assert again.lost == ()
+    stored = _stored(redis_url, job_id)
+    completed = [e for e in stored if e["type"] == "job.completed"]
+    assert [e["data"]["status"] for e in completed] == ["lost"]
+    assert stored[-1] == completed[0]
+    assert [e["seq"] for e in stored] == list(range(1, len(stored) + 1))
+    assert list((tmp_path / "work").iterdir()) == []  # the job cleaned up after itself
+
+
+async def _reap_until_lost(client: aioredis.Redis, settings: Settings, job_id: str) -> ReapReport:
+    """Reap passes until the lease has expired and one settles the job (a pass while the
+    lease lives settles nothing)."""
+    deadline = time.monotonic() + settings.lease_ttl + 10
+    while time.monotonic() < deadline:
+        report = await reap_once(client, settings, {})
+        if report.lost:
+            return report
+        assert await client.hget(keys.state(job_id), "status") == b"running"
+        await asyncio.sleep(0.2)
+    pytest.fail("no reaper pass settled the job")
