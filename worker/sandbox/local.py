@@ -17,8 +17,10 @@ that be root: each spawn enters the sandbox's staging mount namespace (see ``sta
 and drops to ``sandbox_host_uid``/``sandbox_host_gid`` with ``nsenter`` (no groups, no
 capabilities; see ``drop_privileges_argv``) before exec'ing bubblewrap, which then builds
 an unprivileged user namespace. The worker moves each spawn into the cgroups itself while
-bubblewrap starts; bubblewrap's sandboxed child waits on a gate (``--block-fd``) until
-it is in, so the program never runs a single instruction outside them (see ``_admit``). Files the
+bubblewrap starts: bubblewrap waits for its options on a pipe the worker fills only then,
+so it clones the sandbox inside them (whose cgroup namespace is rooted at its own cgroup),
+and the sandboxed child also waits on a gate (``--block-fd``) until it is in, so the
+program never runs a single instruction outside them (see ``_admit``). Files the
 agent writes are owned by that uid on the host, and a host file it cannot read as that
 uid stays unreadable. The workspace must therefore be owned by that uid (``create``
 refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non-root
