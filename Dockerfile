@@ -79,7 +79,8 @@ ENV PATH=/opt/acpw/bin:$PATH \
     ACPW_CACHE_DIR=/var/lib/acp-worker/cache \
     ACPW_WORK_DIR=/var/lib/acp-worker/work \
     ACPW_RESULTS_DIR=/var/lib/acp-worker/results \
-    ACPW_WORKSPACE_DISK=off
+    ACPW_WORKSPACE_DISK=off \
+    ACPW_LOCAL_WORKSPACE_ROOTS=[]
 # A non-root worker cannot loop-mount the per-job disk that enforces limits.disk_mb, so
 # the image turns it off (each job then says so in a `notice`): bound the work dir with
 # the pod's ephemeral-storage limit or a sized volume instead. A worker run as root with

@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     workspace_max_bytes: int = Field(
         default=4 * 1024**3, description="Largest fetched workspace (git or S3)."
     )
+    local_workspace_roots: tuple[Path, ...] | None = Field(
+        default=None,
+        description="Host directories a `local` workspace must lie within (links resolved); "
+        "unset: anywhere the worker can read (for `acp-worker run`). A service taking jobs "
+        "it does not fully trust sets it, `[]` refusing every local workspace (the worker "
+        "image does).",
+    )
     workspace_max_depth: int = Field(
         default=256,
         ge=1,

@@ -136,7 +136,7 @@ async def _source(
     secrets: Mapping[str, str],
 ) -> Path:
     if isinstance(spec, LocalWorkspace):
-        return _local_source(spec, base_dir)
+        return _local_source(spec, base_dir, roots=settings.local_workspace_roots)
     target = job_dir / "source"
     prepared.cleanup.append(target)
     if isinstance(spec, GitWorkspace):
@@ -164,9 +164,24 @@ async def _s3_source(
     return target
 
 
-def _local_source(spec: LocalWorkspace, base_dir: Path | None) -> Path:
+def _local_source(
+    spec: LocalWorkspace, base_dir: Path | None, *, roots: tuple[Path, ...] | None = None
+) -> Path:
+    """The host directory a ``local`` workspace names, resolved (links followed); with
+    ``roots`` (``ACPW_LOCAL_WORKSPACE_ROOTS``), only one inside them.
+
+    Raises:
+        WorkspaceUnavailable: not a directory, or outside every allowed root.
+    """
     raw = Path(spec.path)
     source = raw if raw.is_absolute() or base_dir is None else base_dir / raw
     if not source.is_dir():
         raise WorkspaceUnavailable(f"workspace {spec.path!r} is not a directory", path=spec.path)
-    return source.resolve()
+    resolved = source.resolve()
+    if roots is not None and not any(resolved.is_relative_to(r.resolve()) for r in roots):
+        raise WorkspaceUnavailable(
+            f"workspace {spec.path!r} is outside the directories this worker serves "
+            "local workspaces from (ACPW_LOCAL_WORKSPACE_ROOTS)",
+            path=spec.path,
+        )
+    return resolved
