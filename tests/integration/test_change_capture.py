@@ -514,6 +514,12 @@ def test_a_file_replaced_by_a_fifo_is_deleted_in_the_patch(tmp_path: Path) -> No
         False,
         {"not_representable": 2},
     )
+    entries = {e["path"]: e for e in data["paths"]}
+    for fifo in ("pipe", "new-pipe"):  # listed as left out, like any file
+        assert (entries[fifo]["in_patch"], entries[fifo]["omitted_reason"]) == (
+            False,
+            "not_representable",
+        )
     applied = _applied(tmp_path, source, Path(data["patch"]["path"]))
     assert not (applied / "pipe").exists()
     assert (applied / "b.txt").read_text() == "B\n"

@@ -156,7 +156,7 @@ def incomplete_notice(captured: Captured) -> dict[str, Any] | None:
     why = ", ".join(f"{count} {reason}" for reason, count in reasons.items())
     message = (
         f"the patch leaves out {len(patch.omitted)} changed file(s) ({why}); "
-        "workspace.changed lists them with their size and sha256"
+        "workspace.changed lists them (files with their size and sha256)"
     )
     if "time_budget" in reasons:
         message = f"change capture ran out of its {limits.time_s:g} s budget: {message}"
@@ -182,7 +182,7 @@ def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
     item.update(_facts("", change.after))
     if change.before is not None and change.status != "added":
         item.update(_facts("old_", change.before))  # a deleted path too: what it was
-    if now.kind in ("file", "link"):
+    if now.kind in ("file", "link") or change.path in omitted:  # a FIFO left out: too
         item["in_patch"] = change.path not in omitted
         if change.path in omitted:
             item["omitted_reason"] = omitted[change.path]
