@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
+from tests.redis_proxy import RedisProxy
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -41,3 +43,12 @@ def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)
     return boto3.client("s3", endpoint_url=s3_endpoint)
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[RedisProxy]:
+    """A proxy to the test Redis the test can cut (see ``tests.redis_proxy``)."""
+    made = RedisProxy(redis_url)
+    await made.start()
+    yield made
+    await made.cut()

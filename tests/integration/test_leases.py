@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from tests.redis_proxy import RedisProxy
 from worker import keys
 from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
@@ -110,56 +110,10 @@ async def test_a_retried_batch_is_not_appended_twice(aredis: aioredis.Redis) -> 
     assert await aredis.xlen(keys.events("job-l5")) == 2
 
 
-class _Proxy:
-    """A TCP proxy to Redis that the test can cut (connections dropped, connects refused)."""
-
-    def __init__(self) -> None:
-        self.server: asyncio.Server | None = None
-        self.port = 0
-        self.pipes: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for task in list(self.pipes):
-            task.cancel()
-        await asyncio.gather(*self.pipes, return_exceptions=True)
-        await self.server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", 6379)
-        for src, dst in ((reader, up_w), (up_r, writer)):
-            task = asyncio.create_task(_pipe(src, dst))
-            self.pipes.add(task)
-            task.add_done_callback(self.pipes.discard)
-
-
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-    finally:
-        dst.close()
-
-
-@pytest.fixture
-async def proxy() -> AsyncIterator[_Proxy]:
-    proxy = _Proxy()
-    await proxy.start()
-    yield proxy
-    await proxy.cut()
-
-
 async def test_a_broken_connection_loses_nothing_and_keeps_order(
-    aredis: aioredis.Redis, redis_url: str, proxy: _Proxy
+    aredis: aioredis.Redis, redis_url: str, proxy: RedisProxy
 ) -> None:
-    db = redis_url.rsplit("/", 1)[1]
-    flaky = aioredis.Redis.from_url(f"redis://127.0.0.1:{proxy.port}/{db}", socket_timeout=2)
+    flaky = aioredis.Redis.from_url(proxy.url, socket_timeout=2)
     lease = await _take(aredis, "job-l6")
     emitter = _emitter(flaky, lease, buffer_events=50, retry_for=20)
     for i in range(200):

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _job, run_cli
 from tests.procs import finish
+from tests.redis_proxy import RedisProxy
 from worker import keys
 from worker.leases import lease as leases
 from worker.leases.lease import Lease
@@ -177,60 +178,6 @@ def test_acp_worker_cancel_reaches_a_run_job(tmp_path: Path, redis_url: str) -> 
 # --- Redis going away mid-turn -------------------------------------------------------------
 
 
-class _Proxy:
-    """A TCP proxy to the test Redis; ``cut`` drops every connection and refuses new ones."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for task in list(self._pipes):
-            task.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-        await self._server.wait_closed()
-        self._server = None
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(_pipe(src, dst))
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
-
-
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-    finally:
-        dst.close()
-
-
-@pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[_Proxy]:
-    address = redis_url.split("//", 1)[1].split("/", 1)[0]
-    host, _, port = address.partition(":")
-    proxy = _Proxy((host, int(port or 6379)))
-    await proxy.start()
-    yield proxy
-    await proxy.cut()
-
-
-def _through(proxy: _Proxy, redis_url: str) -> str:
-    return f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
-
-
 @dataclass
 class _Run:
     returncode: int
@@ -313,7 +260,7 @@ def _still_running(processes: set[tuple[int, str]]) -> list[int]:
 
 
 async def test_a_brief_redis_outage_mid_turn_loses_nothing(
-    tmp_path: Path, redis_url: str, proxy: _Proxy
+    tmp_path: Path, redis_url: str, proxy: RedisProxy
 ) -> None:
     async def outage() -> None:
         await proxy.cut()
@@ -322,7 +269,7 @@ async def test_a_brief_redis_outage_mid_turn_loses_nothing(
 
     job = _job(tmp_path, _ticks(40))
     run = await _run_cutting(
-        tmp_path, job, _through(proxy, redis_url), at="tick-010", on_cut=outage, env=_env(tmp_path)
+        tmp_path, job, proxy.url, at="tick-010", on_cut=outage, env=_env(tmp_path)
     )
     assert run.returncode == 0, run.stderr
     assert _check_stream(run.events)["status"] == "succeeded"
@@ -335,13 +282,11 @@ async def test_a_brief_redis_outage_mid_turn_loses_nothing(
 
 
 async def test_redis_gone_for_good_fails_the_job_promptly(
-    tmp_path: Path, redis_url: str, proxy: _Proxy
+    tmp_path: Path, redis_url: str, proxy: RedisProxy
 ) -> None:
     job = _job(tmp_path, _ticks(200))  # 20 s of talking if nothing stops it
     env = _env(tmp_path, ACPW_SINK_RETRY_S="1.5")
-    run = await _run_cutting(
-        tmp_path, job, _through(proxy, redis_url), at="tick-005", on_cut=proxy.cut, env=env
-    )
+    run = await _run_cutting(tmp_path, job, proxy.url, at="tick-005", on_cut=proxy.cut, env=env)
     assert run.returncode == 1, run.stderr
     assert run.ended_at - run.cut_at < 10  # the retry budget and a teardown, not the turn
     done = _check_stream(run.events)  # stdout: contiguous, exactly one job.completed, last

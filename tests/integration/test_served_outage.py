@@ -8,14 +8,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from tests.integration.test_run_job import _job
-from tests.integration.test_run_redis import _Proxy, _stored, _through, _ticks
+from tests.integration.test_run_redis import _stored, _ticks
+from tests.redis_proxy import RedisProxy
 from worker import keys
 from worker.leases.guarded import Delivery, run_delivery
 from worker.leases.reaper import ReapReport, reap_once
@@ -37,15 +38,6 @@ class _GaveUp(logging.Handler):
 
 
 @pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[_Proxy]:
-    host, _, port = redis_url.split("//", 1)[1].split("/", 1)[0].partition(":")
-    proxy = _Proxy((host, int(port or 6379)))
-    await proxy.start()
-    yield proxy
-    await proxy.cut()
-
-
-@pytest.fixture
 def gave_up() -> Iterator[asyncio.Event]:
     event = asyncio.Event()
     handler = _GaveUp(event)
@@ -64,13 +56,13 @@ async def _until(job_id: str, redis_url: str, text: str) -> None:
 
 
 async def test_a_served_job_whose_redis_stayed_away_is_settled_lost_once(
-    tmp_path: Path, redis_url: str, proxy: _Proxy, gave_up: asyncio.Event
+    tmp_path: Path, redis_url: str, proxy: RedisProxy, gave_up: asyncio.Event
 ) -> None:
     job = json.loads(_job(tmp_path, _ticks(100)).read_text())
     job["workspace"]["path"] = str(tmp_path / "ws")
     job_id = job["job_id"]
     settings = Settings(
-        redis_url=_through(proxy, redis_url),
+        redis_url=proxy.url,
         lease_ttl=3,  # outlives the outage: the worker keeps its lease throughout
         lease_renew=0.5,
         sink_retry_s=0.5,
