@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from tests.integration.test_workspace_disk import _loops_under
 from tests.procs import finish
 from worker import keys
 from worker.errors import SandboxError
@@ -120,18 +121,6 @@ def _leftovers(tmp_path: Path, records: list[SandboxRecord], job_id: str) -> dic
         "mounts": [str(p) for p in disk.mounts_below(tmp_path)],
         "work": sorted(p.name for p in (tmp_path / "work").iterdir()),
     }
-
-
-def _loops_under(root: Path) -> list[str]:
-    found = []
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            target = backing.read_text().strip()
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            found.append(f"{backing.parts[3]}: {target}")
-    return found
 
 
 def test_a_killed_run_is_reaped_whole_and_a_live_one_is_left_alone(

@@ -342,13 +342,17 @@ def _deletion(change: Change) -> Change | None:
 
 def _mode_within_git_mode(change: Change) -> bool:
     """A file whose bytes and git mode are the same, its permissions not (0644 to 0600)."""
+    return _same_bytes(change) and _git_mode(change.before) == _git_mode(change.after)
+
+
+def _same_bytes(change: Change) -> bool:
+    """A file before and after, with the same bytes (as measured)."""
     before, after = change.before, change.after
     return (
         before is not None
         and after is not None
         and before.kind == after.kind == "file"
         and before.sha256 == after.sha256
-        and _git_mode(before) == _git_mode(after)
     )
 
 
@@ -410,14 +414,7 @@ def _parts(change: Change, old: bytes | None, new: bytes | None) -> list[_Part]:
 
 def _mode_only(change: Change) -> bool:
     """A file whose git mode changed and whose bytes did not (as measured)."""
-    before, after = change.before, change.after
-    return (
-        before is not None
-        and after is not None
-        and before.kind == after.kind == "file"
-        and before.sha256 == after.sha256
-        and _git_mode(before) != _git_mode(after)
-    )
+    return _same_bytes(change) and _git_mode(change.before) != _git_mode(change.after)
 
 
 def _git_mode(entry: Entry | None) -> str | None:
