@@ -22,13 +22,13 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from worker import keys
 from worker.client import Client
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy
 from worker.events.normalizer import Normalizer
-from worker.leases import lease as leases
-from worker.leases.lease import Lease
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.lease import Lease
 
 URL = os.environ.get("ACPW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 

@@ -23,8 +23,8 @@ from celery.signals import before_task_publish, worker_init
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
-from worker.leases.guarded import Delivery, run_delivery
-from worker.leases.reaper import reap_pass
+from worker.service.guarded import Delivery, run_delivery
+from worker.service.reaper import reap_pass
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)

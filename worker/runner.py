@@ -42,7 +42,6 @@ from worker.events.normalizer import Normalizer
 from worker.events.sinks import EventSink
 from worker.interactions import AnswerReader, InteractionBroker, InteractionStore
 from worker.jobs.spec import JobSpec
-from worker.leases.owner import LABEL_STORE, owner_labels, store_label
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
 from worker.packs.runtime import (
@@ -57,6 +56,7 @@ from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.local import sandbox_owner
 from worker.sessions import JobSessions
 from worker.settings import Settings
+from worker.store.owner import LABEL_STORE, owner_labels, store_label
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import (
     Captured,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import admission_cli
+from worker.cli import admission as admission_cli
 from worker.errors import WorkerError
 from worker.settings import Settings
 

@@ -21,19 +21,18 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
-from worker import keys
 from worker.client import Client
-from worker.control import CANCEL, ControlWatcher, control_fields
 from worker.errors import EXIT_CANCELLED
 from worker.events.sinks import MemorySink
 from worker.jobs.spec import parse_job
-from worker.leases import scripts
-from worker.leases.guarded import Delivery, run_delivery
-from worker.leases.lease import job_keys
 from worker.runner import run_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.local import LocalBackend
+from worker.service.guarded import Delivery, run_delivery
 from worker.settings import Settings
+from worker.store import keys, scripts
+from worker.store.control import CANCEL, ControlWatcher, control_fields
+from worker.store.lease import job_keys
 
 pytestmark = pytest.mark.integration
 

@@ -20,15 +20,15 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.conftest import REPO
-from worker import keys
 from worker.client import Client
 from worker.client.client import spec_digest
 from worker.errors import EventsTrimmed, JobConflict
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy
 from worker.jobs.spec import parse_job
-from worker.leases import lease as leases
 from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.test_run_job import _check_stream, _events, _job, run_cli
 from worker.errors import WorkspaceUnavailable
-from worker.leases.reaper import reap_workspaces
+from worker.service.reaper import reap_workspaces
 from worker.workspace.capture import snapshot
 from worker.workspace.prepare import write_labels
 from worker.workspace.stage import remove_staged, stage_local

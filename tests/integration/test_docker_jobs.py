@@ -26,11 +26,11 @@ from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect
 from worker.images.identity import ImageIdentity
 from worker.jobs.spec import parse_job
-from worker.leases.reaper import reap_workspaces
 from worker.packs.manifest import load_pack
 from worker.runner import JobOutcome, run_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.docker import DockerBackend
+from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
 from worker.workspace.disk import mounts_below
 

@@ -16,16 +16,16 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from worker import keys
 from worker.cli import main
 from worker.client import Client, StreamEvent
 from worker.errors import EventsTrimmed, InvalidInput
-from worker.events.fenced import FencedStreamSink, SinkPolicy, _Pending
-from worker.leases import lease as leases
-from worker.leases.lease import Lease
-from worker.leases.reaper import mark_lost
-from worker.leases.scripts import TRIMMED_UNTIL
+from worker.service.reaper import mark_lost
 from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy, _Pending
+from worker.store.lease import Lease
+from worker.store.scripts import TRIMMED_UNTIL
 
 pytestmark = pytest.mark.integration
 

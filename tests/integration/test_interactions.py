@@ -15,11 +15,11 @@ import redis
 
 from tests.integration.cursor_jobs import check_golden, run_live
 from tests.integration.test_run_job import REPO, _env
-from worker import keys
 from worker.client import Client
 from worker.errors import InteractionClosed, InteractionNotFound, InvalidAnswer
 from worker.interactions import answer_fields
 from worker.interactions.send import send_answer
+from worker.store import keys
 
 Event = dict[str, Any]
 ANSWERED = {

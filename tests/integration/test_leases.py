@@ -10,17 +10,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.redis_proxy import RedisProxy
-from worker import keys
 from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy, _Pending
 from worker.interactions import InteractionBroker, InteractionStore
-from worker.leases import lease as leases
-from worker.leases.lease import Lease, Refusal
-from worker.leases.reaper import mark_lost, reap_once
 from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.fake import FakeBackend
+from worker.service.reaper import mark_lost, reap_once
 from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy, _Pending
+from worker.store.lease import Lease, Refusal
 
 pytestmark = pytest.mark.integration
 

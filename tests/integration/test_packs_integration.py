@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from worker.cli import packs as packs_cli
 from worker.errors import (
     ArchiveRefused,
     DigestMismatch,
@@ -29,7 +30,6 @@ from worker.errors import (
     PackNotFound,
     PlatformUnsupported,
 )
-from worker.packs import cli as packs_cli
 from worker.packs.archive import ArchiveFormat, ExtractLimits, extract_tar, extract_verified
 from worker.packs.cache import closure_path, materialize, remove_tree
 from worker.packs.lock import lock_archive

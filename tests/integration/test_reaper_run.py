@@ -25,21 +25,9 @@ import redis.asyncio as aioredis
 
 from tests.integration.test_workspace_disk import _loops_under
 from tests.procs import finish
-from worker import keys
 from worker.errors import SandboxError
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy
 from worker.events.models import TERMINAL_TYPE
-from worker.leases import lease as leases
-from worker.leases.owner import (
-    LABEL_OWNER,
-    LABEL_STORE,
-    owner_label,
-    owner_labels,
-    owner_state,
-    store_label,
-)
-from worker.leases.reaper import reap_once, reap_pass
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import (
@@ -48,7 +36,19 @@ from worker.sandbox.local import (
     SandboxRecord,
     chown_to_sandbox,
 )
+from worker.service.reaper import reap_once, reap_pass
 from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.owner import (
+    LABEL_OWNER,
+    LABEL_STORE,
+    owner_label,
+    owner_labels,
+    owner_state,
+    store_label,
+)
 from worker.workspace import disk
 from worker.workspace.prepare import write_labels
 
@@ -237,7 +237,7 @@ def test_owner_labels_survive_only_their_own_process() -> None:
         [
             sys.executable,
             "-c",
-            "import json, worker.leases.owner as o; print(json.dumps(o.owner_labels()))",
+            "import json, worker.store.owner as o; print(json.dumps(o.owner_labels()))",
         ],
         capture_output=True,
         text=True,

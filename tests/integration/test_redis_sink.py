@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from worker import keys
 from worker.errors import LeaseLost, SinkUnavailable
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy
 from worker.events.sinks import MemorySink
-from worker.leases import lease as leases
-from worker.leases.lease import Lease
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.lease import Lease
 
 pytestmark = pytest.mark.integration
 

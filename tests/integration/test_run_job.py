@@ -15,8 +15,8 @@ import jsonschema
 import redis
 
 from tests.procs import finish
-from worker import keys
 from worker.events.schema import event_schema
+from worker.store import keys
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -330,7 +330,7 @@ def test_kept_workspace_is_reaped_after_its_time(tmp_path: Path, redis_url: str)
 
     import redis.asyncio as aioredis
 
-    from worker.leases.reaper import reap_workspaces
+    from worker.service.reaper import reap_workspaces
 
     job = _job(tmp_path, "#!scenario\nwrite kept.txt still here\n", keep_workspace=True)
     env = _env(tmp_path, ACPW_KEEP_WORKSPACE_S="0")
@@ -361,7 +361,7 @@ def test_reaper_spares_live_and_still_kept_work_dirs(tmp_path: Path, redis_url: 
 
     import redis.asyncio as aioredis
 
-    from worker.leases.reaper import reap_workspaces
+    from worker.service.reaper import reap_workspaces
     from worker.workspace.prepare import write_labels
 
     work = tmp_path / "work"

@@ -21,9 +21,9 @@ import redis.asyncio as aioredis
 from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _job, run_cli
 from tests.procs import finish
 from tests.redis_proxy import RedisProxy
-from worker import keys
-from worker.leases import lease as leases
-from worker.leases.lease import Lease
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.lease import Lease
 
 pytestmark = pytest.mark.integration
 

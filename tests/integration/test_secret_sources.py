@@ -20,12 +20,12 @@ import pytest
 import redis
 
 from tests.integration.conftest import S3_ENV
-from worker import keys
 from worker.credentials.redact import MASK, Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.credentials.sources import SecretRegistry, SourceContext
 from worker.errors import CredentialRefused
 from worker.settings import Settings
+from worker.store import keys
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED = ["CURSOR_API_KEY", "CURSOR_AUTH_TOKEN"]

@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from tests.integration.test_run_job import _job
 from tests.integration.test_run_redis import _stored, _ticks
 from tests.redis_proxy import RedisProxy
-from worker import keys
-from worker.leases.guarded import Delivery, run_delivery
-from worker.leases.reaper import ReapReport, reap_once
+from worker.service.guarded import Delivery, run_delivery
+from worker.service.reaper import ReapReport, reap_once
 from worker.settings import Settings
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ class _GaveUp(logging.Handler):
 def gave_up() -> Iterator[asyncio.Event]:
     event = asyncio.Event()
     handler = _GaveUp(event)
-    sink_log = logging.getLogger("worker.events.fenced")
+    sink_log = logging.getLogger("worker.store.fenced")
     sink_log.addHandler(handler)
     yield event
     sink_log.removeHandler(handler)

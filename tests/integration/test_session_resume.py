@@ -27,9 +27,9 @@ from tests.integration.test_docker_jobs import _run as run_docker
 from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _job, run_cli
 from tests.procs import finish
 from worker.images.engine import EngineConfig
-from worker.leases.reaper import reap_workspaces
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.local import LocalBackend
+from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from worker.errors import SandboxError, WorkspaceUnavailable
-from worker.leases.reaper import reap_workspaces
+from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
 from worker.workspace import disk
 from worker.workspace.prepare import Prepared, prepare_workspace, write_labels

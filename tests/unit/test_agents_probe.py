@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_packs import _manifest
-from worker.agents_cli import bind_credentials, render, scrubbed
+from worker.cli.agents import bind_credentials, render, scrubbed
 from worker.credentials.redact import MASK, Redactor
 from worker.errors import AuthRequired, CredentialRefused, InvalidInput
 from worker.packs.manifest import Pack, parse_manifest

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from worker.cli import _build_parser
+from worker.cli.service import EXIT_BY_STATUS, _pause, _render, reaper_argv, serve_argv
 from worker.client import JobState, StreamEvent
 from worker.client.client import _completes, spec_digest
 from worker.client.queue import (
@@ -21,7 +22,6 @@ from worker.client.queue import (
 )
 from worker.errors import EventsTrimmed
 from worker.jobs.spec import Limits, parse_job
-from worker.service_cli import EXIT_BY_STATUS, _pause, _render, reaper_argv, serve_argv
 from worker.settings import Settings
 
 JOB = {

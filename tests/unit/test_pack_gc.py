@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.packs.cli import human_size, parse_size
+from worker.cli.packs import human_size, parse_size
 from worker.packs.gc import Mount, MountTable
 
 

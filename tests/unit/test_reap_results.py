@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from worker.leases.reaper import reap_results
+from worker.service.reaper import reap_results
 
 DAY = 24 * 3600.0
 

@@ -26,9 +26,7 @@ import kombu.exceptions
 import redis
 import redis.exceptions
 
-from worker import keys
 from worker.client import queue
-from worker.control.watch import CANCEL, control_fields
 from worker.errors import (
     EventsTrimmed,
     InteractionClosed,
@@ -41,9 +39,10 @@ from worker.errors import (
 from worker.events.models import TERMINAL_TYPE
 from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
-from worker.leases import scripts
-from worker.leases.lease import job_keys
 from worker.settings import Settings
+from worker.store import keys, scripts
+from worker.store.control import CANCEL, control_fields
+from worker.store.lease import job_keys
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 _PAGE = 500

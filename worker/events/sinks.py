@@ -3,7 +3,7 @@
 A sink receives each event already serialized (one JSON line, redacted) together with
 its dict form. ``JsonlSink`` writes lines to a file or stdout, ``MemorySink`` keeps them
 for tests. The job's Redis Stream is written only through the lease:
-:class:`worker.events.fenced.FencedStreamSink` (service jobs and ``acp-worker run --redis``
+:class:`worker.store.fenced.FencedStreamSink` (service jobs and ``acp-worker run --redis``
 alike), so every stream keeps one contiguous ``seq`` per attempt and one ``job.completed``.
 """
 

@@ -3,7 +3,7 @@ control plane through Redis (see README, "Interaction protocol")."""
 
 from worker.interactions.broker import AnswerMessage, InteractionBroker
 from worker.interactions.control import AnswerReader, answer_fields
-from worker.interactions.store import InteractionStore
+from worker.store.interactions import InteractionStore
 
 __all__ = [
     "AnswerMessage",

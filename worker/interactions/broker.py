@@ -29,7 +29,7 @@ from worker.events.bounded import bounded
 from worker.events.emitter import utc_timestamp
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.requests import fallback_answer, native_reply
-from worker.interactions.store import OPEN, RESOLVED, InteractionStore
+from worker.store.interactions import OPEN, RESOLVED, InteractionStore
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 Settled = Callable[[dict[str, Any]], Awaitable[None]]

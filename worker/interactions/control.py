@@ -1,6 +1,6 @@
 """Answers on the control stream ``acpw:{J}:control``.
 
-The control stream is shared: ``worker.control.watch.ControlWatcher`` follows it for
+The control stream is shared: ``worker.store.control.ControlWatcher`` follows it for
 ``cancel``; this reader (the same :class:`ControlStream`, its own cursor) takes the
 ``answer`` entries of its attempt and hands them to the broker. An entry is::
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker.control.watch import ControlStream
 from worker.interactions.broker import AnswerMessage, InteractionBroker
+from worker.store.control import ControlStream
 
 ANSWER = "answer"
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import redis
 
-from worker import keys
 from worker.errors import InteractionClosed, InteractionNotFound, InvalidAnswer
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.control import answer_fields
-from worker.interactions.store import OPEN
+from worker.store import keys
+from worker.store.interactions import OPEN
 
 CONTROL_MAXLEN = 1000
 

@@ -10,7 +10,7 @@ one host on a lock file next to ``work_dir``):
 2. every sandbox of every configured backend whose job is over is destroyed (its job,
    if this Redis holds it with an expired lease, is settled as in 1). Over means:
 
-   - its owner process (``acpw.owner``, see :mod:`worker.leases.owner`) can be judged
+   - its owner process (``acpw.owner``, see :mod:`worker.store.owner`) can be judged
      from here (same boot, same pid namespace): over once that process is gone, even
      when this Redis never heard of the job (expired or flushed state); never while it
      lives, whatever the tokens say (the job id may be another deployment's, and a
@@ -47,17 +47,17 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from worker import keys, metrics
+from worker import metrics
 from worker.errors import LeaseLost, ServiceUnavailable, WorkerError
 from worker.events.emitter import utc_timestamp
 from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
-from worker.leases import scripts
-from worker.leases.lease import job_keys, redis_client
-from worker.leases.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
 from worker.packs.cache import open_lock
 from worker.sandbox import get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
 from worker.settings import Settings
+from worker.store import keys, scripts
+from worker.store.lease import job_keys, redis_client
+from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
 from worker.workspace.prepare import read_labels
 from worker.workspace.stage import remove_staged
 

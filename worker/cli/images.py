@@ -17,11 +17,11 @@ import sys
 from typing import Any
 
 from worker.cli import add_json_flag
+from worker.cli.packs import resolve_pack
 from worker.errors import ImageMismatch
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect
 from worker.images.identity import LABEL_PACK, LABEL_PACK_VERSION, PinnedImage
-from worker.packs.cli import resolve_pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import prepare_pack
 from worker.settings import Settings

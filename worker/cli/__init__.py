@@ -36,15 +36,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    from worker import (
-        admission_cli,
-        agents_cli,
-        images_cli,
-        interactions_cli,
-        run_cli,
-        service_cli,
-    )
-    from worker.packs import cli as packs_cli
+    from worker.cli import admission as admission_cli
+    from worker.cli import agents as agents_cli
+    from worker.cli import images as images_cli
+    from worker.cli import interactions as interactions_cli
+    from worker.cli import packs as packs_cli
+    from worker.cli import run as run_cli
+    from worker.cli import service as service_cli
 
     return [
         run_cli.register,

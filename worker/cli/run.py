@@ -1,7 +1,7 @@
 """``acp-worker run`` (one job in this process) and ``acp-worker schema``.
 
 With ``--redis`` (or ``ACPW_REDIS_URL``) the job is owned the way the service owns a
-delivered one (``worker.leases.guarded``): its lease is taken with a fencing token before
+delivered one (``worker.service.guarded``): its lease is taken with a fencing token before
 anything starts — a job id that already settled, or whose lease a live owner holds, is
 refused with exit 2 — renewed while the job runs, and the events reach
 ``acpw:{J}:events`` only through the fenced sink, which settles the state hash and gives
@@ -31,19 +31,19 @@ import redis.exceptions
 
 from worker.cli import add_json_flag
 from worker.errors import InvalidInput, InvalidJobSpec, SinkUnavailable
-from worker.events.fenced import FencedStreamSink
 from worker.events.progress import ProgressSink
 from worker.events.schema import event_schema
 from worker.events.sinks import EventSink, JsonlSink
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
-from worker.leases import lease as leases
-from worker.leases.guarded import lease_guards, release_lease, sink_policy
-from worker.leases.lease import Lease, Refusal, redis_client
-from worker.leases.reaper import mark_lost
 from worker.runner import run_job
 from worker.sandbox import BACKENDS, get_backend
 from worker.sandbox.base import LABEL_TOKEN
+from worker.service.guarded import lease_guards, release_lease, sink_policy
+from worker.service.reaper import mark_lost
 from worker.settings import Settings
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink
+from worker.store.lease import Lease, Refusal, redis_client
 
 log = logging.getLogger(__name__)
 

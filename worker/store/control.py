@@ -19,8 +19,8 @@ from typing import Any, Self
 
 import redis.asyncio as aioredis
 
-from worker import keys
-from worker.leases.lease import REDIS_ERRORS
+from worker.store import keys
+from worker.store.lease import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from typing import Any
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.cli import add_json_flag
+from worker.cli.packs import resolve_pack
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import InvalidInput, WorkerError
-from worker.packs.cli import resolve_pack
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime, prepare_pack

@@ -32,8 +32,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from worker.errors import LeaseLost, SinkUnavailable, WorkerError
 from worker.events.models import TERMINAL_TYPE
-from worker.leases import scripts
-from worker.leases.lease import REDIS_ERRORS, Lease, job_keys
+from worker.store import scripts
+from worker.store.lease import REDIS_ERRORS, Lease, job_keys
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker import keys
 from worker.errors import LeaseLost, ServiceUnavailable
-from worker.leases import scripts
-from worker.leases.lease import REDIS_ERRORS
+from worker.store import keys, scripts
+from worker.store.lease import REDIS_ERRORS
 
 OPEN = "open"
 RESOLVED = "resolved"

@@ -20,9 +20,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from worker import keys
 from worker.errors import ServiceUnavailable
-from worker.leases import scripts
+from worker.store import keys, scripts
 
 log = logging.getLogger(__name__)
 

@@ -25,20 +25,21 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from worker import keys, metrics
-from worker.control.watch import ControlWatcher
+from worker import metrics
 from worker.errors import InvalidJobSpec, LeaseLost, WorkerError
 from worker.events.emitter import EventEmitter
-from worker.events.fenced import FencedStreamSink, SinkPolicy
 from worker.events.models import TERMINAL_TYPE
 from worker.jobs.spec import JobSpec, parse_job
-from worker.leases import lease as leases
-from worker.leases.lease import Heartbeat, Lease, Refusal, redis_client
-from worker.leases.reaper import mark_lost
 from worker.runner import run_job
 from worker.sandbox import get_backend
 from worker.sandbox.base import LABEL_TOKEN
+from worker.service.reaper import mark_lost
 from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.control import ControlWatcher
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.lease import Heartbeat, Lease, Refusal, redis_client
 
 log = logging.getLogger(__name__)
 

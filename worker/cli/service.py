@@ -4,7 +4,7 @@
 this host's reaper (``reap --loop`` as a child that exits with the worker; ``--no-reaper``
 for operators who run ``reap --loop`` themselves): local and docker sandboxes and work
 directories belong to a host, so every worker host reaps; passes are idempotent and the
-reapers of one host take turns (``worker.leases.reaper.reap_pass``).
+reapers of one host take turns (``worker.service.reaper.reap_pass``).
 
 ``submit``, ``events``, ``status`` and ``cancel`` are the control-plane side over Redis,
 with a readable live view on a terminal and JSON lines with ``--json`` (``events`` prints
@@ -42,7 +42,7 @@ from worker.errors import (
     WorkerError,
 )
 from worker.events.progress import ProgressSink
-from worker.leases.reaper import reap_pass
+from worker.service.reaper import reap_pass
 from worker.settings import Settings
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
