@@ -17,7 +17,8 @@ from pathlib import Path
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
 from worker.sandbox.docker import DockerBackend
-from worker.sandbox.local import LocalBackend, chown_to_sandbox
+from worker.sandbox.local import LocalBackend
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 RUNS = 20

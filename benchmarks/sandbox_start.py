@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from worker.sandbox.base import ResourceLimits, SandboxSpec
-from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox
+from worker.sandbox.local import LocalBackend, LocalSandbox
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 ARGV = ["/bin/echo", "x"]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from worker.jobs.spec import GitWorkspace, Limits
-from worker.sandbox.local import sandbox_owner
+from worker.sandbox.owner import sandbox_owner
 from worker.settings import Settings
 from worker.workspace.changes import capture, capture_limits, write_patch
 from worker.workspace.prepare import Prepared, prepare_workspace

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
 from worker.acp.paths import WorkspacePaths
-from worker.acp.session import HOST_SHARED_BACKENDS, AcpSession, SessionWiring
+from worker.acp.session import AcpSession, SessionWiring
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import (
@@ -53,7 +53,6 @@ from worker.packs.runtime import (
 )
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
-from worker.sandbox.local import sandbox_owner
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
@@ -286,7 +285,7 @@ class _Job:
         self.provider = declaration.manifest.provider
         await self._unless_cancelled(cancel, "workspace")
         workspace = await self._workspace(self.provider, credentials)
-        if self.backend.name in HOST_SHARED_BACKENDS:
+        if self.backend.capabilities.shares_host_workspace:
             # The agent's /workspace is this host directory: artifacts and fs/* are
             # checked and served against it.
             self.host_workspace = workspace
@@ -334,7 +333,7 @@ class _Job:
     async def _state_mounts(self) -> tuple[base.WritableMount, ...]:
         if self.sessions is None or self.job_dir is None:
             return ()
-        owner = sandbox_owner(self.settings)
+        owner = self.backend.stage_owner()
         return (await asyncio.to_thread(self.sessions.prepare, self.job_dir, owner),)
 
     async def _save_session(self) -> None:
@@ -384,7 +383,7 @@ class _Job:
             job_dir=job_dir,
             base_dir=self.base_dir,
             provider=provider,
-            owner=sandbox_owner(self.settings),
+            owner=self.backend.stage_owner(),
             secrets=secrets,
             disk_mb=self.spec.limits.disk_mb,
         )
@@ -445,11 +444,11 @@ class _Job:
         return {LABEL_STORE: store} if store is not None and leased else {}
 
     async def _readmit(self) -> None:
-        """Admission again, in the sandbox's own mount view, right before launch (a backend
-        that can show its view: local; the masks guard both backends for the whole run)."""
-        view = getattr(self.sandbox, "admission_view", None)
-        if callable(view):
-            result = await asyncio.to_thread(view, provider=self.provider)
+        """Admission again, in the sandbox's own mount view, right before launch (where the
+        backend can show its view; its masks guard the whole run either way)."""
+        assert self.sandbox is not None
+        result = await asyncio.to_thread(self.sandbox.admission_view, provider=self.provider)
+        if result is not None:
             result.raise_if_refused()
 
     async def _launch(self, plan: LaunchPlan) -> AcpClient:

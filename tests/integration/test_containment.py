@@ -21,7 +21,8 @@ import pytest
 
 from worker.errors import SandboxError
 from worker.sandbox.base import ResourceLimits, SandboxSpec
-from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox, descendants
+from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 PY = "/usr/bin/python3"

@@ -24,7 +24,7 @@ from worker.jobs.spec import parse_job
 from worker.runner import run_job
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.docker import LABEL_SANDBOX, DockerBackend, DockerSandbox
-from worker.sandbox.local import chown_to_sandbox
+from worker.sandbox.owner import chown_to_sandbox
 from worker.sandbox.view import container_admission
 from worker.settings import Settings
 

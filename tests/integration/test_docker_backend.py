@@ -31,7 +31,8 @@ from worker.sandbox.base import (
     WritableMount,
 )
 from worker.sandbox.docker import DockerBackend, DockerSandbox, exit_status, launch_header
-from worker.sandbox.local import LocalBackend, chown_to_sandbox
+from worker.sandbox.local import LocalBackend
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below

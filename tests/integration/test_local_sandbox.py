@@ -28,13 +28,8 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.fake import FakeBackend
-from worker.sandbox.local import (
-    LocalBackend,
-    LocalSandbox,
-    chown_to_sandbox,
-    descendants,
-    sandbox_owner,
-)
+from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
+from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
 from worker.settings import Settings
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

@@ -32,7 +32,8 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.docker import DockerBackend, DockerSandbox
-from worker.sandbox.local import LocalBackend, LocalSandbox, chown_to_sandbox, sandbox_owner
+from worker.sandbox.local import LocalBackend, LocalSandbox
+from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
 from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below

@@ -21,7 +21,8 @@ from worker.errors import SandboxError
 from worker.network import AllowlistProxy, NetworkDenial
 from worker.sandbox.base import ResourceLimits, Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.docker import DockerBackend
-from worker.sandbox.local import LocalBackend, chown_to_sandbox
+from worker.sandbox.local import LocalBackend
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below

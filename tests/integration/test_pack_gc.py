@@ -22,7 +22,8 @@ from worker.cli import main
 from worker.packs.cache import hold_closure
 from worker.packs.gc import MountTable
 from worker.sandbox.base import ResourceLimits, SandboxSpec
-from worker.sandbox.local import LocalBackend, chown_to_sandbox
+from worker.sandbox.local import LocalBackend
+from worker.sandbox.owner import chown_to_sandbox
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,12 +30,8 @@ from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.fake import FakeBackend
-from worker.sandbox.local import (
-    DEFAULT_STAGE_DIR,
-    LocalBackend,
-    SandboxRecord,
-    chown_to_sandbox,
-)
+from worker.sandbox.local import DEFAULT_STAGE_DIR, LocalBackend, SandboxRecord
+from worker.sandbox.owner import chown_to_sandbox
 from worker.service.reaper import reap_once, reap_pass
 from worker.settings import Settings
 from worker.store import keys

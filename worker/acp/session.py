@@ -30,8 +30,6 @@ from worker.jobs.spec import JobSpec
 from worker.sandbox.base import WORKSPACE, Sandbox
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
-#: Backends whose sandbox bind-mounts the host's staged workspace at /workspace.
-HOST_SHARED_BACKENDS = frozenset({"local", "fake"})
 FS_READ_LIMIT = 4 * 1024 * 1024
 
 

@@ -43,7 +43,6 @@ from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime, prepare_pack
 from worker.sandbox import base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
-from worker.sandbox.local import sandbox_owner
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged, stage_local
 
@@ -176,7 +175,7 @@ async def _probe(
     sandbox: Sandbox | None = None
     try:
         with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
-            staged = stage_local(Path(empty), workspace, owner=sandbox_owner(settings))
+            staged = stage_local(Path(empty), workspace, owner=backend.stage_owner())
         sandbox = await backend.create(_spec(job_id, prepared, staged.path, settings))
         report.update(
             await _run_agent(sandbox, prepared, settings, session=session, credentials=credentials)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from worker.errors import SandboxError
 
 if TYPE_CHECKING:
+    from worker.admission.result import AdmissionResult
     from worker.network import DenialHandler
 
 WORKSPACE = "/workspace"
@@ -203,11 +204,37 @@ class Sandbox(Protocol):
         """
         ...
 
+    def admission_view(self, *, provider: str) -> AdmissionResult | None:
+        """Admission again in the sandbox's own mount view, right before launch; ``None``
+        when the backend cannot show its view (its masks still guard the whole run).
+
+        Raises:
+            SandboxError: the view could not be read.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do that the job's phases ask about, so that nothing outside
+    ``worker/sandbox/`` has to name a backend."""
+
+    shares_host_workspace: bool
+    """The agent's ``/workspace`` is the host's staged directory itself (a bind mount the
+    worker can read at the same paths): artifacts and the client's ``fs/*`` are checked
+    and served against it."""
+
 
 class SandboxBackend(Protocol):
     """Creates, destroys and lists sandboxes of one kind."""
 
     name: str
+    capabilities: Capabilities
+
+    def stage_owner(self) -> tuple[int, int]:
+        """The host (uid, gid) that must own what is staged for the sandbox (workspace,
+        session store): what the agent writes is written as that owner."""
+        ...
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Prepare the sandbox (limits, mounts, labels).

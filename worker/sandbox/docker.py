@@ -89,10 +89,12 @@ from worker.sandbox.base import (
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
+    Capabilities,
     SandboxInfo,
     SandboxSpec,
     home_relative,
 )
+from worker.sandbox.owner import sandbox_owner
 from worker.sandbox.view import container_admission
 
 if TYPE_CHECKING:
@@ -535,6 +537,7 @@ class DockerBackend:
     process that reaches the same engine."""
 
     name = "docker"
+    capabilities = Capabilities(shares_host_workspace=False)
 
     def __init__(
         self,
@@ -553,6 +556,9 @@ class DockerBackend:
         self._proxies: dict[str, AllowlistProxy] = {}
         self._started: dict[str, Started] = {}
         self.build_missing = build_missing
+
+    def stage_owner(self) -> tuple[int, int]:
+        return sandbox_owner(self._settings)
 
     # --- engine -------------------------------------------------------------------------
 

@@ -25,10 +25,12 @@ from worker.sandbox.base import (
     LABEL_JOB,
     PACK_ROOT,
     WORKSPACE,
+    Capabilities,
     PipedProcess,
     SandboxInfo,
     SandboxSpec,
 )
+from worker.sandbox.owner import sandbox_owner
 
 
 class FakeProcess(PipedProcess):
@@ -78,6 +80,10 @@ class FakeSandbox:
                 return outside / path[len(inside) :].lstrip("/")
         return Path(path)
 
+    def admission_view(self, *, provider: str) -> None:
+        """The fake shows no view of its own: it runs on the host."""
+        del provider
+
     async def spawn(
         self,
         argv: Sequence[str],
@@ -113,12 +119,18 @@ class FakeBackend:
     """In-memory ``SandboxBackend``; ``destroy`` kills what the sandbox spawned."""
 
     name = "fake"
+    capabilities = Capabilities(shares_host_workspace=True)
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.labels: dict[str, dict[str, str]] = {}
         self.destroyed: list[str] = []
         self._ids = itertools.count(1)
+
+    def stage_owner(self) -> tuple[int, int]:
+        from worker.settings import Settings
+
+        return sandbox_owner(Settings())
 
     async def create(self, spec: SandboxSpec) -> FakeSandbox:
         sandbox_id = f"fake-{spec.job_id}-{spec.attempt}-{next(self._ids)}"

@@ -80,11 +80,13 @@ from worker.sandbox.base import (
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
+    Capabilities,
     PipedProcess,
     SandboxInfo,
     SandboxSpec,
     home_relative,
 )
+from worker.sandbox.owner import sandbox_owner
 from worker.settings import Settings
 
 DEFAULT_STATE_DIR = Path("/run/acp-worker/sandboxes")
@@ -475,28 +477,6 @@ def _proxy_socket(record: SandboxRecord) -> Path:
     return record.proxy_dir / netpolicy.SOCKET_NAME
 
 
-def sandbox_owner(settings: Settings) -> tuple[int, int]:
-    """The host (uid, gid) that owns what the sandbox writes, and must own its workspace.
-
-    ``sandbox_host_uid``/``sandbox_host_gid`` when the worker is root, else the worker's own.
-    """
-    if os.geteuid() == 0:
-        return settings.sandbox_host_uid, settings.sandbox_host_gid
-    return os.getuid(), os.getgid()
-
-
-def chown_to_sandbox(root: Path, settings: Settings) -> None:
-    """Give ``root`` and everything below it to :func:`sandbox_owner` (links not followed).
-
-    For a runner staging a per-job workspace copy; a no-op owner change when not root.
-    """
-    uid, gid = sandbox_owner(settings)
-    os.lchown(root, uid, gid)
-    for parent, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(parent, name), uid, gid)
-
-
 def _data_fd(name: str, data: bytes) -> int:
     """A memfd holding ``data`` at offset 0 (bwrap reads fds to the end); caller closes."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -840,6 +820,11 @@ class LocalBackend:
         self._proxies: dict[str, AllowlistProxy] = {}
         self.privileged = os.geteuid() == 0
         self.owner = sandbox_owner(settings)
+
+    capabilities = Capabilities(shares_host_workspace=True)
+
+    def stage_owner(self) -> tuple[int, int]:
+        return self.owner
 
     @property
     def layout(self) -> HostLayout:
