@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -21,6 +21,17 @@ lock-packs: emulator-pack
 
 demo: emulator-pack
 	@$(VENV)/bin/acp-worker run examples/hello.json --json
+
+# `acp-worker serve` for the example jobs (the README's tour): it runs from examples/, so the
+# jobs' relative workspace paths resolve there as they do for `acp-worker run`; `file:`
+# secrets come from examples/secrets (the emulator's dummy key); local workspaces are limited
+# to examples/. Redis: ACPW_REDIS_URL if set, else the local default. Ctrl-C stops it.
+serve-demo: emulator-pack
+	@cd examples && \
+	  ACPW_REDIS_URL="$${ACPW_REDIS_URL:-redis://127.0.0.1:6379/0}" \
+	  ACPW_SECRETS_DIR="$(CURDIR)/examples/secrets" \
+	  ACPW_LOCAL_WORKSPACE_ROOTS='["$(CURDIR)/examples"]' \
+	  exec "$(abspath $(VENV))/bin/acp-worker" serve --concurrency 2
 
 # A git workspace: makes a tiny repository, runs examples/git-change.json on a clone of it,
 # prints the captured changes (workspace.changed + the patch) and `git apply`s the patch.
@@ -72,8 +83,11 @@ lock-deps: bootstrap
 	  --extra celery --extra docker --extra kubernetes --extra s3 \
 	  --output-file requirements.lock pyproject.toml requirements-image.in
 
-bench: packs
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+# Every benchmark needs the packs (and, through bootstrap, the local Redis: event_throughput
+# and job_overhead flush its databases 12 and 11); container_start and image_reuse need the
+# Podman service and the base image; workspace and workspace_disk need root (loop devices).
+bench: packs base-image
+	@for b in benchmarks/*.py; do echo "== $$b"; DOCKER_HOST=$(DOCKER_HOST_SOCK) $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build provider_packs/*/dist

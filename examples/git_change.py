@@ -11,7 +11,7 @@ patch with ``git apply`` to a fresh clone, as a control plane would.
     .venv/bin/python examples/git_change.py --dir DIR    # keep repository, job, events, patch
 
 ``file://`` is not an allowed transport by default (``ACPW_GIT_ALLOWED_SCHEMES`` is
-https, ssh, git); the example allows it for its own run only. It exits with the job's
+https, git); the example allows it for its own run only. It exits with the job's
 exit code.
 """
 
