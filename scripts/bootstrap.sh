@@ -23,7 +23,7 @@ command -v git >/dev/null 2>&1 || need_apt+=(git)
 if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' >/dev/null 2>&1; then
   need_apt+=(python3-venv)
 fi
-# The docker backend is tested against Podman's Docker-compatible API (DESIGN.md);
+# The docker backend is tested against Podman's Docker-compatible API (docs/operating.md);
 # mmdebstrap builds the sandbox base image's rootfs from the configured apt mirror.
 command -v podman >/dev/null 2>&1 || need_apt+=(podman)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)

@@ -6,7 +6,7 @@
 #   scripts/podman-service.sh status   # exit 0 when the API answers
 #   scripts/podman-service.sh purge    # stop, then delete the image store too
 #
-# Configuration that works on these hosts (see ../shared/DESIGN.md "Sandbox backends"):
+# Configuration that works on these hosts (also described in docs/operating.md):
 # runc (crun fails on the cgroup v1/v2 hybrid), cgroupfs (no systemd), file events,
 # default_ulimits, storage under ACPW_PODMAN_DIR instead of /var/lib/containers.
 # The image store survives `stop` on purpose: the sandbox base image (built once,

@@ -239,7 +239,7 @@ def test_probe_with_a_bound_key_shows_modes_and_models(
     assert processes_with(str(tmp_path), PACK_MOUNT) == []
 
 
-# The canonical events of each ACP update kind (DESIGN.md, "Canonical events"); any other
+# The canonical events of each ACP update kind (docs/contracts.md, "Canonical events v1"); any other
 # kind, and any notification other than session/update, is `provider.unmapped`.
 CANONICAL: dict[str, frozenset[str]] = {
     "agent_message_chunk": frozenset({"message.delta"}),

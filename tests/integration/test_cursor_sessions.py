@@ -183,7 +183,8 @@ async def test_fork_and_resume_are_reported_unsupported(client: AcpClient) -> No
 async def test_list_and_load(client: AcpClient) -> None:
     session = await client.new_session("/tmp")
     session_id = str(session["sessionId"])
-    assert await client.list_sessions() == []  # never prompted: not listed (FACTS §3)
+    # Never prompted: not listed (docs/CURSOR_ACP_FACTS.md §3).
+    assert await client.list_sessions() == []
     await client.prompt(session_id, [{"type": "text", "text": "hi"}])
     assert [s["sessionId"] for s in await client.list_sessions()] == [session_id]
     loaded = await client.load_session(session_id, "/tmp")

@@ -1,7 +1,7 @@
 """Wire behaviour of the Cursor emulator pack, driven as a real subprocess.
 
 The emulator is what integration tests treat as "Cursor", so these tests pin the quirks
-from CURSOR_ACP_FACTS.md that the worker must cope with.
+from docs/CURSOR_ACP_FACTS.md that the worker must cope with.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def test_session_new_without_credentials_is_auth_required(workspace: Path) -> No
         msg = e.call("session/new", {"cwd": str(workspace), "mcpServers": []})
         assert msg["error"] == {"code": -32000, "message": "Authentication required"}
         assert e.call("session/list", {})["error"]["code"] == -32000
-        # fork/resume still say method-not-found when unauthenticated (FACTS §1).
+        # fork/resume still say method-not-found when unauthenticated (docs/CURSOR_ACP_FACTS.md §1).
         assert e.call("session/resume", {})["error"]["code"] == -32601
     finally:
         e.close()

@@ -27,7 +27,8 @@ from worker.jobs.spec import JobSpec, parse_job
 FUZZ = settings(
     max_examples=120, deadline=500, suppress_health_check=[HealthCheck.too_slow], database=None
 )
-# One event's payload limit (DESIGN: 196 KiB); the normalizer's text bound keeps far below.
+# One event's payload limit (docs/contracts.md: 196 KiB); the normalizer's text bound keeps
+# far below it.
 EVENT_LIMIT = 196 * 1024
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40)

@@ -1,9 +1,9 @@
 """A small asyncio JSON-RPC 2.0 connection over newline-delimited JSON (ACP's stdio).
 
-The worker owns its routing (DESIGN.md, "ACP"): Cursor sends ``cursor/*`` *requests*
-with ids and stalls if they fail, which SDKs that only route ``_``-prefixed extension
-methods get wrong. Here every inbound request reaches the handler registered for its
-exact method name; unknown methods get -32601.
+The worker owns its routing (docs/CURSOR_ACP_FACTS.md §9): Cursor sends ``cursor/*``
+*requests* with ids and stalls if they fail, which SDKs that only route ``_``-prefixed
+extension methods get wrong. Here every inbound request reaches the handler registered
+for its exact method name; unknown methods get -32601.
 
 - Requests go both ways concurrently; each outbound request has its own timeout
   (a malformed input gets *no* reply from Cursor, so nothing may wait forever).

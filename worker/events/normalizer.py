@@ -155,8 +155,9 @@ class Normalizer:
         """Who asks a ``session/request_permission``: ``(child_id, refusal_reason)``.
 
         A child may ask on its own session id, or on the parent's with the id of a tool
-        the child started (both are reported for Cursor, FACTS Q8). Either way the ask is
-        the child's; a child that is not live (or a session nobody spawned) is refused.
+        the child started (both are reported for Cursor, docs/CURSOR_ACP_FACTS.md Q8).
+        Either way the ask is the child's; a child that is not live (or a session nobody
+        spawned) is refused.
         """
         if session_id is None or self.session_id is None or session_id == self.session_id:
             child = self._tool_owner.get(tool_call_id) if tool_call_id is not None else None
