@@ -34,7 +34,7 @@ from worker.packs.archive import ArchiveFormat, extract_tar
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 FUZZ = settings(
-    max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow], database=None
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
 )
 LINE_LIMIT = 4096
 

@@ -25,7 +25,7 @@ from worker.interactions.requests import (
 from worker.jobs.spec import JobSpec, parse_job
 
 FUZZ = settings(
-    max_examples=120, deadline=500, suppress_health_check=[HealthCheck.too_slow], database=None
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
 )
 # One event's payload limit (docs/contracts.md: 196 KiB); the normalizer's text bound keeps
 # far below it.
