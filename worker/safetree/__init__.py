@@ -1,9 +1,9 @@
 """Walking, copying, extracting and removing trees that something untrusted shaped.
 
-A bottom layer: it depends only on the standard library and :mod:`worker.errors`, and
-every module that meets a tree the agent, a session recording or an archive shaped goes
-through it — staging a workspace, copying a session, extracting a pack or a workspace
-archive, removing a job's directories.
+A bottom layer: it depends only on the standard library and :mod:`worker.errors`.
+Staging a workspace, copying a session recording, extracting a pack or workspace
+archive, and removing job, session and cache directories all go through it, so each
+check (no link followed, bounds, refused kinds and names) is written once.
 
 - :class:`Walk`: iterative, through directory descriptors, following no link, bounded
   in bytes, entries and depth (:class:`Bounds`); a :class:`Policy` says which

@@ -71,8 +71,9 @@ class _Level:
 
 
 class Walk:
-    """Every entry below ``root``, depth first, names sorted, each directory before what
-    it holds and its :class:`Done` after. Use as a context manager: leaving it closes the
+    """Every entry below ``root``, depth first, names sorted: a :class:`Found` for each
+    entry the policy keeps (a directory before what it holds, its :class:`Done` after),
+    a :class:`Skipped` for any other. Use as a context manager: leaving it closes the
     descriptor held.
 
     ``follow_root``: the root itself may be a link to a directory (a caller's path);
