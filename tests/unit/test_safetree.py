@@ -5,16 +5,19 @@ Every test names the check it holds: removing that check from the package makes 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import os
 import socket
+import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import worker.safetree
 from worker.errors import ArchiveRefused
 from worker.safetree import (
     EVERY_KIND,
@@ -458,3 +461,22 @@ def test_removal_follows_no_link_and_enters_locked_directories(
     (tmp_path / "file").write_text("x")
     remove_tree(tmp_path / "file")
     assert not (tmp_path / "file").exists()
+
+
+# -- layering -------------------------------------------------------------------------------
+
+
+def test_safetree_is_a_bottom_layer() -> None:
+    """Only the standard library, worker.errors and itself: every layer may use it."""
+    package = Path(worker.safetree.__file__).parent
+    imported: set[str] = set()
+    for module in package.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+    ours = {name for name in imported if name.split(".")[0] == "worker"}
+    assert {name for name in ours if not name.startswith("worker.safetree.")} <= {"worker.errors"}
+    others = {name.split(".")[0] for name in imported - ours} - {"__future__"}
+    assert others <= sys.stdlib_module_names
