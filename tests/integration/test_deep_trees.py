@@ -15,11 +15,11 @@ import redis.asyncio as aioredis
 
 from tests.integration.test_run_job import _check_stream, _events, _job, run_cli
 from worker.errors import WorkspaceUnavailable
+from worker.safetree import remove_tree
 from worker.service.reaper import reap_workspaces
 from worker.workspace.capture import snapshot
 from worker.workspace.prepare import write_labels
 from worker.workspace.stage import remove_staged, stage_local
-from worker.workspace.tree import remove_tree
 
 OWNER = (os.getuid(), os.getgid())
 

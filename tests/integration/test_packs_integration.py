@@ -31,11 +31,12 @@ from worker.errors import (
     PlatformUnsupported,
 )
 from worker.packs.archive import ArchiveFormat, ExtractLimits, extract_tar, extract_verified
-from worker.packs.cache import closure_path, materialize, remove_tree
+from worker.packs.cache import closure_path, materialize
 from worker.packs.lock import lock_archive
 from worker.packs.manifest import Pack, load_pack
 from worker.packs.runtime import load_declaration, prepare_pack
 from worker.packs.verify import verify_closure
+from worker.safetree import remove_tree
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

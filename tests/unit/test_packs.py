@@ -11,7 +11,6 @@ import pytest
 
 import worker.packs
 from worker.errors import ArchiveRefused, DigestMismatch, InvalidInput, PlatformUnsupported
-from worker.packs.archive import member_path
 from worker.packs.closure import (
     ClosureLock,
     FileEntry,
@@ -22,6 +21,7 @@ from worker.packs.closure import (
 )
 from worker.packs.manifest import LocalSource, Pack, parse_manifest
 from worker.packs.names import check_pack_name, check_platform, current_platform, path_problem
+from worker.safetree import member_path
 
 HEX_A = "a" * 64
 HEX_B = "b" * 64

@@ -14,6 +14,7 @@ import pytest
 from tests.unit.test_packs import _manifest
 from worker.errors import InvalidInput, SandboxError, SessionNotFound
 from worker.packs.manifest import parse_manifest
+from worker.safetree import Bounds, OverBound, copy_tree
 from worker.sandbox.base import (
     ResourceLimits,
     SandboxSpec,
@@ -22,7 +23,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.docker import ImagePlan, _binds, _state_tmpfs
 from worker.sandbox.local import BindSources, HostLayout, build_bwrap_options
-from worker.sessions import Bounds, JobSessions, OverBound, SessionStore, copy_tree
+from worker.sessions import JobSessions, SessionStore
 from worker.sessions.store import check_session_id
 from worker.settings import Settings
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from worker.packs.closure import ClosureLock, FileEntry, closure_digest, sort_en
 from worker.packs.manifest import LocalSource, Pack, PlatformTarget
 from worker.packs.sources import fetch, touch
 from worker.packs.verify import verify_closure
+from worker.safetree import remove_tree
 
 # Sealed closures are world-readable on purpose: sandboxes bind them read-only and may
 # run the agent as another uid.
@@ -242,13 +242,3 @@ def _remove_stale(tmp_root: Path, hex_digest: str) -> None:
     for entry in tmp_root.iterdir():
         if entry.name.startswith(f"{hex_digest}."):
             remove_tree(entry)
-
-
-def remove_tree(path: Path) -> None:
-    """Delete *path* even when it is a sealed (read-only) closure."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-        return
-    for dirpath, _dirnames, _filenames in os.walk(path):
-        os.chmod(dirpath, 0o700)
-    shutil.rmtree(path)

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from worker.mountinfo import Mount, read_mountinfo
-from worker.packs.cache import open_lock, remove_tree
+from worker.packs.cache import open_lock
+from worker.safetree import remove_tree
 
 DEFAULT_BUDGET = 10 * 1024**3
 

@@ -12,8 +12,9 @@ job, a fresh host directory bound read-write at that path::
 A resume job starts with exactly its one recorded session copied in (never the others),
 or is refused before anything launches when the store does not hold it. After the job,
 once the sandbox is gone, the session the job used is saved back, if the agent recorded
-it. What the agent left is untrusted (``worker.sessions.copy``): directories and
-single-link regular files only, links never followed, bounded in bytes and entries; a
+it. What the agent left is untrusted (:func:`worker.safetree.copy_tree`): directories
+and single-link regular files only, links never followed, bounded in bytes, entries and
+depth; a
 save over a bound keeps the previous recording and says why in a ``notice``. A save
 replaces the recording atomically: it is copied next to it, then exchanged with it
 (``renameat2(RENAME_EXCHANGE)``), so a reader finds the old or the new one, never a mix.
@@ -27,7 +28,6 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +36,8 @@ from typing import Any
 from worker.errors import SandboxError, SessionNotFound
 from worker.jobs.spec import SESSION_ID as SESSION_ID_PATTERN
 from worker.packs.names import check_pack_name
+from worker.safetree import Bounds, CopyReport, OverBound, copy_tree, remove_tree
 from worker.sandbox.base import HOME, WritableMount
-from worker.sessions.copy import Bounds, CopyReport, OverBound, copy_tree
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged
 
@@ -47,6 +47,8 @@ STATE_DIR = "agent-state"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _SKIPPED_LISTED = 50
+#: The most directory levels a recorded session may nest (agents record a few).
+MAX_DEPTH = 32
 
 
 def check_session_id(session_id: str) -> str:
@@ -101,7 +103,7 @@ class SessionStore:
             report = copy_tree(source, tmp, self.bounds)
             _replace_dir(tmp, target)
         finally:
-            _remove(tmp)
+            remove_tree(tmp)
         return report
 
 
@@ -116,10 +118,7 @@ def _sweep(folder: Path, session_id: str, *, now: float | None = None) -> None:
     for leftover in folder.glob(f".{session_id}.*.tmp*"):
         with contextlib.suppress(OSError):
             if leftover.lstat().st_mtime < cutoff:
-                if leftover.is_symlink() or not leftover.is_dir():
-                    leftover.unlink()
-                else:
-                    _remove(leftover)
+                remove_tree(leftover)
 
 
 def _is_dir(path: Path) -> bool:
@@ -159,11 +158,6 @@ def _exchange(a: Path, b: Path) -> None:
         raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path)
-
-
 @dataclass(slots=True)
 class JobSessions:
     """One job's side of the store: check, per-job directory, save, remove."""
@@ -182,7 +176,11 @@ class JobSessions:
         """The job's sessions, or None when the pack declares no session store."""
         if home_path is None:
             return None
-        bounds = Bounds(settings.session_max_bytes, settings.session_max_files)
+        bounds = Bounds(
+            max_bytes=settings.session_max_bytes,
+            max_entries=settings.session_max_files,
+            max_depth=MAX_DEPTH,
+        )
         return cls(SessionStore(settings.session_root, bounds), pack, home_path, resume)
 
     @property

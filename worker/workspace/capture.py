@@ -65,7 +65,11 @@ def snapshot(root: Path, known: Snapshot | None = None) -> dict[str, Entry]:
 
 def _walk(root: Path, known: Snapshot) -> Iterator[tuple[str, Entry]]:
     """Depth first, names sorted, each directory before what it holds. An explicit
-    stack, not recursion: the agent may nest directories deeper than Python's stack."""
+    stack, not recursion: the agent may nest directories deeper than Python's stack.
+
+    By path, unlike :class:`worker.safetree.Walk`: the patch and the result bundle open
+    the files it lists by path, so a tree past ``PATH_MAX`` must fail here (a
+    ``capture_failed`` notice), not half-way through them."""
     stack = [("", _listing(root, skip=SKIP_ROOT))]
     while stack:
         prefix, items = stack[-1]

@@ -4,26 +4,34 @@ The source (the caller's directory, or the worker's own clone or extraction) is 
 mounted into the sandbox: the agent works on a copy owned by the sandbox's host uid, so
 it never writes as host root and never touches the source behind the worker's back.
 Links are copied as links, never followed; sockets, FIFOs and devices are not copied and
-are reported; set-id bits are dropped. The copy is hashed as it is written: that
-snapshot is the "before" of change capture.
+are reported; set-id bits are dropped. The walk and the copies are
+:mod:`worker.safetree`'s: through directory descriptors, any depth up to the bound. The
+copy is hashed as it is written: that snapshot is the "before" of change capture.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.errors import WorkspaceUnavailable
+from worker.safetree import (
+    Bounds,
+    Found,
+    OverBound,
+    Policy,
+    Skipped,
+    Tally,
+    Walk,
+    copy_file,
+    remove_tree,
+)
 from worker.workspace.capture import SKIP_ROOT, Entry, seen_key
 from worker.workspace.disk import unmount_below
-from worker.workspace.tree import remove_tree
 
-_CHUNK = 1024 * 1024
 #: ``Settings.workspace_max_depth``'s default: far deeper than any real project nests.
 MAX_DEPTH = 256
 
@@ -52,12 +60,19 @@ def stage_local(
         WorkspaceUnavailable: ``source`` is not a readable directory, nests directories
             deeper than ``max_depth``, or copying failed.
     """
+    copier = _Copier(owner, source, dest)
     try:
         if not stat.S_ISDIR(os.stat(source).st_mode):
             raise WorkspaceUnavailable(f"workspace {source} is not a directory", path=str(source))
         dest.mkdir(mode=0o755, parents=False)
-        copier = _Copier(owner, source, max_depth)
-        copier.tree(source, dest)
+        copier.tree(max_depth)
+    except OverBound as exc:
+        raise WorkspaceUnavailable(
+            f"workspace {source} nests directories more than {max_depth} "
+            "levels deep (ACPW_WORKSPACE_MAX_DEPTH); it was not staged",
+            path=str(source),
+            max_depth=max_depth,
+        ) from exc
     except OSError as exc:
         raise WorkspaceUnavailable(
             f"cannot stage workspace {source}: {exc.strerror}", path=str(source), errno=exc.errno
@@ -67,98 +82,60 @@ def stage_local(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Level:
-    """A directory being copied: its entries still to copy, and what to record once
-    they are (``None`` for the root)."""
-
-    src: Path
-    dst: Path
-    rel: str
-    entries: Iterator[os.DirEntry[str]]
-    record: tuple[bool, str, Entry] | None
+#: What staging copies: directories, files (hard-linked ones as separate files) and links
+#: (as links); FIFOs, sockets and devices are reported as skipped.
+_STAGED = Policy(frozenset({"dir", "file", "hardlink", "symlink"}))
 
 
 class _Copier:
-    def __init__(self, owner: tuple[int, int], source: Path, max_depth: int) -> None:
-        self.uid, self.gid = owner
-        self.source, self.max_depth = source, max_depth
+    """One staging: the copy made through a :class:`~worker.safetree.Walk` of the source,
+    each file hashed as it is written (the "before" snapshot)."""
+
+    def __init__(self, owner: tuple[int, int], source: Path, dest: Path) -> None:
+        self.owner = owner
+        self.source, self.dest = source, dest
         self.files = 0
         self.bytes = 0
         self.skipped: list[str] = []
         self.before: dict[str, Entry] = {}
-        # An explicit stack, not recursion: depth is bounded by max_depth, not Python's stack.
-        self.levels: list[_Level] = []
 
-    def tree(self, src: Path, dst: Path) -> None:
-        self.directory(src, dst, "", None)
-        while self.levels:
-            level = self.levels[-1]
-            entry = next(level.entries, None)
-            if entry is not None:
-                self.entry(entry, level.dst / entry.name, f"{level.rel}{entry.name}")
-                continue
-            self.levels.pop()  # a directory's times and mode once its entries are in
-            shutil.copystat(level.src, level.dst, follow_symlinks=False)
-            if level.record is not None:
-                self._record(*level.record)
+    def tree(self, max_depth: int) -> None:
+        bounds = Bounds(max_depth=max_depth)
+        with Walk(self.source, policy=_STAGED, bounds=bounds, follow_root=True) as walk:
+            os.chown(self.dest, *self.owner)
+            for step in walk:
+                if isinstance(step, Found):
+                    self.entry(step, walk.tally)
+                elif isinstance(step, Skipped):
+                    self.skipped.append(step.path)
+                else:  # a directory's times and mode once its entries are in
+                    shutil.copystat(
+                        self.source / step.rel, self.dest / step.rel, follow_symlinks=False
+                    )
 
-    def directory(
-        self, src: Path, dst: Path, rel: str, record: tuple[bool, str, Entry] | None
-    ) -> None:
-        os.chown(dst, self.uid, self.gid)
-        with os.scandir(src) as entries:
-            found = list(entries)
-        self.levels.append(_Level(src, dst, rel, iter(found), record))
-
-    def entry(self, entry: os.DirEntry[str], dst: Path, rel: str) -> None:
-        info = entry.stat(follow_symlinks=False)
+    def entry(self, found: Found, tally: Tally) -> None:
+        info, rel, dst = found.info, found.rel, self.dest / found.rel
         mode = info.st_mode & 0o777  # set-id and sticky bits are not carried over
         tracked = rel.split("/", 1)[0] not in SKIP_ROOT
-        if stat.S_ISDIR(info.st_mode):
-            self._check_depth()
+        if found.kind == "dir":
             dst.mkdir(mode=0o755)
-            self.directory(Path(entry.path), dst, rel + "/", (tracked, rel, Entry("dir", mode, 0)))
-        elif stat.S_ISREG(info.st_mode):
-            digest = _copy_file(entry.path, dst, mode)
-            os.chown(dst, self.uid, self.gid)
+            os.chown(dst, *self.owner)
+            self._record(tracked, rel, Entry("dir", mode, 0))
+        elif found.kind == "symlink":
+            target = os.readlink(found.name, dir_fd=found.parent)
+            os.symlink(target, dst)
+            os.chown(dst, *self.owner, follow_symlinks=False)
+            self._record(tracked, rel, Entry("link", 0o777, 0, target=target))
+        else:
+            digest = copy_file(found, dst, tally=tally, owner=self.owner, digest=True)
             self.files += 1
             self.bytes += info.st_size
             seen = seen_key(os.lstat(dst))  # after the last metadata change we make
-            entry_ = Entry("file", mode, info.st_size, sha256=digest, seen=seen)
-            self._record(tracked, rel, entry_)
-        elif stat.S_ISLNK(info.st_mode):
-            target = os.readlink(entry.path)
-            os.symlink(target, dst)
-            os.chown(dst, self.uid, self.gid, follow_symlinks=False)
-            self._record(tracked, rel, Entry("link", 0o777, 0, target=target))
-        else:
-            self.skipped.append(rel)
-
-    def _check_depth(self) -> None:
-        if len(self.levels) > self.max_depth:  # the directory at hand is this deep
-            raise WorkspaceUnavailable(
-                f"workspace {self.source} nests directories more than {self.max_depth} "
-                "levels deep (ACPW_WORKSPACE_MAX_DEPTH); it was not staged",
-                path=str(self.source),
-                max_depth=self.max_depth,
-            )
+            self._record(tracked, rel, Entry("file", mode, info.st_size, sha256=digest, seen=seen))
 
     def _record(self, tracked: bool, rel: str, entry: Entry) -> None:
         if tracked:
             self.before[rel] = entry
-
-
-def _copy_file(src: str, dst: Path, mode: int) -> str:
-    digest = hashlib.sha256()
-    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(src_fd, "rb", buffering=0) as reader, os.fdopen(dst_fd, "wb") as writer:
-        while chunk := reader.read(_CHUNK):
-            digest.update(chunk)
-            writer.write(chunk)
-    os.chmod(dst, mode)  # the umask may have narrowed O_CREAT's mode
-    return digest.hexdigest()
 
 
 def remove_staged(path: Path) -> None:
@@ -167,7 +144,7 @@ def remove_staged(path: Path) -> None:
     A workspace disk mounted inside (``worker.workspace.disk``) is unmounted first, so
     this never empties a mounted filesystem through its mount point and never leaves one
     mounted; an unmount that fails raises before anything is deleted. The removal itself
-    (:func:`~worker.workspace.tree.remove_tree`) follows no link, crosses into no other
+    (:func:`~worker.safetree.remove_tree`) follows no link, crosses into no other
     filesystem, and copes with any depth.
 
     Raises:
