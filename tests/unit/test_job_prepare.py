@@ -53,7 +53,7 @@ async def test_a_closure_removed_before_the_hold_is_prepared_again_and_held(
     closure = tmp_path / "closures" / DIGEST
     calls = _preparing(monkeypatch, closure, appears_at=2)
     settings = Settings(cache_dir=tmp_path)
-    pack, hold = await prepare.hold_pack(settings, object(), None)
+    pack, hold = await prepare.hold_pack(settings, object(), platform=None)
     try:
         assert calls == [1, 2]
         assert pack.closure == closure
@@ -69,7 +69,7 @@ async def test_a_closure_that_keeps_disappearing_fails_the_preparation(
     closure = tmp_path / "closures" / DIGEST
     calls = _preparing(monkeypatch, closure, appears_at=prepare.PACK_ATTEMPTS + 1)
     with pytest.raises(SandboxError, match="kept disappearing") as info:
-        await prepare.hold_pack(Settings(cache_dir=tmp_path), object(), None)
+        await prepare.hold_pack(Settings(cache_dir=tmp_path), object(), platform=None)
     assert info.value.details == {"closure": str(closure)}
     assert len(calls) == prepare.PACK_ATTEMPTS
     assert _gc_could_take(tmp_path)

@@ -39,7 +39,7 @@ PACK_ATTEMPTS = 3
 
 
 async def hold_pack(
-    settings: Settings, declaration: Pack, platform: str | None
+    settings: Settings, declaration: Pack, *, platform: str | None
 ) -> tuple[PreparedPack, int]:
     """The pack's closure, materialized and verified, and a shared hold on it (a
     descriptor: close it once the sandbox using the closure is destroyed).
@@ -119,7 +119,9 @@ class Preparation:
     async def pack(self, declaration: Pack) -> PreparedPack:
         """The pack prepared and its closure held (``pack.ready``)."""
         ctx, state = self._ctx, self._state
-        pack, state.pack_hold = await hold_pack(ctx.settings, declaration, ctx.spec.pack.platform)
+        pack, state.pack_hold = await hold_pack(
+            ctx.settings, declaration, platform=ctx.spec.pack.platform
+        )
         state.timings.mark("pack_verify")
         await ctx.emitter.emit("pack.ready", pack.event_data())
         state.provider = declaration.manifest.provider
