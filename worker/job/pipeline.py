@@ -182,7 +182,7 @@ class Job:
             "error": error,
             "duration_ms": state.timings.total_ms(),
             "timings_ms": dict(state.timings.marks),
-            "result": self._state.result,
+            "result": state.result,
         }
         if state.upload_error is not None:  # `result` is null: the bundle is not there
             data["result_error"] = state.upload_error.to_dict()
