@@ -18,8 +18,8 @@ from pathlib import Path
 
 from worker.acp.connection import Connection
 from worker.events.sinks import MemorySink
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox import get_backend
 from worker.settings import Settings
 

@@ -2,7 +2,7 @@
 
 Runs the emulator's shortest scenario (``scenario: hello``) N times through a real
 ``acp-worker serve`` (Celery, Redis broker, leases, fenced sink), and N times in-process
-(the ``acp-worker run`` path: ``worker.runner.run_job`` with an in-memory sink) as the
+(the ``acp-worker run`` path: ``worker.job.run_job`` with an in-memory sink) as the
 baseline, in the same run, alternating so machine noise hits both alike.
 Target (issue 3): the queue path adds ≤ 100 ms at the median.
 
@@ -31,8 +31,8 @@ import redis
 
 from worker.client import Client
 from worker.events.sinks import MemorySink
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox import get_backend
 from worker.settings import Settings
 

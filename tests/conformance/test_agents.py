@@ -48,8 +48,8 @@ from tests.procs import finish
 from worker.events.normalizer import KNOWN_FIELDS
 from worker.events.schema import event_schema
 from worker.events.sinks import MemorySink
+from worker.job import run_job as run_in_process
 from worker.jobs.spec import parse_job
-from worker.runner import run_job as run_in_process
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 

@@ -24,8 +24,8 @@ from tests.conftest import REDIS_URL
 from worker.client import Client
 from worker.errors import EXIT_CANCELLED
 from worker.events.sinks import MemorySink
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.local import LocalBackend
 from worker.service.guarded import Delivery, run_delivery

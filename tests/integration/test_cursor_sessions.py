@@ -22,8 +22,8 @@ from tests.integration.test_run_job import SECRET
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.errors import SessionNotFound, Unsupported
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox.base import HOME, PACK_ROOT, SandboxSpec, home_relative
 from worker.sandbox.fake import FakeBackend, FakeProcess, FakeSandbox
 from worker.settings import Settings

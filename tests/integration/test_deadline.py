@@ -18,8 +18,8 @@ import pytest
 from tests.integration.test_cancel import _job, _left_behind, _notices, _settings, _types
 from worker.errors import EXIT_CANCELLED, EXIT_TIMED_OUT, SinkUnavailable
 from worker.events.sinks import MemorySink
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox.base import SandboxSpec
 from worker.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 

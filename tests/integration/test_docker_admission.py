@@ -20,8 +20,8 @@ from tests.integration.docker_engine import REPO, base_image, docker_host, engin
 from worker.errors import AdmissionRefused, SandboxError
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
+from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.docker import LABEL_SANDBOX, DockerBackend, DockerSandbox
 from worker.sandbox.owner import chown_to_sandbox

@@ -25,9 +25,9 @@ from worker.events.sinks import MemorySink
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect
 from worker.images.identity import ImageIdentity
+from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
 from worker.packs.manifest import load_pack
-from worker.runner import JobOutcome, run_job
 from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.docker import DockerBackend
 from worker.service.reaper import reap_workspaces
@@ -135,7 +135,7 @@ import asyncio, sys
 from pathlib import Path
 from worker.images.engine import EngineConfig
 from worker.jobs.spec import parse_job
-from worker.runner import run_job
+from worker.job import run_job
 from worker.sandbox.docker import DockerBackend
 from worker.settings import Settings
 from worker.events.sinks import JsonlSink

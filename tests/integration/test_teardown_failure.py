@@ -20,8 +20,8 @@ from tests.integration.test_cancel import _job, _left_behind, _notices, _setting
 from tests.integration.test_deadline import _SilentAgent
 from worker.errors import EXIT_FAILED, EXIT_TIMED_OUT, SandboxError
 from worker.events.sinks import MemorySink
+from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
-from worker.runner import JobOutcome, run_job
 from worker.sandbox.base import LABEL_JOB, SandboxSpec
 from worker.sandbox.local import LocalBackend, LocalSandbox
 from worker.workspace.stage import remove_staged

@@ -324,8 +324,8 @@ async def test_docker_sandboxes_write_into_the_bounded_disk(
     tmp_path: Path, engine_config: Any, base_image: str
 ) -> None:
     from worker.events.sinks import MemorySink
+    from worker.job import run_job
     from worker.jobs.spec import parse_job
-    from worker.runner import run_job
     from worker.sandbox.docker import DockerBackend
 
     settings = Settings(

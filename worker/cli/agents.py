@@ -1,12 +1,14 @@
 """``acp-worker agents probe PACK``: what an agent advertises, from inside its sandbox.
 
-The tool an operator uses when qualifying a new agent version: the pack's runtime is
-checked and its closure materialized and verified exactly as for a job, the agent starts
-in a sandbox with an empty workspace, and the worker runs ``initialize`` then
-``session/new``. Whatever the agent advertises is printed: protocol, agent info,
-capabilities, auth methods and, when a session could be opened, its modes, models and
-config options. A refused ``session/new`` (most agents want credentials first) is
-reported, not an error: the probe exits 0 once ``initialize`` succeeded.
+The tool an operator uses when qualifying a new agent version. It prepares as a job
+does, with the job's own phases (``worker.job``): the pack's runtime is checked, its
+closure materialized, verified and held against a pack-cache gc until the sandbox is
+gone, the agent starts in a sandbox with an empty workspace once admission passed again
+in the sandbox's own view, and the worker runs ``initialize`` then ``session/new``.
+Whatever the agent advertises is printed: protocol, agent info, capabilities, auth
+methods and, when a session could be opened, its modes, models and config options. A
+refused ``session/new`` (most agents want credentials first) is reported, not an error:
+the probe exits 0 once ``initialize`` succeeded.
 
 ``--credential NAME=REF`` (repeatable) binds a credential as a job does: ``NAME`` must be
 one the pack accepts, ``REF`` a reference of an enabled secret source (``env:VAR``,
@@ -38,9 +40,11 @@ from worker.cli.packs import resolve_pack
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import InvalidInput, WorkerError
+from worker.job.prepare import hold_pack, sandbox_labels
+from worker.job.turn import launch_agent
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
-from worker.packs.runtime import PreparedPack, check_runtime, prepare_pack
+from worker.packs.runtime import PreparedPack, check_runtime
 from worker.sandbox import base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
@@ -85,10 +89,14 @@ def probe_command(args: argparse.Namespace, settings: Settings) -> int:
     try:
         credentials = bind_credentials(args.credential, pack, settings, redactor)
         check_runtime(pack, settings.backend)
-        prepared = prepare_pack(settings, pack, args.platform)
         backend = get_backend(settings.backend, settings)
-        probe = _probe(
-            prepared, settings, backend, session=not args.no_session, credentials=credentials
+        probe = run_probe(
+            pack,
+            settings,
+            backend,
+            platform=args.platform,
+            session=not args.no_session,
+            credentials=credentials,
         )
         report = asyncio.run(probe)
     except WorkerError as exc:
@@ -160,7 +168,32 @@ class _Seen:
         self.notices.append({"type": "malformed_line", "data": {"reason": reason}})
 
 
-async def _probe(
+async def run_probe(
+    pack: Pack,
+    settings: Settings,
+    backend: SandboxBackend,
+    *,
+    platform: str | None,
+    session: bool,
+    credentials: Mapping[str, str],
+) -> dict[str, Any]:
+    """The probe's report: *pack* prepared and its closure held as a job's is (a gc
+    keeps it until the sandbox is destroyed), then the agent in a sandbox."""
+    prepared, hold = await hold_pack(settings, pack, platform=platform)
+    try:
+        report: dict[str, Any] = {
+            "pack": prepared.event_data(),
+            "credentials": sorted(credentials),
+        }
+        report.update(
+            await _in_sandbox(prepared, settings, backend, session=session, credentials=credentials)
+        )
+    finally:
+        os.close(hold)
+    return report
+
+
+async def _in_sandbox(
     prepared: PreparedPack,
     settings: Settings,
     backend: SandboxBackend,
@@ -168,7 +201,6 @@ async def _probe(
     session: bool,
     credentials: Mapping[str, str],
 ) -> dict[str, Any]:
-    report: dict[str, Any] = {"pack": prepared.event_data(), "credentials": sorted(credentials)}
     job_id = f"probe-{secrets.token_hex(4)}"
     settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
     workspace = settings.work_dir / job_id
@@ -177,14 +209,13 @@ async def _probe(
         with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
             staged = stage_local(Path(empty), workspace, owner=backend.stage_owner())
         sandbox = await backend.create(_spec(job_id, prepared, staged.path, settings))
-        report.update(
-            await _run_agent(sandbox, prepared, settings, session=session, credentials=credentials)
+        return await _run_agent(
+            sandbox, prepared, settings, session=session, credentials=credentials
         )
     finally:
         if sandbox is not None:
             await backend.destroy(sandbox.sandbox_id)
         remove_staged(workspace)
-    return report
 
 
 def _spec(job_id: str, prepared: PreparedPack, workspace: Path, settings: Settings) -> SandboxSpec:
@@ -194,12 +225,8 @@ def _spec(job_id: str, prepared: PreparedPack, workspace: Path, settings: Settin
         workspace=workspace,
         pack_closure=prepared.closure,
         limits=PROBE_LIMITS,
-        labels={
-            base.LABEL_JOB: job_id,
-            base.LABEL_ATTEMPT: "1",
-            base.LABEL_TOKEN: "0",
-            base.LABEL_WORKER: settings.worker_id,
-        },
+        # A job's labels without a lease: the reaper can tell when a probe's owner is gone.
+        labels=sandbox_labels(settings, job_id=job_id, attempt=1, labels={}),
     )
 
 
@@ -213,14 +240,11 @@ async def _run_agent(
 ) -> dict[str, Any]:
     plan = prepared.launch_plan(credentials)
     seen = _Seen()
-    process = await sandbox.spawn(
-        plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
-    )
-    agent = AgentProcess(
-        process,
-        line_limit=settings.acp_line_limit,
-        request_timeout=settings.acp_request_timeout,
-        stderr_limit=settings.stderr_buffer_bytes,
+    agent = await launch_agent(
+        sandbox,
+        plan,
+        settings,
+        provider=prepared.pack.manifest.provider,
         on_notification=seen.notification,
         on_malformed=seen.malformed,
     )

@@ -34,8 +34,8 @@ from worker.errors import InvalidInput, InvalidJobSpec, SinkUnavailable
 from worker.events.progress import ProgressSink
 from worker.events.schema import event_schema
 from worker.events.sinks import EventSink, JsonlSink
+from worker.job import run_job
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
-from worker.runner import run_job
 from worker.sandbox import BACKENDS, get_backend
 from worker.sandbox.base import LABEL_TOKEN
 from worker.service.guarded import lease_guards, release_lease, sink_policy

@@ -1,4 +1,4 @@
-"""Runs one delivered job under its lease: the service side of ``worker.runner.run_job``.
+"""Runs one delivered job under its lease: the service side of ``worker.job.run_job``.
 
     payload → validate → acquire lease (or drop the duplicate) → heartbeat + control
     watcher + fenced sink → run_job → release (unless the stream could not be settled:
@@ -29,8 +29,8 @@ from worker import metrics
 from worker.errors import InvalidJobSpec, LeaseLost, WorkerError
 from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
+from worker.job import run_job
 from worker.jobs.spec import JobSpec, parse_job
-from worker.runner import run_job
 from worker.sandbox import get_backend
 from worker.sandbox.base import LABEL_TOKEN
 from worker.service.reaper import mark_lost

@@ -1,0 +1,106 @@
+"""How a job settled: its outcome, the timings of its phases, and the rules between them.
+
+Kept apart from the phases so the pipeline, the turn and the teardown agree on one
+``JobOutcome`` and one reading of the agent's stop reasons.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from worker.errors import (
+    EXIT_CANCELLED,
+    EXIT_SUCCEEDED,
+    EXIT_TIMED_OUT,
+    AgentError,
+    SandboxError,
+    WorkerError,
+)
+
+#: The agent's stop reasons that mean its turn succeeded.
+SUCCESS_STOPS = frozenset({"end_turn", "max_tokens", "max_turn_requests"})
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    status: str
+    stop_reason: str | None
+    error: WorkerError | None
+    exit_code: int
+
+
+@dataclass(slots=True)
+class Timings:
+    """Milliseconds per phase (``timings_ms`` of ``job.completed``): each mark measures
+    from the previous one, so the phases add up to the job's duration."""
+
+    start: float = field(default_factory=time.perf_counter)
+    marks: dict[str, float] = field(default_factory=dict)
+    _last: float = field(default_factory=time.perf_counter)
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.marks[name] = round((now - self._last) * 1000, 2)
+        self._last = now
+
+    def total_ms(self) -> float:
+        return round((time.perf_counter() - self.start) * 1000, 2)
+
+
+class Stopped(Exception):
+    """The job was stopped by a cancel (or a lost lease) or its deadline; carries the
+    status it settles with and the agent's own stop reason, if it gave one."""
+
+    def __init__(self, status: str, stop_reason: str | None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.stop_reason = stop_reason
+
+
+def settled(stop_reason: str) -> JobOutcome:
+    """The outcome of a turn the agent ended itself with ``stop_reason``."""
+    if stop_reason in SUCCESS_STOPS:
+        return JobOutcome("succeeded", stop_reason, None, EXIT_SUCCEEDED)
+    if stop_reason == "cancelled":
+        error = AgentError("the agent cancelled the turn on its own", stop_reason=stop_reason)
+        return JobOutcome("failed", stop_reason, error, error.exit_code)
+    error = AgentError(f"the agent stopped with {stop_reason!r}", stop_reason=stop_reason)
+    return JobOutcome("failed", stop_reason, error, error.exit_code)
+
+
+def interrupted(stop: Stopped) -> JobOutcome:
+    """The outcome of a job stopped from outside (cancel, lost lease, deadline)."""
+    code = EXIT_CANCELLED if stop.status == "cancelled" else EXIT_TIMED_OUT
+    return JobOutcome(stop.status, stop.stop_reason, None, code)
+
+
+def after_upload(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
+    """A turn that succeeded but whose result could not be delivered is not a success:
+    the upload error becomes the job's error."""
+    return _success_failed_by(outcome, error)
+
+
+def after_teardown(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
+    """The outcome once teardown is over. A job whose turn succeeded but that could not be
+    torn down failed (its sandbox may live on, its changes may not have been captured): the
+    teardown error is its error. One that had failed, been cancelled or timed out already
+    keeps its status and error, which say more about the job; ``job.completed`` carries the
+    teardown error apart (``teardown_error``) either way, and it is logged."""
+    return _success_failed_by(outcome, error)
+
+
+def _success_failed_by(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
+    if error is None or outcome.status != "succeeded":
+        return outcome
+    return JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
+
+
+def teardown_error(step: str, exc: Exception) -> WorkerError:
+    """The error a failed teardown step leaves in ``job.completed``."""
+    if isinstance(exc, WorkerError):
+        return exc
+    # No message: an exception's text may quote what the agent wrote.
+    return SandboxError(
+        f"the job's teardown failed at {step}: internal error ({type(exc).__name__})", step=step
+    )

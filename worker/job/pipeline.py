@@ -1,0 +1,191 @@
+"""The order of a job's phases, and the cancel and deadline checks between them.
+
+A cancel (or a lost lease) and the deadline are checked at every phase boundary: one
+that comes before the agent is launched (already set when the job starts, or during
+preparation) settles the job without launching it, with a notice saying so. Opening the
+session is cut at either; the turn is interrupted by either (``turn.Turn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.credentials.redact import Redactor
+from worker.errors import AgentError, WorkerError
+from worker.events.emitter import EventEmitter
+from worker.events.sinks import EventSink
+from worker.job import notices
+from worker.job.outcome import (
+    JobOutcome,
+    Stopped,
+    after_teardown,
+    after_upload,
+    interrupted,
+    settled,
+)
+from worker.job.prepare import Preparation
+from worker.job.state import JobContext, JobState, new_state
+from worker.job.teardown import Teardown
+from worker.job.turn import Turn
+from worker.jobs.spec import JobSpec
+from worker.packs.runtime import LaunchPlan
+from worker.sandbox.base import SandboxBackend
+from worker.settings import Settings
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+
+async def run_job(
+    spec: JobSpec,
+    *,
+    settings: Settings,
+    backend: SandboxBackend,
+    sinks: Sequence[EventSink],
+    environ: Mapping[str, str],
+    base_dir: Path | None = None,
+    attempt: int = 1,
+    cancel: asyncio.Event | None = None,
+    labels: Mapping[str, str] | None = None,
+    control: aioredis.Redis | None = None,
+) -> JobOutcome:
+    """Run ``spec`` once and return how it settled; events go to ``sinks``.
+
+    With ``control`` (Redis), questions, plans and permission asks become durable
+    interactions answered through ``acpw:{J}:control``; without it they are declined.
+    """
+    emitter = EventEmitter(
+        job_id=spec.job_id,
+        attempt=attempt,
+        sinks=sinks,
+        redactor=Redactor(),
+        max_bytes=settings.event_max_bytes,
+    )
+    ctx = JobContext(
+        spec=spec,
+        settings=settings,
+        backend=backend,
+        emitter=emitter,
+        environ=environ,
+        base_dir=base_dir,
+        attempt=attempt,
+        labels=labels or {},
+        control=control,
+    )
+    try:
+        outcome = await Job(ctx).run(cancel or asyncio.Event())
+    finally:
+        await emitter.close()
+    return outcome
+
+
+class Job:
+    """One run of a job: its phases in order, then exactly one ``job.completed``."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self._ctx = ctx
+        self._state: JobState = new_state(ctx)
+
+    async def run(self, cancel: asyncio.Event) -> JobOutcome:
+        """accepted → prepare → launch → session → turn, then teardown and completion."""
+        state = self._state
+        await self._accepted()
+        try:
+            stop_reason = await self._execute(cancel)
+            outcome = settled(stop_reason)
+        except Stopped as stop:
+            outcome = interrupted(stop)
+        except WorkerError as exc:
+            outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
+        finally:
+            await Teardown(self._ctx, state).run()
+        outcome = after_upload(outcome, state.upload_error)
+        outcome = after_teardown(outcome, state.teardown_error)
+        await self._complete(outcome)
+        return outcome
+
+    async def _accepted(self) -> None:
+        ctx = self._ctx
+        await ctx.emitter.emit(
+            "job.accepted",
+            {
+                "pack": ctx.spec.pack.name,
+                "platform": ctx.spec.pack.platform,
+                "backend": ctx.backend.name,
+                "labels": dict(ctx.spec.labels),
+            },
+        )
+        await ctx.emitter.emit("job.started", {"worker_id": ctx.settings.worker_id})
+
+    async def _execute(self, cancel: asyncio.Event) -> str:
+        # limits.timeout_s bounds the whole job from here: preparation is checked at each
+        # phase boundary, opening the session is cut at the deadline, the turn gets what
+        # is left. Teardown, change capture and the bundle upload come after it.
+        deadline = self._state.deadline = time.monotonic() + self._ctx.spec.limits.timeout_s
+        plan = await self._prepare(cancel)
+        turn = Turn(self._ctx, self._state)
+        await self._boundary(cancel, "agent_spawn")
+        client = await turn.launch(plan)
+        session_id = await turn.open(cancel, deadline)
+        await self._boundary(cancel, "turn")  # no prompt once cancelled
+        return await turn.prompt(client, session_id, cancel, deadline)
+
+    async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
+        """Everything before the launch, checking for a cancel between phases."""
+        prepare = Preparation(self._ctx, self._state)
+        await self._boundary(cancel, "credentials")
+        declaration = await prepare.declaration()
+        credentials = await prepare.credentials(declaration.credentials)
+        await self._boundary(cancel, "pack_verify")
+        pack = await prepare.pack(declaration)
+        await self._boundary(cancel, "workspace")
+        workspace = await prepare.workspace(credentials)
+        await self._boundary(cancel, "sandbox_create")
+        await prepare.sandbox(pack, workspace)
+        agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
+        return pack.launch_plan(agent_credentials)
+
+    async def _boundary(self, cancel: asyncio.Event, next_phase: str) -> None:
+        """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or
+        the job's deadline passed; before the launch, a notice says that the agent was
+        never started."""
+        if cancel.is_set():
+            status = "cancelled"
+        elif time.monotonic() >= self._state.deadline:
+            status = "timed_out"
+        else:
+            return
+        if self._state.agent is None:
+            await self._ctx.emitter.emit("notice", notices.not_launched(status, next_phase))
+        raise Stopped(status, None)
+
+    def _with_stderr(self, exc: WorkerError) -> WorkerError:
+        agent = self._state.agent
+        if isinstance(exc, AgentError) and agent is not None:
+            exc.details.setdefault("stderr_preview", agent.stderr.preview())
+        return exc
+
+    async def _complete(self, outcome: JobOutcome) -> None:
+        state = self._state
+        if not state.normalizer.usage_seen:
+            await self._ctx.emitter.emit("usage.reported", {"available": False})
+        error = None
+        if outcome.error is not None:
+            error = outcome.error.to_dict()
+        data: dict[str, Any] = {
+            "status": outcome.status,
+            "stop_reason": outcome.stop_reason,
+            "error": error,
+            "duration_ms": state.timings.total_ms(),
+            "timings_ms": dict(state.timings.marks),
+            "result": state.result,
+        }
+        if state.upload_error is not None:  # `result` is null: the bundle is not there
+            data["result_error"] = state.upload_error.to_dict()
+        if state.teardown_error is not None:
+            data["teardown_error"] = state.teardown_error.to_dict()
+        await self._ctx.emitter.emit("job.completed", data)

@@ -1,0 +1,211 @@
+"""The phases before the launch: credentials, pack (with its closure held), workspace,
+sandbox.
+
+Each phase is let finish once started (it runs in a thread or a child process; stopping
+it half-way would leave what it was making behind); the pipeline checks for a cancel and
+the deadline between them. ``hold_pack`` and ``sandbox_labels`` are also what
+``acp-worker agents probe`` prepares its sandbox with, so a probe's closure is held
+against a pack-cache gc exactly as a job's is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from secrets import token_hex
+
+from worker.acp.paths import WorkspacePaths
+from worker.credentials.resolve import resolve_credentials, secret_sources
+from worker.errors import SandboxError
+from worker.job import notices
+from worker.job.state import JobContext, JobState
+from worker.jobs.spec import JobSpec
+from worker.network import NetworkDenial
+from worker.packs.cache import hold_closure
+from worker.packs.manifest import Pack
+from worker.packs.runtime import PreparedPack, check_runtime, load_declaration, prepare_pack
+from worker.sandbox import base
+from worker.sandbox.base import SandboxSpec
+from worker.sessions import JobSessions
+from worker.settings import Settings
+from worker.store.owner import LABEL_STORE, owner_labels, store_label
+from worker.workspace.prepare import prepare_workspace, write_labels
+
+#: How often a pack is prepared again when a pack-cache gc removed its closure between
+#: the preparation and the hold.
+PACK_ATTEMPTS = 3
+
+
+async def hold_pack(
+    settings: Settings, declaration: Pack, *, platform: str | None
+) -> tuple[PreparedPack, int]:
+    """The pack's closure, materialized and verified, and a shared hold on it (a
+    descriptor: close it once the sandbox using the closure is destroyed).
+
+    Raises:
+        SandboxError: a gc kept removing the closure before it could be held.
+        And whatever ``prepare_pack`` raises.
+    """
+    for _ in range(PACK_ATTEMPTS):
+        pack = await asyncio.to_thread(prepare_pack, settings, declaration, platform)
+        hold = await asyncio.to_thread(hold_closure, settings.cache_dir, pack.closure)
+        if hold is not None:
+            return pack, hold
+    raise SandboxError(
+        "the pack's closure kept disappearing from the cache (a pack-cache gc with "
+        "too small a budget?)",
+        closure=str(pack.closure),
+    )
+
+
+def sandbox_labels(
+    settings: Settings, *, job_id: str, attempt: int, labels: Mapping[str, str]
+) -> dict[str, str]:
+    """The labels of a job's sandbox and work directory: whose it is, for the reaper.
+
+    ``labels`` are the caller's (its ``acpw.token`` is the lease's fence; ``0`` or none:
+    no lease).
+    """
+    fence = labels.get(base.LABEL_TOKEN, "0")
+    store = store_label(settings.redis_url)  # which Redis issued the lease token
+    return {
+        base.LABEL_JOB: job_id,
+        base.LABEL_ATTEMPT: str(attempt),
+        base.LABEL_TOKEN: fence,
+        base.LABEL_WORKER: settings.worker_id,
+        **owner_labels(),  # the reaper's proof that a `run` without a lease is over
+        **({LABEL_STORE: store} if store is not None and fence != "0" else {}),
+    }
+
+
+def workspace_credential(spec: JobSpec) -> list[str]:
+    """The credential a git workspace fetches with (never given to the agent)."""
+    name = getattr(spec.workspace, "credential", None)
+    return [name] if isinstance(name, str) else []
+
+
+class Preparation:
+    """One job's phases before the launch; what they make goes into the job's state."""
+
+    def __init__(self, ctx: JobContext, state: JobState) -> None:
+        self._ctx = ctx
+        self._state = state
+
+    async def declaration(self) -> Pack:
+        """The job's pack declaration, its runtime checked against the backend, and its
+        session store (a resume it cannot serve is refused here, before anything
+        launches)."""
+        ctx = self._ctx
+        declaration = load_declaration(ctx.settings, ctx.spec.pack.name)
+        await asyncio.to_thread(check_runtime, declaration, ctx.backend.name)
+        self._sessions(declaration.manifest.launch.session_store)
+        return declaration
+
+    async def credentials(self, agent_credentials: Sequence[str]) -> dict[str, str]:
+        """The job's credentials resolved (each registered with the redactor)."""
+        ctx = self._ctx
+        credentials = await asyncio.to_thread(  # a source may call out (aws-sm)
+            resolve_credentials,
+            ctx.spec.credentials,
+            allowed=[*agent_credentials, *workspace_credential(ctx.spec)],
+            sources=secret_sources(ctx.settings, ctx.environ),
+            redactor=ctx.emitter.redactor,
+        )
+        self._state.timings.mark("credentials")
+        return credentials
+
+    async def pack(self, declaration: Pack) -> PreparedPack:
+        """The pack prepared and its closure held (``pack.ready``)."""
+        ctx, state = self._ctx, self._state
+        pack, state.pack_hold = await hold_pack(
+            ctx.settings, declaration, platform=ctx.spec.pack.platform
+        )
+        state.timings.mark("pack_verify")
+        await ctx.emitter.emit("pack.ready", pack.event_data())
+        state.provider = declaration.manifest.provider
+        return pack
+
+    async def workspace(self, secrets: Mapping[str, str]) -> Path:
+        """The job's directory (labelled for the reaper) and the workspace staged in it."""
+        ctx, state = self._ctx, self._state
+        settings, spec = ctx.settings, ctx.spec
+        settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+        job_dir = settings.work_dir / f"{spec.job_id}-{ctx.attempt}-{token_hex(4)}"
+        job_dir.mkdir(mode=0o711)
+        state.prepared.cleanup.append(job_dir)
+        state.job_dir = job_dir
+        labels = {**self._labels(), "pid": str(os.getpid())}
+        await asyncio.to_thread(write_labels, job_dir, labels)
+        staged = await prepare_workspace(
+            spec.workspace,
+            state.prepared,
+            settings=settings,
+            job_dir=job_dir,
+            base_dir=ctx.base_dir,
+            provider=state.provider,
+            owner=ctx.backend.stage_owner(),
+            secrets=secrets,
+            disk_mb=spec.limits.disk_mb,
+        )
+        state.timings.mark("workspace")
+        if staged.skipped:
+            await ctx.emitter.emit("notice", notices.skipped(staged.skipped))
+        if state.prepared.disk is None:
+            await ctx.emitter.emit("notice", notices.unbounded(spec.limits.disk_mb))
+        if ctx.backend.capabilities.shares_host_workspace:
+            # The agent's /workspace is this host directory: artifacts and fs/* are
+            # checked and served against it.
+            state.host_workspace = staged.path
+            state.normalizer.artifacts = WorkspacePaths(staged.path, base.WORKSPACE).artifact
+        return staged.path
+
+    async def sandbox(self, pack: PreparedPack, workspace: Path) -> None:
+        """The job's sandbox (``sandbox.ready``)."""
+        ctx, state = self._ctx, self._state
+        limits = ctx.spec.limits
+        spec = SandboxSpec(
+            job_id=ctx.spec.job_id,
+            attempt=ctx.attempt,
+            workspace=workspace,
+            pack_closure=pack.closure,
+            limits=base.ResourceLimits(
+                memory_bytes=limits.memory_mb * 1024 * 1024, cpus=limits.cpus, pids=limits.pids
+            ),
+            labels=self._labels(),
+            network=ctx.spec.network.mode,
+            network_allow=tuple(ctx.spec.network.allow),
+            on_network_denial=self._network_denied,
+            state_mounts=await self._state_mounts(),
+        )
+        state.sandbox = await ctx.backend.create(spec)
+        state.timings.mark("sandbox_create")
+        await ctx.emitter.emit(
+            "sandbox.ready", {"backend": ctx.backend.name, "sandbox_id": state.sandbox.sandbox_id}
+        )
+
+    def _sessions(self, home_path: str | None) -> None:
+        spec = self._ctx.spec
+        resume = spec.session.resume if spec.session is not None else None
+        self._state.sessions = JobSessions.for_job(
+            self._ctx.settings, pack=spec.pack.name, home_path=home_path, resume=resume
+        )
+        if self._state.sessions is not None:
+            self._state.sessions.check()
+
+    async def _state_mounts(self) -> tuple[base.WritableMount, ...]:
+        sessions, job_dir = self._state.sessions, self._state.job_dir
+        if sessions is None or job_dir is None:
+            return ()
+        owner = self._ctx.backend.stage_owner()
+        return (await asyncio.to_thread(sessions.prepare, job_dir, owner),)
+
+    async def _network_denied(self, denial: NetworkDenial) -> None:
+        await self._ctx.emitter.emit("notice", notices.network_denied(denial))
+
+    def _labels(self) -> dict[str, str]:
+        ctx = self._ctx
+        return sandbox_labels(
+            ctx.settings, job_id=ctx.spec.job_id, attempt=ctx.attempt, labels=ctx.labels
+        )

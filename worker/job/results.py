@@ -1,0 +1,86 @@
+"""What the agent changed: captured once its sandbox is destroyed, written as a patch,
+reported in ``workspace.changed``, and uploaded as a result bundle when the job or the
+worker names a bucket."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from worker.errors import ResultUploadFailed
+from worker.job import notices
+from worker.job.state import JobContext, JobState
+from worker.workspace.bundle import BundleTarget, upload_bundle
+from worker.workspace.changes import (
+    Captured,
+    capture,
+    capture_limits,
+    incomplete_notice,
+    write_patch,
+)
+from worker.workspace.changes import event_data as changes_event
+from worker.workspace.stage import StagedWorkspace
+
+log = logging.getLogger(__name__)
+
+
+async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWorkspace) -> None:
+    """What the agent changed, measured after nothing in its sandbox can run; a capture
+    that fails is a notice, never an exception (the job must still settle)."""
+    settings = ctx.settings
+    patch_path = settings.results_dir / ctx.spec.job_id / str(ctx.attempt) / "changes.patch"
+    try:
+        captured = await asyncio.to_thread(capture, workspace, limits=capture_limits(settings))
+        ref = None
+        if captured.changes:
+            ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
+    except Exception as exc:  # any failure (a bug, a pathological tree) still settles the job
+        log.exception("change capture failed for job %s", ctx.spec.job_id)
+        await ctx.emitter.emit("notice", notices.capture_failed(exc))
+        return
+    state.timings.mark("capture")
+    data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
+    data["base"] = {"kind": ctx.spec.workspace.kind, **state.prepared.source_info}
+    await ctx.emitter.emit("workspace.changed", data)
+    notice = incomplete_notice(captured)
+    if notice is not None:
+        await ctx.emitter.emit("notice", notice)
+    target = bundle_target(ctx)
+    if target is not None and captured.changes:
+        state.result = await _upload(ctx, state, target, captured, workspace)
+
+
+def bundle_target(ctx: JobContext) -> BundleTarget | None:
+    """Where the result bundle goes: the job's ``results``, else the worker's bucket."""
+    settings = ctx.settings
+    if ctx.spec.results is not None:
+        bucket, prefix = ctx.spec.results.bucket, ctx.spec.results.prefix
+    elif settings.results_bucket is not None:
+        bucket, prefix = settings.results_bucket, settings.results_prefix
+    else:
+        return None
+    return BundleTarget(bucket=bucket, prefix=prefix, max_bytes=settings.bundle_max_bytes)
+
+
+async def _upload(
+    ctx: JobContext,
+    state: JobState,
+    target: BundleTarget,
+    captured: Captured,
+    workspace: StagedWorkspace,
+) -> dict[str, Any] | None:
+    from worker.workspace.s3 import s3_client  # boto3 is an optional extra
+
+    try:
+        ref = await asyncio.to_thread(
+            upload_bundle, s3_client(ctx.settings), target, job_id=ctx.spec.job_id,
+            attempt=ctx.attempt, captured=captured, workspace=workspace.path,
+        )  # fmt: skip
+    except ResultUploadFailed as exc:
+        # Whatever the job's status: said now, and again in job.completed.
+        state.upload_error = exc
+        await ctx.emitter.emit("notice", notices.upload_failed(exc))
+        return None
+    state.timings.mark("bundle_upload")
+    return ref

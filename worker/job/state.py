@@ -1,0 +1,97 @@
+"""What one job runs with (``JobContext``, fixed) and what its phases made (``JobState``).
+
+The phases are separate classes (preparation, turn, teardown); they share these two
+objects instead of one class's attributes, so each phase can be read alone and the
+teardown sees exactly what the earlier phases got as far as making.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.acp.agent import AgentProcess
+from worker.acp.session import AcpSession
+from worker.errors import ResultUploadFailed, WorkerError
+from worker.events.emitter import EventEmitter
+from worker.events.normalizer import Normalizer
+from worker.interactions import InteractionBroker, InteractionStore
+from worker.job.outcome import Timings
+from worker.jobs.spec import JobSpec
+from worker.sandbox import base
+from worker.sandbox.base import Sandbox, SandboxBackend
+from worker.sessions import JobSessions
+from worker.settings import Settings
+from worker.workspace.prepare import Prepared
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobContext:
+    """The job and the worker it runs in: set before the first event, never changed."""
+
+    spec: JobSpec
+    settings: Settings
+    backend: SandboxBackend
+    emitter: EventEmitter
+    environ: Mapping[str, str]
+    #: What a relative local workspace path is resolved against.
+    base_dir: Path | None
+    attempt: int
+    #: The sandbox labels the caller fixed (``acpw.token``: the lease's fence, ``0``
+    #: for a run without a lease).
+    labels: Mapping[str, str]
+    #: Redis for durable interactions; without it questions and plans are declined.
+    control: aioredis.Redis | None
+
+
+@dataclass(slots=True, kw_only=True)
+class JobState:
+    """What the phases made so far; the teardown dismantles what is set here."""
+
+    normalizer: Normalizer
+    broker: InteractionBroker
+    timings: Timings = field(default_factory=Timings)
+    #: time.monotonic() by which the job must settle (set when it starts executing).
+    deadline: float = float("inf")
+    provider: str = "cursor"
+    sessions: JobSessions | None = None
+    #: A shared lock on the pack closure's digest (``hold_closure``): a pack-cache gc
+    #: keeps the closure while the job runs. Released after the sandbox is destroyed.
+    pack_hold: int | None = None
+    prepared: Prepared = field(default_factory=Prepared)
+    job_dir: Path | None = None
+    #: The host directory that is the agent's ``/workspace``, when the backend shares it.
+    host_workspace: Path | None = None
+    sandbox: Sandbox | None = None
+    agent: AgentProcess | None = None
+    acp: AcpSession | None = None
+    result: dict[str, Any] | None = None
+    upload_error: ResultUploadFailed | None = None
+    #: The first teardown step that failed (the teardown does not raise).
+    teardown_error: WorkerError | None = None
+
+
+def new_state(ctx: JobContext) -> JobState:
+    """The state of a job that has not started: its normalizer and interaction broker
+    (durable through ``ctx.control`` when there is one), and its clock started."""
+    spec, settings = ctx.spec, ctx.settings
+    store = None
+    if ctx.control is not None:
+        ttl = settings.events_ttl + int(spec.limits.timeout_s)
+        fence = int(ctx.labels.get(base.LABEL_TOKEN, "0")) or None  # 0: no lease (`run`)
+        store = InteractionStore(ctx.control, spec.job_id, ttl_s=ttl, token=fence)
+    broker = InteractionBroker(
+        job_id=spec.job_id,
+        attempt=ctx.attempt,
+        emit=ctx.emitter.emit,
+        store=store,
+        timeout_s=spec.interactions.answer_timeout_s,
+        max_event_bytes=settings.event_max_bytes,
+    )
+    normalizer = Normalizer(workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes)
+    return JobState(normalizer=normalizer, broker=broker)

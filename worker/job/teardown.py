@@ -1,0 +1,115 @@
+"""Dismantling what a job made: stop the agent, destroy the sandbox, then (only once it
+is gone) save the session, capture the changes and remove or keep the workspace.
+
+The teardown never raises: a step that fails is logged and the first such error kept in
+``JobState.teardown_error``, so the job still settles with exactly one ``job.completed``,
+and the later steps still run: the sandbox is destroyed whatever happened to the agent.
+A sandbox that could not be destroyed may still run processes writing to the workspace
+and hold mounts on it, though: then no session is saved, no change captured and nothing
+removed; the job's directory is left to the reaper, which destroys the sandbox again
+before it removes the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from worker.job import notices
+from worker.job.outcome import teardown_error
+from worker.job.results import capture_changes
+from worker.job.state import JobContext, JobState
+
+log = logging.getLogger(__name__)
+
+
+class Teardown:
+    """One job's teardown, over what its state says was made."""
+
+    def __init__(self, ctx: JobContext, state: JobState) -> None:
+        self._ctx = ctx
+        self._state = state
+
+    async def run(self) -> None:
+        """Every step, in order; the closure hold is released last, whatever happened."""
+        state = self._state
+        try:
+            await self._step("agent_shutdown", self._stop_agent)
+            destroyed = await self._step("sandbox_destroy", self._destroy)
+            await self._step("cleanup", self._dismantle if destroyed else self._abandon)
+        finally:
+            if state.pack_hold is not None:
+                os.close(state.pack_hold)
+                state.pack_hold = None
+
+    async def _step(self, step: str, work: Callable[[], Awaitable[None]]) -> bool:
+        """Run one teardown step: whether it completed; a failure is logged and kept."""
+        try:
+            await work()
+        except Exception as exc:  # any failure (a sink, a bug too): the job must still settle
+            log.exception("teardown step %s failed for job %s", step, self._ctx.spec.job_id)
+            if self._state.teardown_error is None:
+                self._state.teardown_error = teardown_error(step, exc)
+            return False
+        return True
+
+    async def _stop_agent(self) -> None:
+        state, settings = self._state, self._ctx.settings
+        try:
+            if state.acp is not None:
+                await state.acp.terminals.close_all()
+        finally:
+            if state.agent is not None:
+                await state.agent.shutdown(
+                    eof_grace=settings.shutdown_eof_grace,
+                    term_grace=settings.shutdown_term_grace,
+                )
+
+    async def _destroy(self) -> None:
+        if self._state.sandbox is not None:
+            await self._ctx.backend.destroy(self._state.sandbox.sandbox_id)
+
+    async def _abandon(self) -> None:
+        """The sandbox survived its destroy: say what was left undone."""
+        state = self._state
+        state.timings.mark("teardown")
+        sandbox_id = state.sandbox.sandbox_id if state.sandbox is not None else None
+        await self._ctx.emitter.emit("notice", notices.not_destroyed(sandbox_id))
+
+    async def _dismantle(self) -> None:
+        """Everything after the sandbox is destroyed."""
+        ctx, state = self._ctx, self._state
+        await self._step("session_save", self._save_session)
+        state.timings.mark("teardown")
+        try:
+            if state.prepared.staged is not None and state.sandbox is not None:
+                await capture_changes(ctx, state, state.prepared.staged)
+        finally:  # a sink that failed on workspace.changed must not leave the workspace
+            if ctx.spec.keep_workspace and state.job_dir is not None:
+                await self._keep(state.job_dir)
+            else:
+                await state.prepared.remove()
+
+    async def _save_session(self) -> None:
+        """Keep the session the agent recorded (once ``session.started`` went out), then
+        drop the per-job directory. Runs only after the sandbox is destroyed."""
+        state = self._state
+        if state.sessions is None:
+            return
+        session_id = state.acp.session_id if state.acp is not None else None
+        saved = await asyncio.to_thread(state.sessions.save, session_id)
+        with contextlib.suppress(OSError):  # the job dir's removal retries it
+            await asyncio.to_thread(state.sessions.remove)
+        for notice in saved:
+            await self._ctx.emitter.emit("notice", notice)
+
+    async def _keep(self, job_dir: Path) -> None:
+        until = time.time() + self._ctx.settings.keep_workspace_s
+        kept = await self._state.prepared.keep(job_dir, until=until)
+        if kept is not None:
+            await self._ctx.emitter.emit("notice", notices.workspace_kept(kept, until))

@@ -1,0 +1,192 @@
+"""The agent's part of a job: launch (after admission in the sandbox's view), the session
+opened, the prompt, and an interrupt on cancel or deadline.
+
+``launch_agent`` is also how ``acp-worker agents probe`` starts its agent, so a probe
+is admitted in the sandbox's own view exactly as a job is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from worker.acp.agent import AgentProcess
+from worker.acp.client import AcpClient
+from worker.acp.connection import MalformedHandler, NotificationHandler
+from worker.acp.session import AcpSession, SessionWiring
+from worker.errors import WorkerError
+from worker.interactions import AnswerReader
+from worker.job import notices
+from worker.job.outcome import Stopped
+from worker.job.state import JobContext, JobState
+from worker.packs.runtime import LaunchPlan
+from worker.sandbox import base
+from worker.sandbox.base import Sandbox
+from worker.settings import Settings
+
+
+async def readmit(sandbox: Sandbox, *, provider: str) -> None:
+    """Admission again, in the sandbox's own mount view, right before launch (where the
+    backend can show its view; its masks guard the whole run either way).
+
+    Raises:
+        AdmissionRefused: something the admission refuses appeared since staging.
+    """
+    result = await asyncio.to_thread(sandbox.admission_view, provider=provider)
+    if result is not None:
+        result.raise_if_refused()
+
+
+async def launch_agent(
+    sandbox: Sandbox,
+    plan: LaunchPlan,
+    settings: Settings,
+    *,
+    provider: str,
+    on_notification: NotificationHandler,
+    on_malformed: MalformedHandler,
+) -> AgentProcess:
+    """The agent spawned in ``sandbox`` once re-admitted; not started yet, so that the
+    caller can route inbound requests before the first line is read."""
+    await readmit(sandbox, provider=provider)
+    process = await sandbox.spawn(
+        plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
+    )
+    return AgentProcess(
+        process,
+        line_limit=settings.acp_line_limit,
+        request_timeout=settings.acp_request_timeout,
+        stderr_limit=settings.stderr_buffer_bytes,
+        on_notification=on_notification,
+        on_malformed=on_malformed,
+    )
+
+
+class Turn:
+    """One job's agent: launched, its session opened, prompted once."""
+
+    def __init__(self, ctx: JobContext, state: JobState) -> None:
+        self._ctx = ctx
+        self._state = state
+
+    async def launch(self, plan: LaunchPlan) -> AcpClient:
+        """The agent started in the job's sandbox, its session wired (``agent_spawn``)."""
+        ctx, state = self._ctx, self._state
+        assert state.sandbox is not None
+        state.agent = await launch_agent(
+            state.sandbox,
+            plan,
+            ctx.settings,
+            provider=state.provider,
+            on_notification=self._notification,
+            on_malformed=self._malformed,
+        )
+        state.acp = AcpSession(
+            state.agent.connection,
+            SessionWiring(
+                spec=ctx.spec,
+                dialect=plan.dialect,
+                emit=ctx.emitter.emit,
+                normalizer=state.normalizer,
+                broker=state.broker,
+                sandbox=state.sandbox,
+                host_workspace=state.host_workspace,
+                terminal_output_bytes=ctx.settings.tool_output_bytes,
+                authenticate=plan.authenticate,
+            ),
+        )
+        state.agent.start()
+        state.timings.mark("agent_spawn")
+        return state.acp.client
+
+    async def open(self, cancel: asyncio.Event, deadline: float) -> str:
+        """The session, opened unless a cancel (or a lost lease) or the deadline comes
+        first: each of its requests may otherwise wait up to the ACP request timeout.
+
+        Raises:
+            Stopped: cancelled or out of time first.
+        """
+        assert self._state.acp is not None
+        opening = asyncio.create_task(self._state.acp.open(self._state.timings.mark))
+        cancelled = asyncio.create_task(cancel.wait())
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            await asyncio.wait(
+                {opening, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if opening.done():
+                return opening.result()
+            raise Stopped("cancelled" if cancel.is_set() else "timed_out", None)
+        finally:
+            cancelled.cancel()
+            if not opening.done():
+                opening.cancel()
+            await asyncio.gather(opening, cancelled, return_exceptions=True)
+
+    async def prompt(
+        self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
+    ) -> str:
+        """The turn: the job's prompt, answered interactions meanwhile; its stop reason.
+
+        Raises:
+            Stopped: cancelled or out of time (the agent was asked to stop).
+        """
+        broker = self._state.broker
+        broker.begin_turn()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self._ctx.control is not None:
+                    reader = AnswerReader(self._ctx.control, broker)
+                    await stack.enter_async_context(reader.running())
+                return await self._prompt(client, session_id, cancel, deadline)
+        finally:
+            await broker.end_turn("turn_ended")
+            self._state.normalizer.settled = True
+
+    async def _prompt(
+        self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
+    ) -> str:
+        prompt = asyncio.create_task(client.prompt(session_id, self._ctx.spec.prompt_blocks()))
+        cancelled = asyncio.create_task(cancel.wait())
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            await asyncio.wait(
+                {prompt, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if prompt.done():
+                stop = prompt.result()
+                self._state.timings.mark("turn")
+                return stop
+            status = "cancelled" if cancel.is_set() else "timed_out"
+            # Open questions are answered `cancelled` first, so nothing waits on them.
+            await self._state.broker.end_turn(status)
+            raise Stopped(status, await self._interrupt(client, session_id, prompt))
+        finally:
+            cancelled.cancel()
+            if not prompt.done():
+                prompt.cancel()
+            await asyncio.gather(prompt, cancelled, return_exceptions=True)
+
+    async def _interrupt(
+        self, client: AcpClient, session_id: str, prompt: asyncio.Task[str]
+    ) -> str | None:
+        """session/cancel, then wait the grace period for the agent's own stop reason."""
+        with contextlib.suppress(WorkerError):
+            await client.cancel(session_id)
+        try:
+            return await asyncio.wait_for(asyncio.shield(prompt), self._ctx.settings.cancel_grace)
+        except (TimeoutError, WorkerError):
+            return None
+
+    async def _notification(self, method: str, params: Any) -> None:
+        emitter, normalizer = self._ctx.emitter, self._state.normalizer
+        if method != "session/update":
+            await emitter.emit("provider.unmapped", normalizer.unmapped(method, params)[1])
+            return
+        for type_, data in normalizer.normalize(params):
+            await emitter.emit(type_, data)
+
+    async def _malformed(self, preview: str, reason: str) -> None:
+        await self._ctx.emitter.emit("notice", notices.malformed_line(preview, reason))
