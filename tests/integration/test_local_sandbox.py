@@ -250,7 +250,7 @@ async def test_thorough_drop_also_empties_bwraps_bounding_set(
 ) -> None:
     # What a host whose bwrap is set-uid, or whose worker holds inheritable caps, gets.
     backend, box = local_box
-    backend._thorough = True
+    backend.tools.thorough = True  # None: detected on first use
     rc, out, _ = await _output(box, ["/bin/echo", "ran"])
     assert (rc, out) == (0, b"ran\n")
     proc = await box.spawn(["/bin/sh", "-c", "sleep 60 & echo up; wait"], env=ENV)
