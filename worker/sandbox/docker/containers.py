@@ -132,7 +132,7 @@ def container_config(
         log_config={"Type": "none", "Config": {}},
         ipc_mode="private",
     )
-    config: dict[str, Any] = api.createcontainer_config(
+    config: dict[str, Any] = api.create_container_config(
         plan.image_id,
         command=list(LAUNCHER_ARGV),
         user=f"{SANDBOX_UID}:{SANDBOX_GID}",
