@@ -23,6 +23,7 @@ from worker.images.engine import EngineConfig
 from worker.jobs.spec import parse_job
 from worker.runner import run_job
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import LABEL_SANDBOX, DockerBackend, DockerSandbox
 from worker.sandbox.owner import chown_to_sandbox
 from worker.sandbox.view import container_admission
@@ -39,7 +40,7 @@ def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "README.md").write_text("# view\n")
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     (tmp_path / "pack").mkdir(exist_ok=True)
     fields: dict[str, Any] = {
         "job_id": "view",
@@ -54,7 +55,7 @@ def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
 
 @pytest.fixture
 def backend(engine_config: EngineConfig, base_image: str) -> DockerBackend:
-    return DockerBackend(Settings(worker_id="w-view"), config=engine_config)
+    return DockerBackend(DockerConfig(worker_id="w-view"), engine_config=engine_config)
 
 
 @pytest.fixture

@@ -238,6 +238,11 @@ class Capabilities:
     worker can read at the same paths): artifacts and the client's ``fs/*`` are checked
     and served against it."""
 
+    runs_host_usr: bool
+    """The sandbox's ``/usr`` is the host's, bound read-only: a runtime a pack declares
+    (``launch.runtime``) is the host's own binary, which the worker checks before a
+    launch. A backend with its own image carries its own runtime."""
+
 
 class SandboxBackend(Protocol):
     """Creates, destroys and lists sandboxes of one kind."""

@@ -55,7 +55,7 @@ from worker.sandbox.view import container_admission
 if TYPE_CHECKING:
     import docker
 
-    from worker.settings import Settings
+    from worker.sandbox.config import DockerConfig
 
 
 class DockerSandbox:
@@ -172,24 +172,27 @@ class DockerBackend:
     process that reaches the same engine."""
 
     name = BACKEND_NAME
-    capabilities = Capabilities(shares_host_workspace=False)
+    capabilities = Capabilities(shares_host_workspace=False, runs_host_usr=False)
 
     def __init__(
         self,
-        settings: Settings,
+        config: DockerConfig,
         *,
-        config: EngineConfig | None = None,
+        engine_config: EngineConfig | None = None,
         client: docker.DockerClient | None = None,
         build_missing: bool = True,
     ) -> None:
-        """``build_missing``: build a pack image that the engine lacks (else refuse)."""
-        self._settings = settings
-        self.engine = ContainerEngine(config or EngineConfig.from_settings(settings), client=client)
+        """``engine_config``: the engine and image settings (default: ``config.engine()``).
+
+        ``build_missing``: build a pack image that the engine lacks (else refuse).
+        """
+        self.config = config
+        self.engine = ContainerEngine(engine_config or config.engine(), client=client)
         self._proxies = ProxyRegistry()
         self.build_missing = build_missing
 
     @property
-    def config(self) -> EngineConfig:
+    def engine_config(self) -> EngineConfig:
         return self.engine.config
 
     @property
@@ -197,7 +200,7 @@ class DockerBackend:
         return self.engine.client
 
     def stage_owner(self) -> tuple[int, int]:
-        return sandbox_owner(self._settings)
+        return sandbox_owner(self.config)
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         """Resolve the image (building the pack image if missing) and pre-create the
@@ -214,7 +217,7 @@ class DockerBackend:
         for state in spec.state_mounts:
             await asyncio.to_thread(own_workspace, state.source)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
-        labels = sandbox_labels(spec, self._settings.worker_id, sandbox_id)
+        labels = sandbox_labels(spec, self.config.worker_id, sandbox_id)
         workspace = spec.workspace.resolve()
         masks = mask_plan(workspace) if spec.mask_config else []
         made = await asyncio.to_thread(ensure_mask_points, workspace, masks)
@@ -257,7 +260,7 @@ class DockerBackend:
 
     def _cached_closure_digest(self, closure: Path) -> str | None:
         """``sha256:<hex>`` when ``closure`` is a closure of the pack cache."""
-        closures = (self._settings.cache_dir / "closures").resolve()
+        closures = (self.config.cache_dir / "closures").resolve()
         resolved = closure.resolve()
         if resolved.parent != closures or not re.fullmatch(r"[0-9a-f]{64}", resolved.name):
             return None

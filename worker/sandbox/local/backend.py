@@ -15,6 +15,7 @@ from worker.errors import SandboxError
 from worker.network import AllowlistProxy, forwarder_argv, proxy_env
 from worker.sandbox import cgroups, mountpoints, netpolicy, staging
 from worker.sandbox.base import WORKSPACE, Capabilities, SandboxInfo, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local.bwrap import (
     BindSources,
     HostLayout,
@@ -37,7 +38,6 @@ from worker.sandbox.local.records import (
 )
 from worker.sandbox.owner import sandbox_owner
 from worker.sandbox.shared import ProxyRegistry, check_command, check_spec, make_sandbox_id
-from worker.settings import Settings
 
 # Staged bind sources (root worker only). Not under the state dir: every uid must be able
 # to traverse down to it, so it is a fixed, world-traversable place.
@@ -169,11 +169,11 @@ class LocalBackend:
     """``SandboxBackend`` on bubblewrap; ``list``/``destroy`` work from any process."""
 
     name = "local"
-    capabilities = Capabilities(shares_host_workspace=True)
+    capabilities = Capabilities(shares_host_workspace=True, runs_host_usr=True)
 
     def __init__(
         self,
-        settings: Settings,
+        config: LocalConfig,
         *,
         state_dir: Path = DEFAULT_STATE_DIR,
         etc_dir: Path | None = None,
@@ -183,15 +183,15 @@ class LocalBackend:
 
         ``stage_dir``: where a root worker stages bind sources (see ``staging``).
         """
-        self._settings = settings
+        self.config = config
         self.store = StateStore(state_dir)
         self._etc_dir = etc_dir or state_dir / "etc"
         self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
         self.privileged = os.geteuid() == 0
-        self.owner = sandbox_owner(settings)
-        self.tools = HostTools(bwrap=settings.bwrap, owner=self.owner)
+        self.owner = sandbox_owner(config)
+        self.tools = HostTools(bwrap=config.bwrap, owner=self.owner)
 
     def stage_owner(self) -> tuple[int, int]:
         return self.owner
@@ -217,7 +217,7 @@ class LocalBackend:
         return bind_sources(record, spec, empty_dir=self.empty_dir)
 
     def cgroup_driver(self) -> cgroups.CgroupDriver:
-        return cgroups.detect(self._settings.cgroup_root, self._settings.cgroup_parent)
+        return cgroups.detect(self.config.cgroup_root, self.config.cgroup_parent)
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         """Write the record, generate /etc, make the cgroups, mask mount points and stage.
@@ -243,7 +243,7 @@ class LocalBackend:
         stage = self._stage_dir / sandbox_id if self.privileged else None
         record = SandboxRecord(
             sandbox_id=sandbox_id,
-            labels=sandbox_labels(spec, self._settings.worker_id),
+            labels=sandbox_labels(spec, self.config.worker_id),
             cgroups=driver.plan(sandbox_id),
             etc_dir=self._etc_dir,
             workspace=spec.workspace.resolve(),
