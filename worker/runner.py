@@ -277,7 +277,9 @@ class _Job:
         half-way would leave what it was making behind)."""
         await self._unless_cancelled(cancel, "credentials")
         declaration = load_declaration(self.settings, self.spec.pack.name)
-        await asyncio.to_thread(check_runtime, declaration, self.backend.name)
+        await asyncio.to_thread(
+            check_runtime, declaration, host_usr=self.backend.capabilities.runs_host_usr
+        )
         self._sessions(declaration.manifest.launch.session_store)
         credentials = await self._credentials(declaration.credentials)
         await self._unless_cancelled(cancel, "pack_verify")

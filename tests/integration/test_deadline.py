@@ -21,6 +21,7 @@ from worker.events.sinks import MemorySink
 from worker.jobs.spec import parse_job
 from worker.runner import run_job
 from worker.sandbox.base import SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 
 pytestmark = pytest.mark.integration
@@ -107,7 +108,7 @@ def test_a_sink_failing_in_teardown_still_leaves_nothing_behind(tmp_path: Path) 
             run_job(
                 spec,
                 settings=settings,
-                backend=LocalBackend(settings),
+                backend=LocalBackend(LocalConfig.from_settings(settings)),
                 sinks=[memory, _FailsOn("workspace.changed")],
                 environ={},
                 cancel=asyncio.Event(),

@@ -41,7 +41,7 @@ from worker.errors import InvalidInput, WorkerError
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime, prepare_pack
-from worker.sandbox import base, get_backend
+from worker.sandbox import backend_config, base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged, stage_local
@@ -84,9 +84,9 @@ def probe_command(args: argparse.Namespace, settings: Settings) -> int:
     redactor = Redactor()
     try:
         credentials = bind_credentials(args.credential, pack, settings, redactor)
-        check_runtime(pack, settings.backend)
+        backend = get_backend(backend_config(settings))
+        check_runtime(pack, host_usr=backend.capabilities.runs_host_usr)
         prepared = prepare_pack(settings, pack, args.platform)
-        backend = get_backend(settings.backend, settings)
         probe = _probe(
             prepared, settings, backend, session=not args.no_session, credentials=credentials
         )
