@@ -53,8 +53,8 @@ def etc_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _backend(tmp_path: Path, etc_dir: Path) -> LocalBackend:
-    settings = LocalConfig(cgroup_parent="acpw-test")
-    return LocalBackend(settings, state_dir=tmp_path / "state", etc_dir=etc_dir)
+    config = LocalConfig(cgroup_parent="acpw-test")
+    return LocalBackend(config, state_dir=tmp_path / "state", etc_dir=etc_dir)
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def _run(tmp_path: Path, timeout_s: float, backend: type[LocalBackend]) -> tuple
         run_job(
             spec,
             settings=settings,
-            backend=backend(settings),
+            backend=backend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=asyncio.Event(),
@@ -133,7 +133,7 @@ def test_a_cancel_while_the_session_opens_is_not_kept_waiting(tmp_path: Path) ->
         return await run_job(
             spec,
             settings=settings,
-            backend=_SilentBackend(settings),
+            backend=_SilentBackend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=cancel,

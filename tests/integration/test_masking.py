@@ -111,8 +111,8 @@ def _workspace(tmp_path: Path) -> Path:
 
 
 def _backend(tmp_path: Path, etc: Path) -> LocalBackend:
-    settings = LocalConfig(cgroup_parent="acpw-test")
-    return LocalBackend(settings, state_dir=tmp_path / "state", etc_dir=etc)
+    config = LocalConfig(cgroup_parent="acpw-test")
+    return LocalBackend(config, state_dir=tmp_path / "state", etc_dir=etc)
 
 
 def _spec(ws: Path, pack: Path, **kw: Any) -> SandboxSpec:

@@ -84,7 +84,7 @@ def _run(
         run_job(
             parse_job(job),
             settings=settings,
-            backend=backend(settings),
+            backend=backend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=asyncio.Event(),
