@@ -204,7 +204,7 @@ async def test_the_runner_refuses_what_appeared_before_launch(
         }
     )
     sink = MemorySink()
-    backend = _Planting(settings, config=engine_config)
+    backend = _Planting(DockerConfig.from_settings(settings), engine_config=engine_config)
     outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
     events = [dict(e) for e in sink.events]
     types = [e["type"] for e in events]
