@@ -40,7 +40,7 @@ from worker.sandbox.docker.containers import (
     remove_mask_points,
     sandbox_labels,
 )
-from worker.sandbox.docker.engine import ContainerEngine
+from worker.sandbox.docker.engine import ContainerEngine, list_sandboxes, sandbox_status
 from worker.sandbox.docker.process import DockerProcess
 from worker.sandbox.owner import sandbox_owner
 from worker.sandbox.shared import (
@@ -295,12 +295,12 @@ class DockerBackend:
 
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
-        return await asyncio.to_thread(self.engine.list_sandboxes, dict(labels))
+        return await asyncio.to_thread(lambda: list_sandboxes(self.engine.client.api, labels))
 
     async def status(self, sandbox_id: str) -> dict[str, Any] | None:
         """Per-container state of a sandbox (running, exit status, OOM as inferred)."""
         check_id(sandbox_id, backend=BACKEND_NAME)
-        return await asyncio.to_thread(self.engine.status, sandbox_id)
+        return await asyncio.to_thread(lambda: sandbox_status(self.engine.client.api, sandbox_id))
 
 
 def _check_spec(spec: SandboxSpec) -> None:

@@ -238,29 +238,32 @@ class ContainerEngine:
         with contextlib.suppress(docker.errors.NotFound):
             self.client.api.remove_container(container, force=True, v=True)
 
-    def list_sandboxes(self, labels: dict[str, str]) -> builtins.list[SandboxInfo]:
-        wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
-        filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
-        with translate("list"):
-            found = self.client.api.containers(all=True, filters=filters)
-        infos: dict[str, SandboxInfo] = {}
-        for container in found:
-            have = {str(k): str(v) for k, v in (container.get("Labels") or {}).items()}
-            sandbox_id = have.get(LABEL_SANDBOX)
-            # Filters are re-checked: an engine may match label filters loosely.
-            if sandbox_id and wanted.items() <= have.items() and sandbox_id not in infos:
-                infos[sandbox_id] = SandboxInfo(sandbox_id, BACKEND_NAME, own_labels(have))
-        return sorted(infos.values(), key=lambda i: i.sandbox_id)
 
-    def status(self, sandbox_id: str) -> dict[str, Any] | None:
-        api = self.client.api
-        with translate("status", sandbox_id=sandbox_id):
-            found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})
-            states = [api.inspect_container(c["Id"])["State"] for c in found]
-        if not states:
-            return None
-        return {
-            "running": any(s.get("Running") for s in states),
-            "exit_codes": [s.get("ExitCode") for s in states],
-            "oom_killed": any(s.get("OOMKilled") or s.get("ExitCode") == 137 for s in states),
-        }
+def list_sandboxes(api: Any, labels: Mapping[str, str]) -> list[SandboxInfo]:
+    """The engine's sandboxes whose labels include all of ``labels`` (blocking)."""
+    wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
+    filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
+    with translate("list"):
+        found = api.containers(all=True, filters=filters)
+    infos: dict[str, SandboxInfo] = {}
+    for container in found:
+        have = {str(k): str(v) for k, v in (container.get("Labels") or {}).items()}
+        sandbox_id = have.get(LABEL_SANDBOX)
+        # Filters are re-checked: an engine may match label filters loosely.
+        if sandbox_id and wanted.items() <= have.items() and sandbox_id not in infos:
+            infos[sandbox_id] = SandboxInfo(sandbox_id, BACKEND_NAME, own_labels(have))
+    return sorted(infos.values(), key=lambda i: i.sandbox_id)
+
+
+def sandbox_status(api: Any, sandbox_id: str) -> dict[str, Any] | None:
+    """Per-container state of a sandbox (running, exit status, OOM as inferred; blocking)."""
+    with translate("status", sandbox_id=sandbox_id):
+        found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})
+        states = [api.inspect_container(c["Id"])["State"] for c in found]
+    if not states:
+        return None
+    return {
+        "running": any(s.get("Running") for s in states),
+        "exit_codes": [s.get("ExitCode") for s in states],
+        "oom_killed": any(s.get("OOMKilled") or s.get("ExitCode") == 137 for s in states),
+    }

@@ -231,9 +231,10 @@ class LocalBackend:
                 the wrong kind, or the network proxy did not start.
         """
         check_spec(spec)
-        self._check_owner(spec.workspace)
-        for state in spec.state_mounts:
-            self._check_owner(state.source, what="writable mount")
+        if self.privileged:
+            _check_owner(spec.workspace, self.owner)
+            for state in spec.state_mounts:
+                _check_owner(state.source, self.owner, what="writable mount")
         self.tools.bwrap_path()
         if self.privileged:
             for name in ("nsenter", "setpriv", "unshare", "sh"):
@@ -307,21 +308,6 @@ class LocalBackend:
             with contextlib.suppress(FileExistsError):  # a concurrent creator won
                 link.symlink_to(self._etc_dir.resolve())
 
-    def _check_owner(self, workspace: Path, *, what: str = "workspace") -> None:
-        if not self.privileged:
-            return
-        uid, gid = self.owner
-        found = workspace.stat().st_uid
-        if found != uid:
-            raise SandboxError(
-                f"{what} {workspace} is owned by uid {found}, not by the sandbox host uid "
-                f"{uid}: the worker runs as root, so the sandbox runs as uid {uid} and could "
-                f"not write it; stage the {what} owned by {uid}:{gid} (sandbox_owner)",
-                workspace=str(workspace),
-                owner_uid=found,
-                sandbox_uid=uid,
-            )
-
     async def destroy(self, sandbox_id: str) -> None:
         """Kill everything inside and remove what ``create`` made; idempotent.
 
@@ -367,4 +353,19 @@ class LocalBackend:
             labels=record.labels,
             pids=frozenset(cgroups.members(record.cgroups)),
             oom_kills=cgroups.oom_kills(record.cgroups),
+        )
+
+
+def _check_owner(workspace: Path, owner: tuple[int, int], *, what: str = "workspace") -> None:
+    """A root worker's sandbox writes as ``owner``: what it writes to must be ``owner``'s."""
+    uid, gid = owner
+    found = workspace.stat().st_uid
+    if found != uid:
+        raise SandboxError(
+            f"{what} {workspace} is owned by uid {found}, not by the sandbox host uid "
+            f"{uid}: the worker runs as root, so the sandbox runs as uid {uid} and could "
+            f"not write it; stage the {what} owned by {uid}:{gid} (sandbox_owner)",
+            workspace=str(workspace),
+            owner_uid=found,
+            sandbox_uid=uid,
         )
