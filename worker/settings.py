@@ -1,10 +1,10 @@
 """One settings object, built at the entry point and passed down.
 
-A sandbox backend's own settings are not here: each backend has its typed config
-(``worker.sandbox.config``), built from the same ``ACPW_*`` variables.
-
 Values come from ``ACPW_*`` environment variables (or explicit keyword arguments in
-tests). Nothing deeper in the package reads the environment.
+tests). Nothing deeper in the package reads the environment, with one exception: a
+sandbox backend's own settings are not here but in its typed config
+(``worker.sandbox.config``), which ``worker.sandbox.backend_config`` builds from the same
+``ACPW_*`` variables when a backend is built.
 """
 
 from __future__ import annotations
@@ -194,7 +194,8 @@ class Settings(BaseSettings):
     )
     reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
     reap_backends: tuple[str, ...] = Field(
-        default=("local",), description="Backends the reaper sweeps for orphans."
+        default=("local",),
+        description="Backends the reaper sweeps for orphans (names as for `backend`).",
     )
     metrics_port: int | None = Field(
         default=None, description="Port of the Prometheus endpoint; none: no endpoint."
