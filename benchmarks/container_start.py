@@ -16,10 +16,10 @@ from pathlib import Path
 
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend
 from worker.sandbox.local import LocalBackend
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 RUNS = 20
 ARGV = ["/bin/sh", "-c", "echo x; exec cat"]
@@ -48,11 +48,11 @@ async def main() -> int:
     root = Path(tempfile.mkdtemp())
     (root / "ws").mkdir()
     (root / "pack").mkdir()
-    chown_to_sandbox(root / "ws", Settings())
+    chown_to_sandbox(root / "ws", LocalConfig())
     images = Path(os.environ.get("ACPW_TEST_IMAGES_DIR", "/var/tmp/acpw-test-images"))
     config = EngineConfig(docker_host=os.environ.get("DOCKER_HOST"), images_dir=images)
-    local = LocalBackend(Settings(cgroup_parent="acpw-bench"), state_dir=root / "state")
-    docker = DockerBackend(Settings(), config=config)
+    local = LocalBackend(LocalConfig(cgroup_parent="acpw-bench"), state_dir=root / "state")
+    docker = DockerBackend(DockerConfig(), engine_config=config)
     local_ms = await median(local, root)
     docker_ms = await median(docker, root)
     print(f"local  create+start+first byte: median {local_ms:7.1f} ms (n={RUNS})")

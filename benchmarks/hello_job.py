@@ -20,7 +20,7 @@ from worker.acp.connection import Connection
 from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.sandbox import get_backend
+from worker.sandbox import backend_config, get_backend
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ async def one_job(settings: Settings) -> dict[str, float]:
     outcome = await run_job(
         spec,
         settings=settings,
-        backend=get_backend("local", settings),
+        backend=get_backend(backend_config(settings, "local")),
         sinks=[sink],
         environ={},
         base_dir=REPO / "examples",

@@ -33,7 +33,7 @@ from worker.client import Client
 from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
-from worker.sandbox import get_backend
+from worker.sandbox import backend_config, get_backend
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def in_process(settings: Settings, i: int) -> tuple[float, float]:
         run_job(
             parse_job(job(i, "p")),
             settings=settings,
-            backend=get_backend("local", settings),
+            backend=get_backend(backend_config(settings, "local")),
             sinks=[sink],
             environ={},
         )

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from worker.sandbox.base import ResourceLimits, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalSandbox
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 ARGV = ["/bin/echo", "x"]
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -61,9 +61,9 @@ async def main(runs: int, idle_s: float) -> None:
         root = Path(tmp)
         (root / "ws").mkdir()
         (root / "pack").mkdir()
-        settings = Settings(cgroup_parent="acpw-bench")
-        chown_to_sandbox(root / "ws", settings)  # a root worker's sandbox writes as that uid
-        backend = LocalBackend(settings, state_dir=root / "state")
+        config = LocalConfig(cgroup_parent="acpw-bench")
+        chown_to_sandbox(root / "ws", config)  # a root worker's sandbox writes as that uid
+        backend = LocalBackend(config, state_dir=root / "state")
         spec = SandboxSpec(
             job_id="bench",
             attempt=1,

@@ -152,9 +152,9 @@ def readiness(redis_url: str | None, backend_check: Callable[[], object]) -> dic
 
 def readiness_of(settings: Settings) -> dict[str, Any]:
     """:func:`readiness` for the Redis and the sandbox backend ``settings`` name."""
-    from worker.sandbox import get_backend  # backends load lazily (optional SDKs)
+    from worker.sandbox import backend_config, get_backend  # backends load lazily
 
     def backend_answers() -> object:
-        return asyncio.run(get_backend(settings.backend, settings).list({}))
+        return asyncio.run(get_backend(backend_config(settings)).list({}))
 
     return readiness(settings.redis_url, backend_answers)

@@ -1,7 +1,10 @@
 """One settings object, built at the entry point and passed down.
 
 Values come from ``ACPW_*`` environment variables (or explicit keyword arguments in
-tests). Nothing deeper in the package reads the environment.
+tests). Nothing deeper in the package reads the environment, with one exception: a
+sandbox backend's own settings are not here but in its typed config
+(``worker.sandbox.config``), which ``worker.sandbox.backend_config`` builds from the same
+``ACPW_*`` variables when a backend is built.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 _REPO_PACKS = Path(__file__).resolve().parent.parent / "provider_packs"
 
 
-def _default_worker_id() -> str:
+def default_worker_id() -> str:
+    """``<hostname>-<pid>``: unique per worker process on a host."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def default_cache_dir() -> Path:
+    """The user's cache directory for acp-worker (platformdirs)."""
+    return Path(platformdirs.user_cache_dir("acp-worker"))
 
 
 class Settings(BaseSettings):
@@ -28,7 +37,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ACPW_", extra="forbid", frozen=True)
 
     cache_dir: Path = Field(
-        default_factory=lambda: Path(platformdirs.user_cache_dir("acp-worker")),
+        default_factory=default_cache_dir,
         description="Content-addressed cache of materialized pack closures.",
     )
     packs_dir: Path = Field(
@@ -111,17 +120,6 @@ class Settings(BaseSettings):
     )
     results_prefix: str = Field(default="acp-worker", description="Key prefix of bundles.")
     bundle_max_bytes: int = Field(default=1024**3, description="Largest result bundle.")
-    docker_host: str | None = Field(
-        default=None, description="Docker API URL for the docker backend (default DOCKER_HOST)."
-    )
-    images_dir: Path | None = Field(
-        default=None, description="Base-image rootfs and image pins (default cache_dir/images)."
-    )
-    apt_mirror: str | None = Field(
-        default=None, description="Where mmdebstrap fetches the base rootfs (default: the host's)."
-    )
-    image_suite: str = Field(default="bookworm", description="Debian suite of the base image.")
-    image_registry: str | None = Field(default=None, description="Push pack images here.")
     keep_workspace_s: float = Field(
         default=3600.0, description="How long a workspace a job asked to keep is kept."
     )
@@ -157,23 +155,11 @@ class Settings(BaseSettings):
         return value
 
     redis_url: str | None = Field(default=None, description="Redis for events and state.")
-    worker_id: str = Field(default_factory=_default_worker_id, description="Labels sandboxes.")
-    backend: str = Field(default="local", description="Sandbox backend: local.")
-    bwrap: str = Field(default="bwrap", description="bubblewrap executable.")
-    cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description="cgroupfs mount.")
-    cgroup_parent: str = Field(default="acpw", description="Parent cgroup for sandboxes.")
-    sandbox_host_uid: int = Field(
-        default=61000,
-        ge=1,
-        description=(
-            "Host uid bubblewrap runs as when the worker is root (the sandbox's uid 1000 maps"
-            " to it, and it owns files the agent writes); unused when the worker is not root."
-        ),
-    )
-    sandbox_host_gid: int = Field(
-        default=61000,
-        ge=1,
-        description="Host gid bubblewrap runs as when the worker is root (see sandbox_host_uid).",
+    worker_id: str = Field(default_factory=default_worker_id, description="Labels sandboxes.")
+    backend: str = Field(
+        default="local",
+        description="Sandbox backend (`local`, `docker`); its own settings are its config "
+        "in `worker.sandbox.config`, read from the same `ACPW_*` variables.",
     )
     acp_line_limit: int = Field(default=8 * 1024 * 1024, description="Max bytes of one ACP line.")
     acp_request_timeout: float = Field(
@@ -208,7 +194,8 @@ class Settings(BaseSettings):
     )
     reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
     reap_backends: tuple[str, ...] = Field(
-        default=("local",), description="Backends the reaper sweeps for orphans."
+        default=("local",),
+        description="Backends the reaper sweeps for orphans (names as for `backend`).",
     )
     metrics_port: int | None = Field(
         default=None, description="Port of the Prometheus endpoint; none: no endpoint."

@@ -50,6 +50,7 @@ from worker.events.schema import event_schema
 from worker.events.sinks import MemorySink
 from worker.job import run_job as run_in_process
 from worker.jobs.spec import parse_job
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 
@@ -353,7 +354,7 @@ async def test_every_notification_on_the_wire_becomes_an_event(
     outcome = await run_in_process(
         spec,
         settings=settings,
-        backend=TappedBackend(LocalBackend(settings), tap),
+        backend=TappedBackend(LocalBackend(LocalConfig.from_settings(settings)), tap),
         sinks=[memory, _CancelAfterStart(cancel, 2.0)],
         environ={},
         base_dir=tmp_path,

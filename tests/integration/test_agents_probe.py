@@ -33,6 +33,7 @@ from worker.sandbox.base import (
     SandboxProcess,
     SandboxSpec,
 )
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 
@@ -198,7 +199,9 @@ async def _run(tmp_path: Path, backend: _Watched) -> dict[str, Any]:
 async def test_the_probe_holds_its_closure_and_is_admitted_in_the_sandbox_view(
     tmp_path: Path,
 ) -> None:
-    backend = _Watched(LocalBackend(_settings(tmp_path)), tmp_path / "cache")
+    backend = _Watched(
+        LocalBackend(LocalConfig.from_settings(_settings(tmp_path))), tmp_path / "cache"
+    )
     report = await _run(tmp_path, backend)
     assert report["protocol_version"] == 1
     # Admission in the sandbox's view came first; at the spawn, a gc had to keep the
@@ -211,7 +214,9 @@ async def test_the_probe_holds_its_closure_and_is_admitted_in_the_sandbox_view(
 
 
 async def test_a_config_that_appeared_before_launch_refuses_the_probe(tmp_path: Path) -> None:
-    backend = _Watched(LocalBackend(_settings(tmp_path)), tmp_path / "cache", plant=True)
+    backend = _Watched(
+        LocalBackend(LocalConfig.from_settings(_settings(tmp_path))), tmp_path / "cache", plant=True
+    )
     with pytest.raises(AdmissionRefused) as info:
         await _run(tmp_path, backend)
     findings = info.value.details["findings"]

@@ -27,6 +27,7 @@ from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.service.guarded import Delivery, run_delivery
 from worker.settings import Settings
@@ -82,7 +83,9 @@ def _notices(events: Sequence[Event], code: str) -> list[dict[str, Any]]:
 
 def _left_behind(tmp_path: Path, job_id: str) -> dict[str, Any]:
     """What the job could have left: sandboxes by label, work dirs, held pack locks."""
-    sandboxes = asyncio.run(LocalBackend(_settings(tmp_path)).list({LABEL_JOB: job_id}))
+    sandboxes = asyncio.run(
+        LocalBackend(LocalConfig.from_settings(_settings(tmp_path))).list({LABEL_JOB: job_id})
+    )
     work = tmp_path / "work"
     return {
         "sandboxes": sandboxes,
@@ -194,7 +197,7 @@ async def _run_cancelled_on(
             outcome = await run_job(
                 spec,
                 settings=settings,
-                backend=LocalBackend(settings),
+                backend=LocalBackend(LocalConfig.from_settings(settings)),
                 sinks=[memory, CancelOn(client, cancel, when)],
                 environ={},
                 cancel=cancel,

@@ -21,9 +21,9 @@ import pytest
 
 from worker.errors import SandboxError
 from worker.sandbox.base import ResourceLimits, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 PY = "/usr/bin/python3"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -32,7 +32,7 @@ PIDS_MAX = 64
 
 def _spec(tmp_path: Path, memory: int = 256 << 20, **kw: Any) -> SandboxSpec:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    chown_to_sandbox(tmp_path / "ws", Settings())  # the sandbox writes as that uid
+    chown_to_sandbox(tmp_path / "ws", LocalConfig())  # the sandbox writes as that uid
     (tmp_path / "pack").mkdir(exist_ok=True)
     (tmp_path / "pack" / "agent.txt").write_text("pack")
     fields: dict[str, Any] = {
@@ -53,8 +53,8 @@ def etc_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _backend(tmp_path: Path, etc_dir: Path) -> LocalBackend:
-    settings = Settings(cgroup_parent="acpw-test")
-    return LocalBackend(settings, state_dir=tmp_path / "state", etc_dir=etc_dir)
+    config = LocalConfig(cgroup_parent="acpw-test")
+    return LocalBackend(config, state_dir=tmp_path / "state", etc_dir=etc_dir)
 
 
 @pytest.fixture
@@ -395,7 +395,7 @@ async def test_second_backend_lists_and_destroys(tmp_path: Path, etc_dir: Path) 
     proc = await box.spawn(_tree_script(marker), env=ENV)
     assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
 
-    reaper = LocalBackend(Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
+    reaper = LocalBackend(LocalConfig(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
     found = await reaper.list({"suite": "containment", "acpw.job": "contain"})
     assert [i.sandbox_id for i in found] == [box.sandbox_id]
     assert await reaper.list({"suite": "other"}) == []

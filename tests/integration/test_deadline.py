@@ -21,6 +21,7 @@ from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalProcess, LocalSandbox
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,7 @@ def _run(tmp_path: Path, timeout_s: float, backend: type[LocalBackend]) -> tuple
         run_job(
             spec,
             settings=settings,
-            backend=backend(settings),
+            backend=backend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=asyncio.Event(),
@@ -107,7 +108,7 @@ def test_a_sink_failing_in_teardown_still_leaves_nothing_behind(tmp_path: Path) 
             run_job(
                 spec,
                 settings=settings,
-                backend=LocalBackend(settings),
+                backend=LocalBackend(LocalConfig.from_settings(settings)),
                 sinks=[memory, _FailsOn("workspace.changed")],
                 environ={},
                 cancel=asyncio.Event(),
@@ -132,7 +133,7 @@ def test_a_cancel_while_the_session_opens_is_not_kept_waiting(tmp_path: Path) ->
         return await run_job(
             spec,
             settings=settings,
-            backend=_SilentBackend(settings),
+            backend=_SilentBackend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=cancel,

@@ -23,6 +23,7 @@ from worker.images.engine import EngineConfig
 from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import LABEL_SANDBOX, DockerBackend, DockerSandbox
 from worker.sandbox.owner import chown_to_sandbox
 from worker.sandbox.view import container_admission
@@ -39,7 +40,7 @@ def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "README.md").write_text("# view\n")
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     (tmp_path / "pack").mkdir(exist_ok=True)
     fields: dict[str, Any] = {
         "job_id": "view",
@@ -54,7 +55,7 @@ def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
 
 @pytest.fixture
 def backend(engine_config: EngineConfig, base_image: str) -> DockerBackend:
-    return DockerBackend(Settings(worker_id="w-view"), config=engine_config)
+    return DockerBackend(DockerConfig(worker_id="w-view"), engine_config=engine_config)
 
 
 @pytest.fixture
@@ -203,7 +204,7 @@ async def test_the_runner_refuses_what_appeared_before_launch(
         }
     )
     sink = MemorySink()
-    backend = _Planting(settings, config=engine_config)
+    backend = _Planting(DockerConfig.from_settings(settings), engine_config=engine_config)
     outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
     events = [dict(e) for e in sink.events]
     types = [e["type"] for e in events]

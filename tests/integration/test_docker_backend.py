@@ -30,10 +30,10 @@ from worker.sandbox.base import (
     SandboxSpec,
     WritableMount,
 )
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox, exit_status, launch_header
 from worker.sandbox.local import LocalBackend
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
@@ -44,7 +44,7 @@ LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
 
 def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    chown_to_sandbox(tmp_path / "ws", Settings())
+    chown_to_sandbox(tmp_path / "ws", LocalConfig())
     (tmp_path / "pack").mkdir(exist_ok=True)
     (tmp_path / "pack" / "agent.txt").write_text("pack-file")
     fields: dict[str, Any] = {
@@ -61,7 +61,7 @@ def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
 
 
 def _docker(config: EngineConfig) -> DockerBackend:
-    return DockerBackend(Settings(worker_id="w-1"), config=config)
+    return DockerBackend(DockerConfig(worker_id="w-1"), engine_config=config)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["local", "docker"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, etc: Path) -> SandboxBackend:
     if request.param == "local":
-        conf = Settings(cgroup_parent="acpw-test", worker_id="w-1")
+        conf = LocalConfig(cgroup_parent="acpw-test", worker_id="w-1")
         return LocalBackend(conf, state_dir=tmp_path / "state", etc_dir=etc)
     request.getfixturevalue("base_image")
     return _docker(request.getfixturevalue("engine_config"))
@@ -202,7 +202,7 @@ async def test_a_state_mount_below_home_is_writable_and_so_are_its_parents(
 ) -> None:
     state = tmp_path / "agent-state"
     state.mkdir()
-    chown_to_sandbox(state, Settings())
+    chown_to_sandbox(state, LocalConfig())
     target = "/home/agent/.cursor/acp-sessions"
     box = await backend.create(_spec(tmp_path, state_mounts=(WritableMount(state, target),)))
     script = (

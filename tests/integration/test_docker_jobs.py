@@ -29,6 +29,7 @@ from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
 from worker.packs.manifest import load_pack
 from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.config import DockerConfig
 from worker.sandbox.docker import DockerBackend
 from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
@@ -80,7 +81,7 @@ async def _run(
     outcome = await run_job(
         _job(tmp_path, prompt, **kw),
         settings=settings,
-        backend=DockerBackend(settings, config=config),
+        backend=DockerBackend(DockerConfig.from_settings(settings), engine_config=config),
         sinks=[sink],
         environ={},
         cancel=cancel,
@@ -105,9 +106,9 @@ async def test_hello_end_to_end(tmp_path: Path, engine_config: EngineConfig) -> 
     assert events[-1]["data"]["status"] == "succeeded"
     assert SECRET not in str(events)
     assert (
-        await DockerBackend(_settings(tmp_path), config=engine_config).list(
-            {LABEL_JOB: events[0]["job_id"]}
-        )
+        await DockerBackend(
+            DockerConfig.from_settings(_settings(tmp_path)), engine_config=engine_config
+        ).list({LABEL_JOB: events[0]["job_id"]})
         == []
     )
 
@@ -139,6 +140,7 @@ from worker.job import run_job
 from worker.sandbox.docker import DockerBackend
 from worker.settings import Settings
 from worker.events.sinks import JsonlSink
+from worker.sandbox.config import DockerConfig
 
 async def main():
     tmp = Path(sys.argv[1])
@@ -146,7 +148,8 @@ async def main():
     settings = Settings(cache_dir=tmp / "cache", work_dir=tmp / "work",
                         secrets_dir=tmp / "secrets", worker_id="w-doomed")
     spec = parse_job(Path(sys.argv[4]).read_text())
-    await run_job(spec, settings=settings, backend=DockerBackend(settings, config=config),
+    backend = DockerBackend(DockerConfig.from_settings(settings), engine_config=config)
+    await run_job(spec, settings=settings, backend=backend,
                   sinks=[JsonlSink(sys.stdout)], environ={})
 asyncio.run(main())
 """
@@ -170,7 +173,9 @@ async def test_kill_the_worker_then_reap(
     worker.kill()
     worker.wait(10)
     worker.stdout.close()
-    reaper = DockerBackend(_settings(tmp_path), config=engine_config)
+    reaper = DockerBackend(
+        DockerConfig.from_settings(_settings(tmp_path)), engine_config=engine_config
+    )
     orphans = await reaper.list({LABEL_JOB: spec.job_id, "acpw.worker": "w-doomed"})
     assert len(orphans) == 1
     # Still there (the agent may have exited on stdin EOF, the container remains).

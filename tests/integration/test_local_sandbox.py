@@ -27,10 +27,10 @@ from worker.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
 from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
-from worker.settings import Settings
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
@@ -49,7 +49,7 @@ def _cmdline(pid: int) -> bytes:
 
 def _spec(tmp_path: Path, **overrides: object) -> SandboxSpec:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    chown_to_sandbox(tmp_path / "ws", Settings())  # the sandbox writes as that uid
+    chown_to_sandbox(tmp_path / "ws", LocalConfig())  # the sandbox writes as that uid
     (tmp_path / "pack").mkdir(exist_ok=True)
     (tmp_path / "pack" / "agent.txt").write_text("pack-file")
     fields: dict[str, object] = {
@@ -71,7 +71,7 @@ def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _local(tmp_path: Path, etc: Path, **settings: object) -> LocalBackend:
-    conf = Settings(cgroup_parent="acpw-test", worker_id="w-1", **settings)  # type: ignore[arg-type]
+    conf = LocalConfig(cgroup_parent="acpw-test", worker_id="w-1", **settings)  # type: ignore[arg-type]
     return LocalBackend(conf, state_dir=tmp_path / "state", etc_dir=etc)
 
 
@@ -202,7 +202,7 @@ async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, Loc
     creds = dict(
         line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
     )
-    uid, gid = sandbox_owner(Settings())
+    uid, gid = sandbox_owner(LocalConfig())
     assert creds["Uid"].split() == [str(uid)] * 4
     assert creds["Gid"].split() == [str(gid)] * 4
     assert creds["Groups"].strip() == ""
@@ -250,7 +250,7 @@ async def test_thorough_drop_also_empties_bwraps_bounding_set(
 ) -> None:
     # What a host whose bwrap is set-uid, or whose worker holds inheritable caps, gets.
     backend, box = local_box
-    backend._thorough = True
+    backend.tools.thorough = True  # None: detected on first use
     rc, out, _ = await _output(box, ["/bin/echo", "ran"])
     assert (rc, out) == (0, b"ran\n")
     proc = await box.spawn(["/bin/sh", "-c", "sleep 60 & echo up; wait"], env=ENV)

@@ -31,10 +31,10 @@ from worker.sandbox.base import (
     SandboxBackend,
     SandboxSpec,
 )
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox
 from worker.sandbox.local import LocalBackend, LocalSandbox
 from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
-from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
@@ -106,13 +106,13 @@ def _workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "README.md").write_text("# hi\n")
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     return ws
 
 
 def _backend(tmp_path: Path, etc: Path) -> LocalBackend:
-    settings = Settings(cgroup_parent="acpw-test")
-    return LocalBackend(settings, state_dir=tmp_path / "state", etc_dir=etc)
+    config = LocalConfig(cgroup_parent="acpw-test")
+    return LocalBackend(config, state_dir=tmp_path / "state", etc_dir=etc)
 
 
 def _spec(ws: Path, pack: Path, **kw: Any) -> SandboxSpec:
@@ -132,14 +132,14 @@ def any_backend(request: pytest.FixtureRequest, tmp_path: Path, etc: Path) -> Sa
     if request.param == "local":
         return _backend(tmp_path, etc)
     request.getfixturevalue("base_image")
-    return DockerBackend(Settings(), config=request.getfixturevalue("engine_config"))
+    return DockerBackend(DockerConfig(), engine_config=request.getfixturevalue("engine_config"))
 
 
 def _owner(backend: SandboxBackend) -> tuple[int, int]:
     """The host (uid, gid) that what the agent writes belongs to."""
     if isinstance(backend, DockerBackend):
         return SANDBOX_UID, SANDBOX_GID
-    return sandbox_owner(Settings())
+    return sandbox_owner(LocalConfig())
 
 
 @pytest.fixture
@@ -290,7 +290,7 @@ async def test_existing_config_is_hidden_and_kept(tmp_path: Path, etc: Path) -> 
     (ws / ".claude" / "settings.json").write_text('{"model": "x"}')  # admitted: no hooks
     (ws / ".cursor").mkdir()
     (ws / ".cursor" / "rules").write_text("be nice\n")
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     pack = tmp_path / "pack"
     pack.mkdir()
     backend = _backend(tmp_path, etc)
@@ -349,9 +349,9 @@ async def test_a_reaper_removes_the_mount_points(
     assert _tree(ws) >= CREATED
     reaper: SandboxBackend
     if isinstance(any_backend, DockerBackend):  # another instance knows only the engine
-        reaper = DockerBackend(Settings(), config=any_backend.config)
+        reaper = DockerBackend(DockerConfig(), engine_config=any_backend.engine_config)
     else:
-        reaper = LocalBackend(Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
+        reaper = LocalBackend(LocalConfig(cgroup_parent="acpw-test"), state_dir=tmp_path / "state")
     await reaper.destroy(sandbox.sandbox_id)
     assert _tree(ws) == {"README.md"}
     assert await reaper.list({"suite": "masking"}) == []
@@ -402,7 +402,7 @@ async def test_admission_view_ignores_config_above_the_workspace(tmp_path: Path,
     (repo / ".mcp.json").write_text("{}")  # above the workspace: not in the mount view
     ws = repo / "ws"
     ws.mkdir()
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     pack = tmp_path / "pack"
     pack.mkdir()
     backend = _backend(tmp_path, etc)

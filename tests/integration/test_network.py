@@ -20,10 +20,10 @@ from tests.integration.docker_engine import base_image, docker_host, engine_conf
 from worker.errors import SandboxError
 from worker.network import AllowlistProxy, NetworkDenial
 from worker.sandbox.base import ResourceLimits, Sandbox, SandboxBackend, SandboxSpec
+from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend
 from worker.sandbox.local import LocalBackend
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
@@ -114,16 +114,16 @@ def etc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["local", "docker"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path, etc: Path) -> SandboxBackend:
     if request.param == "local":
-        conf = Settings(cgroup_parent="acpw-test")
+        conf = LocalConfig(cgroup_parent="acpw-test")
         return LocalBackend(conf, state_dir=tmp_path / "state", etc_dir=etc)
     request.getfixturevalue("base_image")
-    return DockerBackend(Settings(), config=request.getfixturevalue("engine_config"))
+    return DockerBackend(DockerConfig(), engine_config=request.getfixturevalue("engine_config"))
 
 
 def _spec(tmp_path: Path, **kw: Any) -> SandboxSpec:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    chown_to_sandbox(ws, Settings())
+    chown_to_sandbox(ws, LocalConfig())
     (tmp_path / "pack").mkdir(exist_ok=True)
     fields: dict[str, Any] = {
         "job_id": "net",
@@ -188,7 +188,7 @@ async def test_curl_reaches_an_allowed_server_through_the_proxy_variables(
     server = await asyncio.start_server(http, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     backend = LocalBackend(
-        Settings(cgroup_parent="acpw-test"), state_dir=tmp_path / "state", etc_dir=etc
+        LocalConfig(cgroup_parent="acpw-test"), state_dir=tmp_path / "state", etc_dir=etc
     )
     spec = _spec(tmp_path, network="allowlist", network_allow=[f"127.0.0.1:{port}"])
     async with server:

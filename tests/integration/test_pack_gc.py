@@ -22,9 +22,9 @@ from worker.cli import main
 from worker.packs.cache import hold_closure
 from worker.packs.gc import MountTable
 from worker.sandbox.base import ResourceLimits, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.sandbox.owner import chown_to_sandbox
-from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 EMULATOR = REPO / "provider_packs" / "cursor-emulator"
@@ -215,7 +215,7 @@ async def test_a_closure_mounted_by_a_running_sandbox_is_never_removed(
     os.utime(idle)  # the idle one is even the most recently used
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    conf = Settings(cgroup_parent="acpw-test", worker_id="gc-test")
+    conf = LocalConfig(cgroup_parent="acpw-test", worker_id="gc-test")
     chown_to_sandbox(workspace, conf)
     backend = LocalBackend(conf, state_dir=tmp_path / "state", etc_dir=tmp_path / "etc")
     spec = SandboxSpec(

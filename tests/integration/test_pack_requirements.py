@@ -22,6 +22,11 @@ from tests.unit.test_packs import _manifest
 from worker.errors import RuntimeUnavailable
 from worker.packs.manifest import Pack, parse_manifest
 from worker.packs.requirements import check_runtime, host_node
+from worker.sandbox.docker import DockerBackend
+from worker.sandbox.fake import FakeBackend
+from worker.sandbox.local import LocalBackend
+
+ON_HOST_USR = LocalBackend.capabilities.runs_host_usr  # this machine runs local sandboxes
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +51,7 @@ def test_the_hosts_node_is_read() -> None:
     assert found.version is not None
     assert "v" + ".".join(map(str, found.version)) == said.stdout.strip()
     npm_pack = Pack(parse_manifest(_pack_json("gemini-cli"), path="p"), REPO)
-    check_runtime(npm_pack, "local")  # this machine runs the conformance suite
+    check_runtime(npm_pack, host_usr=ON_HOST_USR)  # this machine runs the conformance suite
 
 
 def _pack_json(name: str) -> Any:
@@ -64,7 +69,7 @@ def _pack_json(name: str) -> Any:
 def test_an_unfit_node_refuses(tmp_path: Path, body: str, reason: str, found: str) -> None:
     node = _fake_node(tmp_path, body)
     with pytest.raises(RuntimeUnavailable) as info:
-        check_runtime(_pack(tmp_path, str(node)), "local")
+        check_runtime(_pack(tmp_path, str(node)), host_usr=ON_HOST_USR)
     details = info.value.details
     assert (details["reason"], details["found"]) == (reason, found)
     assert (details["required"], details["path"]) == (">=20", str(node))
@@ -73,7 +78,10 @@ def test_an_unfit_node_refuses(tmp_path: Path, body: str, reason: str, found: st
 
 def test_a_missing_node_refuses(tmp_path: Path) -> None:
     with pytest.raises(RuntimeUnavailable, match="there is none on this worker") as info:
-        check_runtime(_pack(tmp_path, str(tmp_path / "no" / "node")), "local")
+        check_runtime(
+            _pack(tmp_path, str(tmp_path / "no" / "node")),
+            host_usr=ON_HOST_USR,
+        )
     assert info.value.details["reason"] == "missing"
 
 
@@ -81,12 +89,12 @@ def test_a_fit_node_passes_and_is_asked_once(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     node = _fake_node(tmp_path, f"echo run >> {calls}; echo v22.3.1")
     pack = _pack(tmp_path, str(node), ">=22.3")
-    check_runtime(pack, "local")
-    check_runtime(pack, "fake")
+    check_runtime(pack, host_usr=ON_HOST_USR)
+    check_runtime(pack, host_usr=FakeBackend.capabilities.runs_host_usr)
     assert calls.read_text().count("run") == 1  # cached while the binary is the same
     node.write_text(node.read_text().replace("v22.3.1", "v22.2.9"))  # "upgraded" node
     with pytest.raises(RuntimeUnavailable, match=r"it is 22\.2\.9"):
-        check_runtime(pack, "local")
+        check_runtime(pack, host_usr=ON_HOST_USR)
     assert calls.read_text().count("run") == 2
 
 
@@ -97,15 +105,15 @@ def test_node_runs_with_an_empty_environment(
     monkeypatch.setenv("NODE_OPTIONS", "--require /tmp/evil.js")
     seen = tmp_path / "env"
     node = _fake_node(tmp_path, f"env > {seen}; echo v20.1.0")
-    check_runtime(_pack(tmp_path, str(node)), "local")
+    check_runtime(_pack(tmp_path, str(node)), host_usr=ON_HOST_USR)
     assert "NODE_OPTIONS" not in seen.read_text()
 
 
 def test_only_backends_on_the_hosts_usr_check(tmp_path: Path) -> None:
     pack = _pack(tmp_path, str(tmp_path / "no" / "node"))
-    check_runtime(pack, "docker")  # the image carries its own node
+    check_runtime(pack, host_usr=DockerBackend.capabilities.runs_host_usr)  # its image has node
     plain = Pack(parse_manifest(_manifest(), path="p"), tmp_path)
-    check_runtime(plain, "local")  # nothing declared, nothing checked
+    check_runtime(plain, host_usr=ON_HOST_USR)  # nothing declared, nothing checked
 
 
 def _packs_needing_node_99(tmp_path: Path) -> Path:

@@ -29,6 +29,7 @@ from worker.errors import SandboxError
 from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import DEFAULT_STAGE_DIR, LocalBackend, SandboxRecord
 from worker.sandbox.owner import chown_to_sandbox
@@ -100,7 +101,9 @@ def _start_run(tmp_path: Path, job_id: str) -> subprocess.Popen[str]:
 
 
 def _records(tmp_path: Path, redis_url: str, job_id: str) -> list[SandboxRecord]:
-    backend = LocalBackend(_settings(tmp_path, redis_url))  # the host's sandbox records
+    backend = LocalBackend(
+        LocalConfig.from_settings(_settings(tmp_path, redis_url))
+    )  # the host's sandbox records
     infos = asyncio.run(backend.list({LABEL_JOB: job_id}))
     records = [backend.store.read(info.sandbox_id) for info in infos]
     return [r for r in records if r is not None]
@@ -161,7 +164,9 @@ def _check_alone_while_alive(
     assert _records(tmp_path, "redis://unused", job_id) == [record]
     assert job_dir.is_dir()
     assert _loops_under(tmp_path) != []  # the workspace disk is still there, in use
-    status = asyncio.run(LocalBackend(settings).status(record.sandbox_id))
+    status = asyncio.run(
+        LocalBackend(LocalConfig.from_settings(settings)).status(record.sandbox_id)
+    )
     assert status is not None
     assert status.running
     return record, job_dir
@@ -258,15 +263,16 @@ class _Host:
         self.tmp_path = tmp_path
         self.settings = Settings(
             redis_url="redis://unused",
-            cgroup_parent="acpw-test",
             work_dir=tmp_path / "work",
             results_dir=tmp_path / "results",
         )
         self.backend = LocalBackend(
-            self.settings, state_dir=tmp_path / "state", etc_dir=tmp_path / "etc"
+            LocalConfig(cgroup_parent="acpw-test"),
+            state_dir=tmp_path / "state",
+            etc_dir=tmp_path / "etc",
         )
         (tmp_path / "ws").mkdir()
-        chown_to_sandbox(tmp_path / "ws", self.settings)
+        chown_to_sandbox(tmp_path / "ws", self.backend.config)
         (tmp_path / "pack").mkdir()
 
     async def sandbox(

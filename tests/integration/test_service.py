@@ -31,6 +31,7 @@ from worker.client import Client
 from worker.client.queue import MAX_JOB_TIMEOUT_S, RUN_TASK, make_celery, send_run
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 
@@ -180,7 +181,9 @@ def completed(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def sandboxes_of(job_id: str) -> list[Any]:
-    return asyncio.run(LocalBackend(_settings()).list({LABEL_JOB: job_id}))
+    return asyncio.run(
+        LocalBackend(LocalConfig.from_settings(_settings())).list({LABEL_JOB: job_id})
+    )
 
 
 def assert_contiguous(events: list[dict[str, Any]]) -> None:
@@ -448,7 +451,9 @@ def _run_and_kill(client: Client, log: Path) -> frozenset[int]:
             "the agent to start",
         )
         (sandbox,) = sandboxes_of("kill-1")
-        status = asyncio.run(LocalBackend(_settings()).status(sandbox.sandbox_id))
+        status = asyncio.run(
+            LocalBackend(LocalConfig.from_settings(_settings())).status(sandbox.sandbox_id)
+        )
         assert status is not None
         assert status.running
     finally:

@@ -28,6 +28,7 @@ from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _
 from tests.procs import finish
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
@@ -227,7 +228,7 @@ async def _reap(redis_url: str, work: Path) -> list[str]:
 
 async def _destroy_local(job_id: str) -> None:
     """The dead worker's sandbox (an unfenced ``run`` job: the reaper leaves it alone)."""
-    backend = LocalBackend(Settings())
+    backend = LocalBackend(LocalConfig.from_settings(Settings()))
     for info in await backend.list({LABEL_JOB: job_id}):
         await backend.destroy(info.sandbox_id)
 

@@ -23,6 +23,7 @@ from worker.events.sinks import MemorySink
 from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB, SandboxSpec
+from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalSandbox
 from worker.workspace.stage import remove_staged
 
@@ -55,7 +56,7 @@ def cleanup(tmp_path: Path) -> Iterator[list[str]]:
     work directory."""
     job_ids: list[str] = []
     yield job_ids
-    backend = LocalBackend(_settings(tmp_path))
+    backend = LocalBackend(LocalConfig.from_settings(_settings(tmp_path)))
     for job_id in job_ids:
         for info in asyncio.run(backend.list({LABEL_JOB: job_id})):
             asyncio.run(backend.destroy(info.sandbox_id))
@@ -83,7 +84,7 @@ def _run(
         run_job(
             parse_job(job),
             settings=settings,
-            backend=backend(settings),
+            backend=backend(LocalConfig.from_settings(settings)),
             sinks=[memory],
             environ={},
             cancel=asyncio.Event(),

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from worker.errors import SandboxError, WorkspaceUnavailable
+from worker.sandbox.config import DockerConfig
 from worker.service.reaper import reap_workspaces
 from worker.settings import Settings
 from worker.workspace import disk
@@ -351,7 +352,7 @@ async def test_docker_sandboxes_write_into_the_bounded_disk(
         }
     )
     sink = MemorySink()
-    backend = DockerBackend(settings, config=engine_config)
+    backend = DockerBackend(DockerConfig.from_settings(settings), engine_config=engine_config)
     outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
     events = [dict(e) for e in sink.events]
     assert outcome.status == "succeeded", events[-1]

@@ -11,7 +11,10 @@ import pytest
 from tests.unit.test_packs import _manifest
 from worker.errors import InvalidInput, Refused, RuntimeUnavailable
 from worker.packs.manifest import parse_manifest
-from worker.packs.requirements import HOST_USR_BACKENDS, node_binary
+from worker.packs.requirements import node_binary
+from worker.sandbox.docker import DockerBackend
+from worker.sandbox.fake import FakeBackend
+from worker.sandbox.local import LocalBackend
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_ARGV = ["/usr/bin/node", "{pack}/node_modules/agent/index.js"]
@@ -93,7 +96,13 @@ def test_runtime_unavailable_is_a_refusal() -> None:
     error = RuntimeUnavailable("x", reason="too_old")
     assert isinstance(error, Refused)
     assert (error.code, error.exit_code) == ("runtime_unavailable", 3)
-    assert {"local", "fake"} == HOST_USR_BACKENDS  # the backends that see the host's /usr
+
+
+def test_the_backends_on_the_hosts_usr_say_so() -> None:
+    # The runtime check reads the host's node only for these (requirements.check_runtime).
+    assert LocalBackend.capabilities.runs_host_usr
+    assert FakeBackend.capabilities.runs_host_usr
+    assert not DockerBackend.capabilities.runs_host_usr
 
 
 @pytest.mark.parametrize("pack", ["claude-agent-acp", "codex-acp", "gemini-cli"])

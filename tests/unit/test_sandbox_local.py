@@ -10,18 +10,10 @@ from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
 from worker.sandbox.base import ReadOnlyMount, ResourceLimits, SandboxSpec
 from worker.sandbox.cgroups import CgroupSet
-from worker.sandbox.local import (
-    BindSources,
-    HostLayout,
-    SandboxRecord,
-    _check_id,
-    build_bwrap_options,
-    bwrap_command,
-    drop_privileges_argv,
-    make_sandbox_id,
-    needs_thorough_drop,
-    sandbox_labels,
-)
+from worker.sandbox.local.bwrap import BindSources, HostLayout, build_bwrap_options, bwrap_command
+from worker.sandbox.local.privilege import drop_privileges_argv, needs_thorough_drop
+from worker.sandbox.local.records import SandboxRecord, check_local_id, sandbox_labels
+from worker.sandbox.shared import make_sandbox_id
 
 LAYOUT = HostLayout(
     root_links=(("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")),
@@ -196,7 +188,7 @@ def test_sandbox_ids_are_safe(job: str, expected: str) -> None:
     sandbox_id = make_sandbox_id(job, 3)
     assert sandbox_id.startswith(expected)
     assert len(sandbox_id) == len(expected) + 8
-    _check_id(sandbox_id)  # accepted as a local id
+    check_local_id(sandbox_id)  # accepted as a local id
 
 
 def test_ids_are_unique_and_bounded() -> None:
@@ -207,7 +199,7 @@ def test_ids_are_unique_and_bounded() -> None:
 @pytest.mark.parametrize("bad", ["", "acpw-", "../acpw-x", "acpw-a/b", "other-1"])
 def test_foreign_ids_are_refused(bad: str) -> None:
     with pytest.raises(SandboxError):
-        _check_id(bad)
+        check_local_id(bad)
 
 
 def test_labels_job_and_attempt_are_truthful() -> None:

@@ -21,7 +21,7 @@ from worker.sandbox.base import (
     WritableMount,
     home_relative,
 )
-from worker.sandbox.docker import ImagePlan, _binds, _state_tmpfs
+from worker.sandbox.docker.containers import ImagePlan, _binds, _state_tmpfs
 from worker.sandbox.local import BindSources, HostLayout, build_bwrap_options
 from worker.sessions import JobSessions, SessionStore
 from worker.sessions.store import check_session_id

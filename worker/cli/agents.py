@@ -45,7 +45,7 @@ from worker.job.turn import launch_agent
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime
-from worker.sandbox import base, get_backend
+from worker.sandbox import backend_config, base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged, stage_local
@@ -88,8 +88,8 @@ def probe_command(args: argparse.Namespace, settings: Settings) -> int:
     redactor = Redactor()
     try:
         credentials = bind_credentials(args.credential, pack, settings, redactor)
-        check_runtime(pack, settings.backend)
-        backend = get_backend(settings.backend, settings)
+        backend = get_backend(backend_config(settings))
+        check_runtime(pack, host_usr=backend.capabilities.runs_host_usr)
         probe = run_probe(
             pack,
             settings,

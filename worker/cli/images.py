@@ -20,10 +20,11 @@ from worker.cli import add_json_flag
 from worker.cli.packs import resolve_pack
 from worker.errors import ImageMismatch
 from worker.images.build import PackImages
-from worker.images.engine import EngineConfig, connect
+from worker.images.engine import connect
 from worker.images.identity import LABEL_PACK, LABEL_PACK_VERSION, PinnedImage
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import prepare_pack
+from worker.sandbox import DockerConfig
 from worker.settings import Settings
 
 
@@ -51,7 +52,7 @@ def _progress(line: str) -> None:
 
 
 def _images(settings: Settings, *, quiet: bool = False) -> PackImages:
-    config = EngineConfig.from_settings(settings)
+    config = DockerConfig.from_settings(settings).engine()
     progress = (lambda _line: None) if quiet else _progress
     return PackImages(connect(config), config, progress=progress)
 

@@ -36,7 +36,7 @@ from worker.events.schema import event_schema
 from worker.events.sinks import EventSink, JsonlSink
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
-from worker.sandbox import BACKENDS, get_backend
+from worker.sandbox import BACKENDS, backend_config, get_backend
 from worker.sandbox.base import LABEL_TOKEN
 from worker.service.guarded import lease_guards, release_lease, sink_policy
 from worker.service.reaper import mark_lost
@@ -106,7 +106,7 @@ async def _run_async(
 ) -> int:
     cancel = asyncio.Event()
     _install_signals(cancel)
-    backend = get_backend(settings.backend, settings)
+    backend = get_backend(backend_config(settings))
     url = args.redis or settings.redis_url
     async with AsyncExitStack() as stack:
         owned = _Ownership()

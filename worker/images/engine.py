@@ -18,8 +18,6 @@ from worker.errors import SandboxError, WorkerError
 if TYPE_CHECKING:
     import docker
 
-    from worker.settings import Settings
-
 APT_SOURCES = (Path("/etc/apt/sources.list.d"), Path("/etc/apt/sources.list"))
 
 
@@ -55,7 +53,8 @@ def _first_uri(file: Path) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Container engine and image settings (from ``Settings``, see ``from_settings``).
+    """Container engine and image settings (from the docker backend's config,
+    ``worker.sandbox.config.DockerConfig.engine``).
 
     ``docker_host``: the engine's URL; None means the SDK's default (``DOCKER_HOST``).
     ``images_dir``: where base-image rootfs tarballs and image pins are cached.
@@ -70,16 +69,6 @@ class EngineConfig:
     apt_mirror: str = field(default_factory=host_apt_mirror)
     suite: str = "bookworm"
     registry: str | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> EngineConfig:
-        return cls(
-            docker_host=settings.docker_host,
-            images_dir=settings.images_dir or settings.cache_dir / "images",
-            apt_mirror=settings.apt_mirror or host_apt_mirror(),
-            suite=settings.image_suite,
-            registry=settings.image_registry,
-        )
 
 
 def connect(config: EngineConfig) -> docker.DockerClient:

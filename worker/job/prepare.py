@@ -99,7 +99,9 @@ class Preparation:
         launches)."""
         ctx = self._ctx
         declaration = load_declaration(ctx.settings, ctx.spec.pack.name)
-        await asyncio.to_thread(check_runtime, declaration, ctx.backend.name)
+        await asyncio.to_thread(
+            check_runtime, declaration, host_usr=ctx.backend.capabilities.runs_host_usr
+        )
         self._sessions(declaration.manifest.launch.session_store)
         return declaration
 

@@ -16,8 +16,8 @@ no code of the pack runs. A version read is cached per binary (path, device, ino
 mtime): a worker asks once, and again only after node was replaced. Failures are not
 cached.
 
-Checked only where the sandbox's ``/usr`` is the host's (``local``; ``fake``, the test
-double, runs on the host). A container image carries its own Node.js (the base image
+Checked only where the sandbox's ``/usr`` is the host's (a backend whose capabilities
+say ``runs_host_usr``). A container image carries its own Node.js (the base image
 copies the host's when it is built, see ``worker.images.base``): not looked into here.
 """
 
@@ -36,8 +36,6 @@ from worker.errors import RuntimeUnavailable
 from worker.launch import BASE_ENV
 from worker.packs.manifest import NODE_NAMES, Pack
 
-#: Backends whose sandboxes see the host's ``/usr`` (the runtime the check can read).
-HOST_USR_BACKENDS: Final = frozenset({"local", "fake"})
 _VERSION: Final = re.compile(r"^v(\d+)\.(\d+)\.(\d+)\s*$")
 _TIMEOUT_S: Final = 10.0
 
@@ -58,17 +56,18 @@ class NodeFound:
     detail: str = ""
 
 
-def check_runtime(pack: Pack, backend: str) -> None:
+def check_runtime(pack: Pack, *, host_usr: bool) -> None:
     """Refuse *pack* when this host cannot provide its ``launch.runtime``.
 
-    A no-op without a declared runtime or on a backend whose sandbox does not use the
-    host's ``/usr``. Blocking (may run ``node --version`` once): call it in a thread.
+    ``host_usr``: the sandbox sees the host's ``/usr`` (the backend's
+    ``capabilities.runs_host_usr``). A no-op without a declared runtime or without it.
+    Blocking (may run ``node --version`` once): call it in a thread.
 
     Raises:
         RuntimeUnavailable: node is missing, unreadable, or older than required.
     """
     launch = pack.manifest.launch
-    if launch.runtime is None or backend not in HOST_USR_BACKENDS:
+    if launch.runtime is None or not host_usr:
         return
     found = host_node(node_binary(launch.argv[0]))
     minimum = launch.runtime.node_minimum

@@ -146,19 +146,18 @@ class SandboxProcess(Protocol):
         """SIGKILL to the whole process group (idempotent)."""
 
 
-class PipedProcess:
-    """The stdio and exit status of a host subprocess, shared by backends whose
-    ``SandboxProcess`` is one (local, fake); each adds its own ``terminate``/``kill``."""
+class StdioProcess:
+    """The three pipes of a sandboxed process, as every backend's ``SandboxProcess``
+    exposes them; subclasses add ``pid``, ``returncode``, ``wait`` and the signals."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, *, what: str) -> None:
-        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
-            raise SandboxError(f"{what} started without pipes", pid=proc.pid)
-        self._proc = proc
-        self._stdin, self._stdout, self._stderr = proc.stdin, proc.stdout, proc.stderr
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def __init__(
+        self,
+        *,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+    ) -> None:
+        self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
 
     @property
     def stdin(self) -> asyncio.StreamWriter:
@@ -171,6 +170,21 @@ class PipedProcess:
     @property
     def stderr(self) -> asyncio.StreamReader:
         return self._stderr
+
+
+class PipedProcess(StdioProcess):
+    """The stdio and exit status of a host subprocess, shared by backends whose
+    ``SandboxProcess`` is one (local, fake); each adds its own ``terminate``/``kill``."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, *, what: str) -> None:
+        if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+            raise SandboxError(f"{what} started without pipes", pid=proc.pid)
+        super().__init__(stdin=proc.stdin, stdout=proc.stdout, stderr=proc.stderr)
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     @property
     def returncode(self) -> int | None:
@@ -223,6 +237,11 @@ class Capabilities:
     """The agent's ``/workspace`` is the host's staged directory itself (a bind mount the
     worker can read at the same paths): artifacts and the client's ``fs/*`` are checked
     and served against it."""
+
+    runs_host_usr: bool
+    """The sandbox's ``/usr`` is the host's, bound read-only: a runtime a pack declares
+    (``launch.runtime``) is the host's own binary, which the worker checks before a
+    launch. A backend with its own image carries its own runtime."""
 
 
 class SandboxBackend(Protocol):

@@ -5,8 +5,8 @@ bubblewrap or cgroups. Processes run as the calling user on the host, with exact
 given env; a ``cwd`` under ``WORKSPACE``, ``PACK_ROOT`` or a ``state_mounts`` target is
 mapped to the spec's host directory (argv and env are not rewritten: nothing is mounted,
 so an agent finds its state mounts only if a test points its HOME at them). It is
-deliberately absent from ``worker.sandbox.BACKENDS``, so settings cannot select it in
-production.
+not selectable (``worker.sandbox.registry``), so settings cannot select it in
+production; ``get_backend(FakeConfig())`` builds it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from worker.sandbox.base import (
     SandboxInfo,
     SandboxSpec,
 )
+from worker.sandbox.config import FakeConfig
 from worker.sandbox.owner import sandbox_owner
 
 
@@ -119,18 +120,17 @@ class FakeBackend:
     """In-memory ``SandboxBackend``; ``destroy`` kills what the sandbox spawned."""
 
     name = "fake"
-    capabilities = Capabilities(shares_host_workspace=True)
+    capabilities = Capabilities(shares_host_workspace=True, runs_host_usr=True)
 
-    def __init__(self) -> None:
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.config = config or FakeConfig()
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.labels: dict[str, dict[str, str]] = {}
         self.destroyed: list[str] = []
         self._ids = itertools.count(1)
 
     def stage_owner(self) -> tuple[int, int]:
-        from worker.settings import Settings
-
-        return sandbox_owner(Settings())
+        return sandbox_owner(self.config)
 
     async def create(self, spec: SandboxSpec) -> FakeSandbox:
         sandbox_id = f"fake-{spec.job_id}-{spec.attempt}-{next(self._ids)}"

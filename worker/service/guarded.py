@@ -31,7 +31,7 @@ from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, parse_job
-from worker.sandbox import get_backend
+from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import LABEL_TOKEN
 from worker.service.reaper import mark_lost
 from worker.settings import Settings
@@ -234,7 +234,7 @@ class _GuardedRun:
             outcome = await run_job(
                 spec,
                 settings=self.settings,
-                backend=get_backend(self.settings.backend, self.settings),
+                backend=get_backend(backend_config(self.settings)),
                 sinks=[observer, sink],
                 environ=self.environ,
                 attempt=lease.attempt,

@@ -52,7 +52,7 @@ from worker.errors import LeaseLost, ServiceUnavailable, WorkerError
 from worker.events.emitter import utc_timestamp
 from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
 from worker.packs.cache import open_lock
-from worker.sandbox import get_backend
+from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
 from worker.settings import Settings
 from worker.store import keys, scripts
@@ -412,7 +412,9 @@ async def reap_pass(settings: Settings) -> ReapReport:
         ServiceUnavailable: no Redis is configured, or it did not answer.
         InvalidInput: a configured backend does not exist.
     """
-    backends = {name: get_backend(name, settings) for name in settings.reap_backends}
+    backends = {
+        name: get_backend(backend_config(settings, name)) for name in settings.reap_backends
+    }
     client = redis_client(settings.redis_url)
     try:
         async with _host_turn(settings.work_dir):

@@ -1,0 +1,93 @@
+"""Backend configs: typed per backend, built from the same ACPW_* variables as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from worker.errors import InvalidInput
+from worker.sandbox import (
+    BACKENDS,
+    BackendConfig,
+    DockerConfig,
+    FakeConfig,
+    LocalConfig,
+    backend_config,
+    get_backend,
+)
+from worker.sandbox.fake import FakeBackend
+from worker.sandbox.local import LocalBackend
+from worker.settings import Settings
+
+
+def test_the_selectable_backends_leave_the_test_double_out() -> None:
+    assert BACKENDS == ("local", "docker")
+
+
+def test_each_backends_variables_still_set_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACPW_BWRAP", "/opt/bwrap")
+    monkeypatch.setenv("ACPW_CGROUP_PARENT", "acpw-env")
+    monkeypatch.setenv("ACPW_CGROUP_ROOT", "/sys/fs/cgroup/unified")
+    monkeypatch.setenv("ACPW_SANDBOX_HOST_UID", "62000")
+    monkeypatch.setenv("ACPW_DOCKER_HOST", "unix:///run/podman.sock")
+    monkeypatch.setenv("ACPW_IMAGE_REGISTRY", "registry.example:5000")
+    monkeypatch.setenv("ACPW_WORKER_ID", "w-env")
+    local = backend_config(Settings())
+    assert isinstance(local, LocalConfig)
+    assert (local.bwrap, local.cgroup_parent) == ("/opt/bwrap", "acpw-env")
+    assert (local.cgroup_root, local.sandbox_host_uid) == (Path("/sys/fs/cgroup/unified"), 62000)
+    assert local.worker_id == "w-env"
+    docker = backend_config(Settings(), "docker")
+    assert isinstance(docker, DockerConfig)
+    assert (docker.docker_host, docker.image_registry) == (
+        "unix:///run/podman.sock",
+        "registry.example:5000",
+    )
+
+
+def test_the_worker_gives_its_identity_and_cache(tmp_path: Path) -> None:
+    settings = Settings(worker_id="w-7", cache_dir=tmp_path, backend="docker")
+    config = backend_config(settings)
+    assert isinstance(config, DockerConfig)
+    assert (config.worker_id, config.cache_dir) == ("w-7", tmp_path)
+    assert config.engine().images_dir == tmp_path / "images"
+
+
+def test_the_backend_variable_picks_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACPW_BACKEND", "docker")
+    assert isinstance(backend_config(Settings()), DockerConfig)
+    monkeypatch.setenv("ACPW_TYPE", "docker")  # never a class's own discriminator
+    assert backend_config(Settings(), "local").type == "local"
+
+
+@pytest.mark.parametrize("name", ["fake", "kubernetes", ""])
+def test_an_unselectable_name_is_refused(name: str) -> None:
+    with pytest.raises(InvalidInput, match="unknown sandbox backend") as info:
+        backend_config(Settings(), name)
+    assert info.value.details["available"] == ["local", "docker"]
+
+
+def test_a_config_refuses_what_its_backend_does_not_read() -> None:
+    with pytest.raises(ValidationError):
+        LocalConfig(docker_host="tcp://x")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        Settings(bwrap="/opt/bwrap")  # type: ignore[call-arg]
+
+
+def test_the_discriminator_picks_the_class() -> None:
+    adapter: TypeAdapter[BackendConfig] = TypeAdapter(BackendConfig)
+    assert isinstance(adapter.validate_python({"type": "docker"}), DockerConfig)
+    parsed = adapter.validate_python({"type": "local", "bwrap": "/x/bwrap"})
+    assert isinstance(parsed, LocalConfig)
+    assert parsed.bwrap == "/x/bwrap"
+    with pytest.raises(ValidationError):
+        adapter.validate_python({"type": "nope"})
+
+
+def test_get_backend_builds_the_configured_backend() -> None:
+    local = get_backend(LocalConfig(cgroup_parent="acpw-test", worker_id="w-1"))
+    assert isinstance(local, LocalBackend)
+    assert local.config.worker_id == "w-1"
+    assert isinstance(get_backend(FakeConfig()), FakeBackend)

@@ -1,0 +1,153 @@
+"""One typed config per sandbox backend, told apart by ``type``.
+
+Each config carries the settings only its backend reads, out of the worker-wide
+``Settings``. Each is also a pydantic-settings model with the worker's ``ACPW_`` prefix,
+so the variables that set these values before (``ACPW_BWRAP``, ``ACPW_DOCKER_HOST``, …)
+still do; ``type`` is never read from the environment (the backend's name picks the
+class, see ``worker.sandbox.registry``). What every backend needs from the worker itself
+(``worker_id``, which labels its sandboxes) is passed in by :meth:`from_settings`.
+
+A new backend adds its config here with its own ``type`` literal, joins
+:data:`BackendConfig`, and registers its name in ``worker.sandbox.registry``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from worker.images.engine import EngineConfig, host_apt_mirror
+from worker.settings import Settings, default_cache_dir, default_worker_id
+
+
+class _EnvWithoutType(EnvSettingsSource):
+    """The ``ACPW_*`` environment, minus ``type``: ``ACPW_TYPE`` must not pick a class."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name == "type":
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+class _BackendSettings(BaseSettings):
+    """Frozen, no unknown keyword, ``ACPW_`` variables for every field but ``type``."""
+
+    model_config = SettingsConfigDict(env_prefix="ACPW_", extra="forbid", frozen=True)
+
+    worker_id: str = Field(
+        default_factory=default_worker_id,
+        description="Labels this worker's sandboxes; the worker's own `worker_id`.",
+    )
+    sandbox_host_uid: int = Field(
+        default=61000,
+        ge=1,
+        description=(
+            "Host uid that owns what the sandbox writes when the worker is root (for "
+            "`local`, the uid bubblewrap runs as: the sandbox's uid 1000 maps to it); "
+            "unused when the worker is not root."
+        ),
+    )
+    sandbox_host_gid: int = Field(
+        default=61000,
+        ge=1,
+        description="Host gid that goes with sandbox_host_uid.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        del env_settings, dotenv_settings, file_secret_settings
+        return (init_settings, _EnvWithoutType(settings_cls))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        """This backend's config: the worker's identity from ``settings``, the rest from
+        the ``ACPW_*`` environment (or defaults)."""
+        return cls(worker_id=settings.worker_id)
+
+    def host_owner(self) -> tuple[int, int]:
+        """The host (uid, gid) that owns what the sandbox writes, and must own what is
+        staged for it: ``sandbox_host_uid``/``gid`` when the worker is root, else the
+        worker's own."""
+        if os.geteuid() == 0:
+            return self.sandbox_host_uid, self.sandbox_host_gid
+        return os.getuid(), os.getgid()
+
+
+class LocalConfig(_BackendSettings):
+    """The bubblewrap backend (``local``), the embedded default."""
+
+    type: Literal["local"] = "local"
+    bwrap: str = Field(default="bwrap", description="bubblewrap executable.")
+    cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description="cgroupfs mount.")
+    cgroup_parent: str = Field(default="acpw", description="Parent cgroup for sandboxes.")
+
+
+class DockerConfig(_BackendSettings):
+    """The container backend (``docker``), on any Docker-API engine (Docker, Podman).
+
+    Also what ``acp-worker image`` builds and resolves pack images with.
+    """
+
+    type: Literal["docker"] = "docker"
+    docker_host: str | None = Field(
+        default=None, description="Docker API URL for the docker backend (default DOCKER_HOST)."
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="The worker's pack cache: a closure under `cache_dir/closures` runs from "
+        "its pack image; the worker's own `cache_dir`.",
+    )
+    images_dir: Path | None = Field(
+        default=None, description="Base-image rootfs and image pins (default cache_dir/images)."
+    )
+    apt_mirror: str | None = Field(
+        default=None, description="Where mmdebstrap fetches the base rootfs (default: the host's)."
+    )
+    image_suite: str = Field(default="bookworm", description="Debian suite of the base image.")
+    image_registry: str | None = Field(default=None, description="Push pack images here.")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+
+    def engine(self) -> EngineConfig:
+        """The engine connection and image settings ``worker.images`` works with.
+
+        Raises:
+            SandboxError: no ``apt_mirror`` is set and this host's apt names none.
+        """
+        return EngineConfig(
+            docker_host=self.docker_host,
+            images_dir=self.images_dir or self.cache_dir / "images",
+            apt_mirror=self.apt_mirror or host_apt_mirror(),
+            suite=self.image_suite,
+            registry=self.image_registry,
+        )
+
+
+class FakeConfig(_BackendSettings):
+    """The test double (``fake``): plain host subprocesses, no isolation; never offered
+    for selection by settings (see ``worker.sandbox.registry``)."""
+
+    type: Literal["fake"] = "fake"
+
+
+BackendConfig = Annotated[LocalConfig | DockerConfig | FakeConfig, Field(discriminator="type")]
+"""Any backend's config; pydantic picks the class from ``type``."""

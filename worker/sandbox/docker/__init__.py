@@ -1,0 +1,63 @@
+"""The docker backend: one container per spawn, on any Docker-API engine (Docker, Podman).
+
+``create`` picks the image and pre-creates the sandbox's first container (not started):
+
+- a closure from the pack cache (``<cache_dir>/closures/<digest>``, verified by the
+  runner just before) runs from its *pack image* — reused by identity, built when
+  missing (``worker.images``) — which holds the closure at ``PACK_ROOT``;
+- any other closure directory (tests, development) is bind-mounted read-only at
+  ``PACK_ROOT`` over the base image.
+
+``spawn`` attaches to the container's stdin/stdout/stderr *before* starting it (no
+output is lost), checks the image against its pin (``image_mismatch`` otherwise),
+starts it and sends the launch header — argv, cwd and the complete environment — over
+stdin to a tiny launcher that ``execve``\\ s the program. The environment therefore never
+enters the container's configuration (``docker inspect`` shows no credentials).
+stdout/stderr arrive multiplexed in 8-byte-framed chunks and are split here.
+
+Every container: user 1000:1000, read-only root filesystem, tmpfs HOME and /tmp, the
+workspace bind-mounted read-write, ``extra_mounts`` read-only, ``state_mounts`` read-write
+over the HOME tmpfs (each missing parent below HOME gets its own tmpfs owned by the
+sandbox user, as the engine would make it root-owned), ``cap_drop=ALL``,
+``no-new-privileges``, the engine's default seccomp profile, pids /
+memory (no swap) / CPU limits, network ``none``, an init process (so SIGTERM reaches the
+program with its default action), no log driver (output is not kept on disk), and the
+labels job, attempt, token, worker plus ``acpw.sandbox`` (the sandbox id), so
+``list``/``destroy`` work from any process. Podman's ``OOMKilled`` is unreliable: an
+exit status 137 that this backend did not cause is reported as an OOM kill.
+
+Agent config paths (``worker.admission.mask_plan``) are masked as in the local backend:
+the ``.cursor``/``.claude`` directories bound onto themselves (a mount point cannot be
+renamed or removed: EBUSY; ``.codex`` is masked whole, as an empty read-only directory),
+``/dev/null`` bound read-only over each config file (with ``nodev`` on Podman, so every
+open fails; Docker's bind options have no ``nodev``, so there the device opens, reads
+empty and swallows writes — never a regular file), and a
+read-only empty tmpfs over each plugin directory. Missing mount points are made in the
+host workspace before the first container (``mountpoints``), and what was made is
+recorded in the container labels ``acpw.mask_points``/``acpw.workspace`` so ``destroy``
+from any process removes exactly those, after the containers are dead.
+
+Right before launch the runner calls ``admission_view``: it starts the next container
+ahead of its spawn (the launcher waits for the header) and runs the admission check in
+that container's mount view, ``/proc/<init pid>/root`` (``worker.sandbox.view``; the
+engine must run on this host). The spawn then uses that container and its attach socket.
+
+Network ``allowlist`` works as in the local backend (``netpolicy``): the container keeps
+network mode ``none`` (loopback only); the job's proxy socket and the forwarder script
+are bound read-only at ``/run/acpw``, the launch header runs the program behind the
+forwarder with the proxy variables added, and ``destroy`` closes the proxy (in this
+process) and removes its directory (label ``acpw.proxy_dir``, from any process).
+"""
+
+from worker.sandbox.docker.backend import DockerBackend, DockerSandbox
+from worker.sandbox.docker.containers import LABEL_SANDBOX, launch_header
+from worker.sandbox.docker.process import DockerProcess, exit_status
+
+__all__ = [
+    "LABEL_SANDBOX",
+    "DockerBackend",
+    "DockerProcess",
+    "DockerSandbox",
+    "exit_status",
+    "launch_header",
+]

@@ -1,0 +1,312 @@
+"""The docker backend itself: ``DockerBackend`` (create, destroy, list) and
+``DockerSandbox`` (spawn, admission in its view). See the package docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.admission import AdmissionResult, MaskEntry, mask_plan
+from worker.errors import SandboxError
+from worker.images.engine import EngineConfig
+from worker.images.identity import ImageIdentity
+from worker.network import (
+    AllowlistProxy,
+    forwarder_argv,
+    proxy_env,
+)
+from worker.sandbox import mountpoints, netpolicy
+from worker.sandbox.base import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    WORKSPACE,
+    Capabilities,
+    SandboxInfo,
+    SandboxSpec,
+)
+from worker.sandbox.docker.containers import (
+    BACKEND_NAME,
+    LABEL_MASK_POINTS,
+    LABEL_PROXY_DIR,
+    LABEL_WORKSPACE,
+    ImagePlan,
+    ensure_mask_points,
+    launch_header,
+    own_workspace,
+    remove_mask_points,
+    sandbox_labels,
+)
+from worker.sandbox.docker.engine import ContainerEngine, list_sandboxes, sandbox_status
+from worker.sandbox.docker.process import DockerProcess
+from worker.sandbox.owner import sandbox_owner
+from worker.sandbox.shared import (
+    ProxyRegistry,
+    check_command,
+    check_id,
+    check_spec,
+    make_sandbox_id,
+)
+from worker.sandbox.view import container_admission
+
+if TYPE_CHECKING:
+    import docker
+
+    from worker.sandbox.config import DockerConfig
+
+
+class DockerSandbox:
+    """One job's sandbox: its first container is pre-created; later spawns add more."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        *,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        plan: ImagePlan,
+        labels: Mapping[str, str],
+        first_container: str,
+        masks: Sequence[MaskEntry] = (),
+    ) -> None:
+        self.backend = backend
+        self._sandbox_id = sandbox_id
+        self._spec = spec
+        self.plan = plan
+        self.labels = dict(labels)
+        self._masks = tuple(masks)
+        self._pending: str | None = first_container
+        self._count = 1
+        self.processes: list[DockerProcess] = []
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._sandbox_id
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    @property
+    def masks(self) -> tuple[MaskEntry, ...]:
+        """The mask mounts every container gets (empty when ``spec.mask_config`` is off)."""
+        return self._masks
+
+    def oom_killed(self) -> bool:
+        """True once a process of this sandbox was OOM-killed (inferred, see module)."""
+        return any(p.oom_killed for p in self.processes)
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str = WORKSPACE,
+        stdout_limit: int = 8 * 1024 * 1024,
+    ) -> DockerProcess:
+        """Start ``argv`` in a container of this sandbox with exactly ``env``.
+
+        Raises:
+            ImageMismatch: the container's image is not the pinned one any more.
+            SandboxError: the engine could not attach or start the container.
+        """
+        check_command(argv, env, cwd)
+        if self._spec.network == "allowlist":
+            argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
+        started = self.backend.engine.take_started(self._sandbox_id)
+        if started is None:
+            container = self._pending or await self._next_container()
+            self._pending = None
+        else:
+            container = started.container
+        process = await self.backend.engine.start(
+            self, container, launch_header(argv, env, cwd), stdout_limit,
+            sock=None if started is None else started.sock,
+        )  # fmt: skip
+        self.processes.append(process)
+        return process
+
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
+        """The admission check in this sandbox's own mount view, right before launch.
+
+        Starts the container the next ``spawn`` runs in (its launcher then waits for the
+        launch header on stdin, so nothing of the agent runs yet) and checks ``/workspace``
+        as that container sees it, through ``/proc/<its init pid>/root``: the binds and
+        masks as mounted, the image's system locations, links resolved inside it (see
+        ``worker.sandbox.view``). Blocking: call it from a thread.
+
+        Raises:
+            ImageMismatch: the container's image is not the pinned one.
+            SandboxError: the container did not start, or its view is not visible from
+                this host (the engine runs elsewhere).
+            WorkspaceUnavailable: the view has no workspace.
+        """
+        started = self.backend.engine.started(self._sandbox_id)
+        if started is None:
+            container = self._pending or self.backend.engine.create_container_now(
+                self._spec, self.plan, self.labels, self._next_name(), self._masks
+            )
+            self._pending = None
+            started = self.backend.engine.prestart(self._sandbox_id, container, self.plan)
+        return container_admission(
+            started.pid, host_workspace=self._spec.workspace.resolve(), masks=self._masks,
+            provider=provider,
+        )  # fmt: skip
+
+    def _next_name(self) -> str:
+        name = f"{self._sandbox_id}-{self._count}"
+        self._count += 1
+        return name
+
+    async def _next_container(self) -> str:
+        return await self.backend.engine.create_container(
+            self._spec, self.plan, self.labels, self._next_name(), self._masks
+        )
+
+
+class DockerBackend:
+    """``SandboxBackend`` on a Docker-API engine; ``list``/``destroy`` work from any
+    process that reaches the same engine."""
+
+    name = BACKEND_NAME
+    capabilities = Capabilities(shares_host_workspace=False, runs_host_usr=False)
+
+    def __init__(
+        self,
+        config: DockerConfig,
+        *,
+        engine_config: EngineConfig | None = None,
+        client: docker.DockerClient | None = None,
+        build_missing: bool = True,
+    ) -> None:
+        """``engine_config``: the engine and image settings (default: ``config.engine()``).
+
+        ``build_missing``: build a pack image that the engine lacks (else refuse).
+        """
+        self.config = config
+        self.engine = ContainerEngine(engine_config or config.engine(), client=client)
+        self._proxies = ProxyRegistry()
+        self.build_missing = build_missing
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self.engine.client
+
+    def stage_owner(self) -> tuple[int, int]:
+        return sandbox_owner(self.config)
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        """Resolve the image (building the pack image if missing) and pre-create the
+        first container.
+
+        Raises:
+            ImageMismatch: the engine's image contradicts its pin.
+            SandboxError: the engine is unavailable, the base image is not built, or the
+                spec asks for something this backend cannot do.
+        """
+        _check_spec(spec)
+        plan = await asyncio.to_thread(self._plan, spec)
+        await asyncio.to_thread(own_workspace, spec.workspace)
+        for state in spec.state_mounts:
+            await asyncio.to_thread(own_workspace, state.source)
+        sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
+        labels = sandbox_labels(spec, self.config.worker_id, sandbox_id)
+        workspace = spec.workspace.resolve()
+        masks = mask_plan(workspace) if spec.mask_config else []
+        made = await asyncio.to_thread(ensure_mask_points, workspace, masks)
+        labels[LABEL_MASK_POINTS] = json.dumps(made)
+        labels[LABEL_WORKSPACE] = str(workspace)
+        try:
+            if spec.network == "allowlist":
+                proxy = await self._proxies.start(sandbox_id, spec, (SANDBOX_UID, SANDBOX_GID))
+                labels[LABEL_PROXY_DIR] = str(proxy.socket_path.parent)
+            first = await self.engine.create_container(spec, plan, labels, sandbox_id, masks)
+        except BaseException:
+            await asyncio.to_thread(mountpoints.remove, workspace, made)
+            await self._close_proxy(sandbox_id, labels)
+            raise
+        return DockerSandbox(
+            self,
+            sandbox_id=sandbox_id,
+            spec=spec,
+            plan=plan,
+            labels=labels,
+            first_container=first,
+            masks=masks,
+        )
+
+    def _plan(self, spec: SandboxSpec) -> ImagePlan:
+        images = self.engine.images
+        closure_digest = self._cached_closure_digest(spec.pack_closure)
+        if closure_digest is None:
+            return ImagePlan(images.base_id(), None, spec.pack_closure)
+        identity = ImageIdentity(images.base_id(), closure_digest)
+        pin = images.resolve(identity)
+        if pin is None:
+            if not self.build_missing:
+                raise SandboxError(
+                    "no pack image for this closure: run `acp-worker image build PACK`",
+                    identity=identity.digest,
+                )
+            pin = images.build(spec.pack_closure, identity)
+        return ImagePlan(pin.image_id, pin, None)
+
+    def _cached_closure_digest(self, closure: Path) -> str | None:
+        """``sha256:<hex>`` when ``closure`` is a closure of the pack cache."""
+        closures = (self.config.cache_dir / "closures").resolve()
+        resolved = closure.resolve()
+        if resolved.parent != closures or not re.fullmatch(r"[0-9a-f]{64}", resolved.name):
+            return None
+        return f"sha256:{resolved.name}"
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Force-remove every container of the sandbox (kills what runs); idempotent.
+
+        Raises:
+            SandboxError: the engine failed to remove a container.
+        """
+        check_id(sandbox_id, backend=BACKEND_NAME)
+        started = self.engine.take_started(sandbox_id)
+        if started is not None:
+            started.sock.close()
+        found = await asyncio.to_thread(self.engine.kill_all, sandbox_id)
+        # Mount points and the proxy go while the containers (and their labels) still
+        # exist: a destroy that dies here is finished by the next one.
+        for labels in [c.get("Labels") or {} for c in found] or [{}]:
+            await asyncio.to_thread(remove_mask_points, labels)
+            await self._close_proxy(sandbox_id, labels)
+        await asyncio.to_thread(self.engine.remove_all, found)
+
+    def network_proxy(self, sandbox_id: str) -> AllowlistProxy | None:
+        """This process's proxy of a sandbox with network ``allowlist`` (else None)."""
+        return self._proxies.get(sandbox_id)
+
+    async def _close_proxy(self, sandbox_id: str, labels: Mapping[str, str]) -> None:
+        await self._proxies.close(sandbox_id)
+        if labels.get(LABEL_PROXY_DIR):
+            netpolicy.remove_dir(Path(labels[LABEL_PROXY_DIR]))
+
+    async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
+        """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
+        return await asyncio.to_thread(lambda: list_sandboxes(self.engine.client.api, labels))
+
+    async def status(self, sandbox_id: str) -> dict[str, Any] | None:
+        """Per-container state of a sandbox (running, exit status, OOM as inferred)."""
+        check_id(sandbox_id, backend=BACKEND_NAME)
+        return await asyncio.to_thread(lambda: sandbox_status(self.engine.client.api, sandbox_id))
+
+
+def _check_spec(spec: SandboxSpec) -> None:
+    check_spec(spec, python=None)  # the base image has the launcher's python3
+    extras = [m.source for m in spec.extra_mounts] + [m.source for m in spec.state_mounts]
+    for path in (spec.workspace, spec.pack_closure, *extras):
+        if ":" in str(path) or "," in str(path):
+            # A bind is "source:target:options" on the Docker API.
+            raise SandboxError("a bind source path contains ':' or ','", path=str(path))

@@ -1,0 +1,263 @@
+"""Starting one bwrap process inside a sandbox's cgroups, and signalling what it runs.
+
+The worker moves each spawn into the cgroups itself while bubblewrap starts: bubblewrap
+waits for its options on a pipe the worker fills only then, so it clones the sandbox
+inside them (whose cgroup namespace is rooted at its own cgroup), and the sandboxed
+child also waits on a gate (``--block-fd``) until it is in, so the program never runs a
+single instruction outside them (see ``_admit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from worker.errors import SandboxError
+from worker.sandbox import cgroups, seccomp
+from worker.sandbox.base import PipedProcess
+from worker.sandbox.local.bwrap import bwrap_command, nul_joined
+
+_KILL_ROUNDS = 200  # x 10 ms: bound on destroy's kill loop
+# Bound on bwrap reporting its sandboxed child (it does so right after clone()).
+_ADMIT_TIMEOUT_S = 30.0
+
+
+def _data_fd(name: str, data: bytes) -> int:
+    """A memfd holding ``data`` at offset 0 (bwrap reads fds to the end); caller closes."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _child_pid(info_fd: int, deadline: float) -> int | None:
+    """The host pid of bwrap's sandboxed child, from its ``--info-fd`` JSON.
+
+    None when bwrap exited before it cloned (its stderr says why).
+
+    Raises:
+        SandboxError: bwrap said nothing in time, or something unreadable.
+    """
+    data = b""
+    while not data.endswith(b"}\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([info_fd], [], [], left)[0]:
+            raise SandboxError("bwrap did not report its sandbox in time")
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SandboxError("bwrap reported an unreadable child", info=data[:200]) from exc
+    if not isinstance(pid, int) or pid <= 1:
+        raise SandboxError("bwrap reported an unreadable child", info=data[:200])
+    return pid
+
+
+def _admit(cgs: cgroups.CgroupSet, pid: int, options: bytes, fds: tuple[int, int, int]) -> None:
+    """Put one spawn into the sandbox's cgroups, then let it run (blocking; a thread).
+
+    ``fds``: the write end of bwrap's ``--args`` pipe, the read end of its ``--info-fd``,
+    the write end of its ``--block-fd`` gate. ``pid`` (nsenter, then bwrap: one pid
+    across the execs) is moved while it starts; bwrap waits for its options on the args
+    pipe, which are written only then, so it clones the sandbox inside the cgroups (and
+    the sandbox's cgroup namespace is rooted at its own cgroup: the agent sees ``/``).
+    The child bwrap reports on the info fd is moved too, and only then is the gate
+    written: that child waits on it before it forks the sandbox's init or execs the
+    command, so not one instruction of the program runs outside the cgroups. On any
+    failure the spawn's process group is killed before the gate closes (bwrap reads EOF
+    on the gate as "go"). Owns and closes the three descriptors.
+
+    Raises:
+        SandboxError: a cgroup could not be joined, or bwrap did not report in time.
+    """
+    args_fd, info_fd, gate_fd = fds
+    opened = False
+    try:
+        try:
+            cgroups.join(cgs, pid)
+            _write_all(args_fd, options)
+        except (ProcessLookupError, BrokenPipeError):
+            return  # exited already (nsenter or bwrap refused): its stderr says why
+        os.close(args_fd)  # bwrap parses its options and clones, inside the cgroups
+        args_fd = -1
+        child = _child_pid(info_fd, time.monotonic() + _ADMIT_TIMEOUT_S)
+        if child is None:
+            return
+        try:
+            cgroups.join(cgs, child)
+        except ProcessLookupError:
+            # The child died in its own set-up (a mount bwrap could not make): nothing
+            # can run, and bwrap's exit and stderr say why, so it is not killed.
+            opened = True
+            return
+        os.write(gate_fd, b"1")
+        opened = True
+    except OSError as exc:
+        raise SandboxError("cannot join the sandbox's cgroups", error=str(exc)) from exc
+    finally:
+        if not opened:  # killed before its args or its gate read EOF: nothing runs
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        for fd in (args_fd, info_fd, gate_fd):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Host pids below ``pid``, parents before children (a snapshot; races are benign)."""
+    out, todo = [], _children(pid)
+    while todo:
+        child = todo.pop(0)
+        out.append(child)
+        todo += _children(child)
+    return out
+
+
+def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class LocalProcess(PipedProcess):
+    """A bwrap process; its pid is bwrap's (host pid), the program runs under it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        super().__init__(proc, what="bwrap")
+
+    def terminate(self) -> None:
+        """SIGTERM to every process of this spawn's tree inside the sandbox.
+
+        Not to bwrap itself: bwrap dies on SIGTERM without forwarding it, and
+        --die-with-parent then SIGKILLs the tree, which would give the agent no grace.
+        """
+        if self._proc.returncode is None:
+            _signal(descendants(self.pid), signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to bwrap's process group and the tree under it.
+
+        Killing bwrap alone suffices (the pid namespace's init dies with it and takes
+        every process inside along); the tree is signalled too so nothing waits on that.
+        """
+        if self._proc.returncode is not None:
+            return
+        tree = descendants(self.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        _signal(tree, signal.SIGKILL)
+
+
+async def start_admitted(
+    cgs: cgroups.CgroupSet,
+    *,
+    prefix: Sequence[str],
+    bwrap: str,
+    argv: Sequence[str],
+    options: Callable[[int], Sequence[str]],
+    limit: int,
+) -> asyncio.subprocess.Process:
+    """Start ``prefix`` + bwrap running ``argv``, admitted into ``cgs`` before it runs.
+
+    ``options(seccomp_fd)``: bwrap's options (they name the seccomp program's fd), sent
+    through the ``--args`` pipe once the process is in the cgroups (see :func:`_admit`).
+
+    Raises:
+        SandboxError: the spawn could not be put into the cgroups, or an option holds a
+            NUL byte.
+        OSError: the process could not be started.
+    """
+    filter_fd = _data_fd("acpw-seccomp", seccomp.program())
+    child_fds = [filter_fd]
+    ours: list[int] = []
+    try:
+        info_r, info_w = os.pipe()
+        ours.append(info_r)
+        child_fds.append(info_w)
+        gate_r, gate_w = os.pipe()
+        ours.append(gate_w)
+        child_fds.append(gate_r)
+        args_r, args_w = os.pipe()  # filled once bwrap is in the cgroups: see _admit
+        ours.append(args_w)
+        child_fds.append(args_r)
+        data = nul_joined(options(filter_fd))
+        command = bwrap_command(bwrap, args_r, argv, info_fd=info_w, block_fd=gate_r)
+        proc = await asyncio.create_subprocess_exec(
+            *prefix,
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=limit,
+            env={},
+            pass_fds=tuple(child_fds),
+            start_new_session=True,
+        )
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    # Submitted now, so the thread owns both descriptors whatever happens to us.
+    admitted = asyncio.get_running_loop().run_in_executor(
+        None, _admit, cgs, proc.pid, data, (args_w, info_r, gate_w)
+    )
+    try:
+        await admitted
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
+
+
+async def kill_and_remove(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
+    """SIGKILL every member of ``cgs`` until none is left, then remove the cgroups.
+
+    Loops because a process may fork between reading cgroup.procs and the kill;
+    pids.max bounds how long that can go on. rmdir is EBUSY until members are reaped.
+
+    Raises:
+        SandboxError: processes survived the bounded kill loop or a cgroup stayed busy.
+    """
+    for _ in range(_KILL_ROUNDS):
+        if cgroups.signal_all(cgs, signal.SIGKILL) == 0 and cgroups.remove(cgs):
+            return
+        await asyncio.sleep(0.01)
+    raise SandboxError(
+        "sandbox processes survived destroy",
+        sandbox_id=sandbox_id,
+        pids=sorted(cgroups.members(cgs)),
+        errno=errno.EBUSY,
+    )
