@@ -123,7 +123,7 @@ class DockerSandbox:
         else:
             container = started.container
         process = await self.backend.engine.start(
-            self, container, launch_header(argv, env, cwd), stdout_limit,
+            self.plan, container, launch_header(argv, env, cwd), stdout_limit,
             sock=None if started is None else started.sock,
         )  # fmt: skip
         self.processes.append(process)

@@ -34,8 +34,6 @@ from worker.sandbox.docker.process import DockerProcess, StdinWriter, demultiple
 if TYPE_CHECKING:
     import docker
 
-    from worker.sandbox.docker.backend import DockerSandbox
-
 
 class ContainerEngine:
     """One Docker-API engine, connected lazily; remembers the containers ``prestart``
@@ -96,7 +94,7 @@ class ContainerEngine:
 
     async def start(
         self,
-        sandbox: DockerSandbox,
+        plan: ImagePlan,
         container: str,
         header: bytes,
         stdout_limit: int,
@@ -106,7 +104,7 @@ class ContainerEngine:
         """Check the image, attach, start, send the launch header (``sock``: the attach
         socket of a container ``prestart`` already started)."""
         if sock is None:
-            sock = await asyncio.to_thread(self._attach_and_start, container, sandbox.plan)
+            sock = await asyncio.to_thread(self._attach_and_start, container, plan)
         loop = asyncio.get_running_loop()
         raw = asyncio.StreamReader(limit=2**20)
         transport, protocol = await loop.create_connection(

@@ -7,14 +7,20 @@ import asyncio
 import contextlib
 import signal
 import struct
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from worker.sandbox.base import (
     StdioProcess,
 )
 
-if TYPE_CHECKING:
-    from worker.sandbox.docker.engine import ContainerEngine
+
+class ContainerControl(Protocol):
+    """What a container's process needs of the engine: its exit status and signals."""
+
+    async def wait_container(self, container: str) -> int: ...
+
+    async def signal(self, container: str, sig: signal.Signals) -> None: ...
+
 
 STDOUT, STDERR = 1, 2
 
@@ -69,7 +75,7 @@ class DockerProcess(StdioProcess):
 
     def __init__(
         self,
-        engine: ContainerEngine,
+        engine: ContainerControl,
         container_id: str,
         *,
         stdin: StdinWriter,
