@@ -23,7 +23,9 @@ import redis
 import redis.asyncio as aioredis
 
 from worker.client import Client
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
+from worker.events.models import Notice
 from worker.events.normalizer import Normalizer
 from worker.store import keys
 from worker.store import lease as leases
@@ -52,8 +54,8 @@ async def pipeline_rate(client: aioredis.Redis, n: int) -> float:
     normalizer = Normalizer(workspace_root="/workspace")
     start = time.perf_counter()
     for i in range(n):
-        for type_, data in normalizer.normalize(update(i)):
-            await emitter.emit(type_, data)
+        for event in normalizer.session_update(update(i)):
+            await emitter.emit(event)
     await emitter.close()
     return n / (time.perf_counter() - start)
 
@@ -77,10 +79,9 @@ async def paced(client: aioredis.Redis, lease: Lease, n: int, rate: float) -> No
     start = time.perf_counter()
     for i in range(n):
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-        await emitter.emit("notice", {"level": "info", "code": "t", "message": repr(time.time())})
+        await emitter.emit(Notice(level="info", code="t", message=repr(time.time())))
     await emitter.emit(
-        "job.completed",
-        {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 0.0},
+        job_completed(status="succeeded", stop_reason="end_turn", error=None, duration_ms=0.0)
     )
     await emitter.close()
 

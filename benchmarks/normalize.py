@@ -137,7 +137,7 @@ def normalize_all(parsed: list[Any], cycle: int, root: str) -> int:
             normalizer = Normalizer(workspace_root="/workspace", artifacts=_contained)
             normalizer.bind(root)
         if message["method"] == "session/update":
-            produced += len(normalizer.normalize(message["params"]))
+            produced += len(normalizer.session_update(message["params"]))
         else:
             produced += len(normalizer.extension(message["method"], message["params"]))
     return produced

@@ -23,7 +23,9 @@ from tests.conftest import REPO
 from worker.client import Client
 from worker.client.client import spec_digest
 from worker.errors import EventsTrimmed, JobConflict
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
+from worker.events.models import Notice
 from worker.jobs.spec import parse_job
 from worker.settings import Settings
 from worker.store import keys
@@ -62,11 +64,11 @@ def _run_attempt(redis_url: str, job_id: str, attempt: int, notices: int = 2) ->
             sink = FencedStreamSink(client, lease, policy=SinkPolicy())
             emitter = EventEmitter(job_id=job_id, attempt=attempt, sinks=[sink])
             for i in range(notices):
-                await emitter.emit("notice", {"level": "info", "code": "t", "message": str(i)})
-            await emitter.emit(
-                "job.completed",
-                {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1},
+                await emitter.emit(Notice(level="info", code="t", message=str(i)))
+            done = job_completed(
+                status="succeeded", stop_reason="end_turn", error=None, duration_ms=1.0
             )
+            await emitter.emit(done)
             await emitter.close()
             await leases.release(client, lease)
         finally:

@@ -210,8 +210,8 @@ def test_a_lone_surrogate_on_the_wire_reaches_every_sink_as_a_replacement(
     async def emit_all() -> None:
         with events_file.open("w", encoding="utf-8") as stream:
             emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
-            for type_, data in Normalizer(workspace_root="/workspace").normalize(params):
-                await emitter.emit(type_, data)
+            for event in Normalizer(workspace_root="/workspace").session_update(params):
+                await emitter.emit(event)
 
     asyncio.run(emit_all())
     [event] = [json.loads(x) for x in events_file.read_bytes().decode("utf-8").splitlines()]

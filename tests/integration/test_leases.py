@@ -11,7 +11,9 @@ import redis.asyncio as aioredis
 
 from tests.redis_proxy import RedisProxy
 from worker.errors import LeaseLost
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
+from worker.events.models import EventData, Notice
 from worker.interactions import InteractionBroker, InteractionStore
 from worker.sandbox.base import LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.fake import FakeBackend
@@ -42,7 +44,7 @@ def _emitter(client: aioredis.Redis, lease: Lease, **policy: float) -> EventEmit
 
 
 async def _notice(emitter: EventEmitter, text: str) -> None:
-    await emitter.emit("notice", {"level": "info", "code": "t", "message": text})
+    await emitter.emit(Notice(level="info", code="t", message=text))
 
 
 async def test_tokens_grow_and_a_live_lease_refuses_a_second_owner(aredis: aioredis.Redis) -> None:
@@ -70,8 +72,7 @@ async def test_a_settled_attempt_is_not_run_again(aredis: aioredis.Redis) -> Non
     lease = await _take(aredis, "job-l3")
     emitter = _emitter(aredis, lease)
     await emitter.emit(
-        "job.completed",
-        {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0},
+        job_completed(status="succeeded", stop_reason="end_turn", error=None, duration_ms=1.0)
     )
     await emitter.close()
     await leases.release(aredis, lease)
@@ -217,10 +218,10 @@ async def test_a_worker_that_lost_its_lease_cannot_write_an_interaction_record(
 async def test_a_fenced_out_broker_declines_instead_of_asking(aredis: aioredis.Redis) -> None:
     lease = await _take(aredis, "job-i2")
     await aredis.set(keys.lease("job-i2"), str(lease.token + 1))  # a newer owner's token
-    emitted: list[tuple[str, dict[str, object]]] = []
+    emitted: list[EventData] = []
 
-    async def emit(kind: str, data: dict[str, object]) -> None:
-        emitted.append((kind, data))
+    async def emit(event: EventData) -> None:
+        emitted.append(event)
 
     broker = InteractionBroker(
         job_id="job-i2",
@@ -232,7 +233,7 @@ async def test_a_fenced_out_broker_declines_instead_of_asking(aredis: aioredis.R
     broker.begin_turn()
     reply = await asyncio.wait_for(broker.ask("question", {"questions": []}, tool_call_id=None), 5)
     assert reply["outcome"]["outcome"] == "skipped"
-    assert [(k, d["code"]) for k, d in emitted] == [("notice", "interaction_unavailable")]
+    assert [(e.TYPE, e.wire()["code"]) for e in emitted] == [("notice", "interaction_unavailable")]
     assert await aredis.exists(keys.interactions("job-i2")) == 0
 
 

@@ -12,7 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.errors import LeaseLost, SinkUnavailable
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
+from worker.events.models import Notice
 from worker.events.sinks import MemorySink
 from worker.store import keys
 from worker.store import lease as leases
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _notice(emitter: EventEmitter, text: str) -> None:
-    await emitter.emit("notice", {"level": "info", "code": "t", "message": text})
+    await emitter.emit(Notice(level="info", code="t", message=text))
 
 
 async def _until_raised(emitter: EventEmitter) -> tuple[Exception, int]:
@@ -65,7 +67,7 @@ async def test_redis_gone_for_good_raises_once_and_keeps_the_other_sinks(
     assert time.monotonic() - started < 3  # the retry budget, not forever
     assert sink.broken
     await _notice(emitter, "after")  # the failed sink is out; the others go on
-    await emitter.emit("job.completed", {"status": "failed"})
+    await emitter.emit(job_completed(status="failed", error=None, duration_ms=1.0))
     assert [e["seq"] for e in local.events] == list(range(1, before + 4))
     with pytest.raises(SinkUnavailable) as info:
         await emitter.close()
@@ -101,7 +103,7 @@ async def test_a_taken_over_lease_raises_lease_lost_and_writes_nothing_more(
     await _take(aredis, "job-s3", attempt=2)
     raised, _ = await _until_raised(emitter)
     assert isinstance(raised, LeaseLost)
-    await emitter.emit("job.completed", {"status": "failed"})
+    await emitter.emit(job_completed(status="failed", error=None, duration_ms=1.0))
     with pytest.raises(LeaseLost):
         await emitter.close()
     assert local.events[-1]["type"] == "job.completed"

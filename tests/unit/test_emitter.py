@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from worker.credentials.redact import MASK, Redactor
 from worker.errors import LeaseLost, SinkUnavailable
-from worker.events.emitter import EventEmitter
+from worker.events.completed import job_completed
+from worker.events.emitter import EventEmitter, utc_timestamp
+from worker.events.models import JobCompleted, MessageDelta, Notice, ToolUpdated
 from worker.events.sinks import MemorySink
 
 
@@ -22,11 +26,15 @@ def _emitter(
     )
 
 
+def _completed(status: Any) -> JobCompleted:
+    return job_completed(status=status, error=None, duration_ms=1.0)
+
+
 async def test_seq_is_contiguous_from_one() -> None:
     sink = MemorySink()
     emitter = _emitter(sink)
     for i in range(5):
-        await emitter.emit("notice", {"level": "info", "code": "c", "message": str(i)})
+        await emitter.emit(Notice(level="info", code="c", message=str(i)))
     assert [e["seq"] for e in sink.events] == [1, 2, 3, 4, 5]
     assert {e["attempt"] for e in sink.events} == {2}
     assert all(
@@ -40,7 +48,7 @@ async def test_secret_is_scrubbed_raw_and_json_escaped() -> None:
     secret = 'tok"en\\with-quote'
     redactor.register(secret)
     emitter = _emitter(sink, redactor)
-    await emitter.emit("notice", {"level": "info", "code": "c", "message": f"key={secret}"})
+    await emitter.emit(Notice(level="info", code="c", message=f"key={secret}"))
     assert secret not in sink.events[0]["data"]["message"]
     assert MASK in sink.events[0]["data"]["message"]
     assert json.dumps(secret)[1:-1] not in sink.lines[0]
@@ -49,7 +57,7 @@ async def test_secret_is_scrubbed_raw_and_json_escaped() -> None:
 async def test_oversize_event_becomes_a_notice_not_a_cut() -> None:
     sink = MemorySink()
     emitter = _emitter(sink, max_bytes=1024)
-    await emitter.emit("message.delta", {"role": "assistant", "text": "x" * 5000})
+    await emitter.emit(MessageDelta(role="assistant", text="x" * 5000))
     event = sink.events[0]
     assert event["type"] == "notice"
     assert event["seq"] == 1
@@ -60,9 +68,9 @@ async def test_oversize_event_becomes_a_notice_not_a_cut() -> None:
 async def test_nothing_after_job_completed() -> None:
     sink = MemorySink()
     emitter = _emitter(sink)
-    await emitter.emit("job.completed", {"status": "succeeded"})
+    await emitter.emit(_completed("succeeded"))
     with pytest.raises(RuntimeError):
-        await emitter.emit("notice", {"level": "info", "code": "c", "message": "late"})
+        await emitter.emit(Notice(level="info", code="c", message="late"))
     assert len(sink.events) == 1
 
 
@@ -93,7 +101,7 @@ class _FencedOut(MemorySink):
 
 
 async def _notice(emitter: EventEmitter, text: str) -> None:
-    await emitter.emit("notice", {"level": "info", "code": "c", "message": text})
+    await emitter.emit(Notice(level="info", code="c", message=text))
 
 
 async def test_a_failing_sink_does_not_take_the_others_down() -> None:
@@ -104,7 +112,7 @@ async def test_a_failing_sink_does_not_take_the_others_down() -> None:
         await _notice(emitter, "2")
     assert isinstance(info.value.__cause__, BrokenPipeError)
     await _notice(emitter, "3")  # not raised again: the failed sink is out of the fan-out
-    await emitter.emit("job.completed", {"status": "failed"})
+    await emitter.emit(_completed("failed"))
     for sink in (before, after):
         assert [e["seq"] for e in sink.events] == [1, 2, 3, 4]
     assert broken.calls == 2
@@ -116,7 +124,7 @@ async def test_a_failing_sink_does_not_take_the_others_down() -> None:
 async def test_a_sink_failing_on_job_completed_does_not_unwind_the_settling() -> None:
     good, broken = MemorySink(), _BrokenPipeSink(ok=0)
     emitter = EventEmitter(job_id="j1", attempt=1, sinks=[broken, good])
-    event = await emitter.emit("job.completed", {"status": "succeeded"})
+    event = await emitter.emit(_completed("succeeded"))
     assert emitter.completed is event
     assert [e["type"] for e in good.events] == ["job.completed"]
     with pytest.raises(SinkUnavailable):
@@ -141,7 +149,64 @@ async def test_a_lone_surrogate_from_an_agent_becomes_a_replacement_character() 
     text = json.loads('"ok \\ud800 and \\udfff, \\ud83d\\ude00 kept"')
     sink = MemorySink()
     emitter = EventEmitter(job_id="j", attempt=1, sinks=[sink])
-    sent = await emitter.emit("message.delta", {"text": text})
+    sent = await emitter.emit(MessageDelta(role="assistant", text=text))
     assert sent["data"]["text"] == "ok \ufffd and \ufffd, \U0001f600 kept"
     assert sink.lines[-1].encode("utf-8")  # every sink gets a line that encodes
     assert json.loads(sink.lines[-1])["data"]["text"] == sent["data"]["text"]
+
+
+async def test_the_type_comes_from_the_model_and_only_the_fields_set_go_out() -> None:
+    sink = MemorySink()
+    await _emitter(sink).emit(ToolUpdated(tool_call_id="t", status=None))
+    [event] = sink.events
+    assert event["type"] == "tool.updated"
+    # `status` was set to None: sent as null; title, diffs, locations… were not: absent.
+    assert event["data"] == {"tool_call_id": "t", "status": None}
+
+
+async def test_a_type_and_dict_are_still_accepted_while_callers_convert() -> None:
+    typed, plain = MemorySink(), MemorySink()
+    data = {"level": "info", "code": "c", "message": "m", "details": {"n": 1, "x": 1.5}}
+    await _emitter(typed).emit(Notice(**data))
+    await _emitter(plain).emit("notice", data)
+    assert [{**e, "ts": ""} for e in typed.events] == [{**e, "ts": ""} for e in plain.events]
+    assert json.loads(typed.lines[0])["data"] == json.loads(plain.lines[0])["data"]
+
+
+@pytest.mark.parametrize(
+    ("job_id", "data"),
+    [
+        ("j1", {"level": "info", "code": "c", "message": "plain"}),
+        ('j"\\ü', {"level": "info", "code": "c", "message": 'ü \u2028 " \\ \n \t \x01'}),
+        ("j", {"level": "warning", "code": "c", "message": "", "details": {"f": 0.1, "i": 3}}),
+        ("j", {"level": "error", "code": "c", "message": "m", "details": {"big": 10**30}}),
+        ("j", {"level": "info", "code": "c", "message": "m", "details": {"l": [1e16, None]}}),
+    ],
+)
+async def test_the_line_is_what_json_dumps_gives_for_the_event(
+    job_id: str, data: dict[str, Any]
+) -> None:
+    sink = MemorySink()
+    emitter = EventEmitter(job_id=job_id, attempt=7, sinks=[sink])
+    await emitter.emit(Notice(**data))
+    [event], [line] = sink.events, sink.lines
+    assert line == json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    assert list(event) == ["v", "job_id", "attempt", "seq", "ts", "type", "data"]
+
+
+@pytest.mark.parametrize(
+    "now",
+    [0.0, 1764590000.0, 1764590000.1234, 1764590000.9994, 1764590000.9995, 1764590000.9999996,
+     1764590059.9999999, 1767225599.9995, 951782399.5, 4102444800.0005, 1e9 + 0.0005],
+)  # fmt: skip
+def test_timestamps_are_what_datetime_prints(now: float) -> None:
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    assert utc_timestamp(now) == moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def test_timestamps_match_datetime_on_random_instants() -> None:
+    rng = random.Random(12)
+    for _ in range(20000):
+        now = rng.uniform(0, 4e9)
+        expected = datetime.fromtimestamp(now, tz=UTC).isoformat(timespec="milliseconds")
+        assert utc_timestamp(now) == expected.replace("+00:00", "Z"), now

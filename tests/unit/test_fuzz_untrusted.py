@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.errors import InvalidJobSpec
-from worker.events.models import EVENT_TYPES
+from worker.events.models import EVENT_TYPES, EventData
 from worker.events.normalizer import KNOWN_FIELDS, Normalizer
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.requests import (
@@ -117,9 +117,10 @@ EXTENSIONS = st.sampled_from(
 )
 
 
-def _check_events(out: list[tuple[str, dict[str, Any]]]) -> None:
-    for kind, data in out:
-        assert kind in EVENT_TYPES, kind
+def _check_events(out: list[EventData]) -> None:
+    for event in out:
+        assert EVENT_TYPES.get(event.TYPE) is type(event), event
+        data = event.wire()
         assert isinstance(data, dict)
         assert len(json.dumps(data, default=str).encode()) <= EVENT_LIMIT
 
@@ -135,7 +136,7 @@ def test_normalizer_maps_random_updates_to_known_events(
     normalizer = Normalizer(workspace_root="/workspace", text_limit=4096)
     normalizer.bind("root")
     for item in sequence:
-        _check_events(normalizer.normalize(item))
+        _check_events(normalizer.session_update(item))
     for method, payload in extensions:
         _check_events(normalizer.extension(method, payload))
 

@@ -15,6 +15,15 @@ CHILD = "child-1"
 TASK = "call-1\nfc_1"
 
 
+def _normalize(n: Normalizer, params: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The events of one update as ``(type, data as sent)``: what these tests compare."""
+    return [(event.TYPE, event.wire()) for event in n.session_update(params)]
+
+
+def _extension(n: Normalizer, method: str, params: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(event.TYPE, event.wire()) for event in n.extension(method, params)]
+
+
 def _norm() -> Normalizer:
     n = Normalizer(workspace_root="/workspace", text_limit=1024)
     n.bind(ROOT)
@@ -32,7 +41,8 @@ def _task_tool(n: Normalizer) -> list[tuple[str, dict[str, Any]]]:
         "description": "Count",
         "subagentType": {"unspecified": {}},
     }
-    return n.normalize(
+    return _normalize(
+        n,
         _up(
             "tool_call",
             toolCallId=TASK,
@@ -40,13 +50,14 @@ def _task_tool(n: Normalizer) -> list[tuple[str, dict[str, Any]]]:
             kind="other",
             status="pending",
             rawInput=raw,
-        )
+        ),
     )
 
 
 def _spawn(n: Normalizer, child: str = CHILD, on: str = ROOT, tool: str = TASK) -> Any:
     meta = {"cursor": {"toolCallId": tool, "agentId": child, "model": "parent-model"}}
-    return n.normalize(
+    return _normalize(
+        n,
         _up(
             "subagent_spawned",
             on,
@@ -55,12 +66,13 @@ def _spawn(n: Normalizer, child: str = CHILD, on: str = ROOT, tool: str = TASK) 
             task="Count files",
             capabilities={},
             _meta=meta,
-        )
+        ),
     )
 
 
 def _cursor_task(n: Normalizer) -> Any:
-    return n.extension(
+    return _extension(
+        n,
         "cursor/task",
         {
             "toolCallId": TASK,
@@ -77,8 +89,9 @@ def _cursor_task(n: Normalizer) -> Any:
 def test_todos_merge_by_id_and_replace_without_merge() -> None:
     n = _norm()
     todos = [{"id": "a", "content": "A", "status": "pending"}, {"id": "b", "content": "B"}]
-    [(_, first)] = n.extension("cursor/update_todos", {"toolCallId": "t", "todos": todos})
-    [(_, merged)] = n.extension(
+    [(_, first)] = _extension(n, "cursor/update_todos", {"toolCallId": "t", "todos": todos})
+    [(_, merged)] = _extension(
+        n,
         "cursor/update_todos",
         {
             "todos": [
@@ -94,7 +107,7 @@ def test_todos_merge_by_id_and_replace_without_merge() -> None:
         ("b", "B", "pending", "pending"),
         ("c", "C", "unknown", "weird"),
     ]
-    [(_, replaced)] = n.extension("cursor/update_todos", {"todos": [{"id": "z", "content": "Z"}]})
+    [(_, replaced)] = _extension(n, "cursor/update_todos", {"todos": [{"id": "z", "content": "Z"}]})
     assert [t["id"] for t in replaced["todos"]] == ["z"]
 
 
@@ -111,13 +124,14 @@ def test_cursor_task_correlates_with_its_tool_in_either_order(task_first: bool) 
         "custom:counter",
     )
     assert last["task"]["text"] == "Count files"
-    [(_, done)] = n.normalize(
+    [(_, done)] = _normalize(
+        n,
         _up(
             "tool_call_update",
             toolCallId=TASK,
             status="completed",
             rawOutput={"durationMs": 41, "isBackground": False},
-        )
+        ),
     )[1:]
     assert (done["state"], done["duration_ms"], done["background"]) == ("completed", 41, False)
 
@@ -128,12 +142,12 @@ def test_child_updates_are_attributed_never_flattened() -> None:
     [(kind, spawned)] = _spawn(n)
     assert (kind, spawned["child_id"], spawned["parent_id"]) == ("delegation.updated", CHILD, ROOT)
     chunk = {"type": "text", "text": "hi"}
-    [(t, data)] = n.normalize(_up("agent_message_chunk", CHILD, content=chunk))
+    [(t, data)] = _normalize(n, _up("agent_message_chunk", CHILD, content=chunk))
     assert (t, data["child_id"], data["text"]) == ("message.delta", CHILD, "hi")
-    [(t, plan)] = n.normalize(_up("plan", CHILD, entries=[{"content": "x", "status": "pending"}]))
+    [(t, plan)] = _normalize(n, _up("plan", CHILD, entries=[{"content": "x", "status": "pending"}]))
     assert (plan["child_id"], plan["revision"]) == (CHILD, 1)
-    [(t, ended)] = n.normalize(
-        _up("subagent_state_update", subagentSessionId=CHILD, state="disconnected")
+    [(t, ended)] = _normalize(
+        n, _up("subagent_state_update", subagentSessionId=CHILD, state="disconnected")
     )
     assert (t, ended["state"], ended["reason"]) == (
         "delegation.completed",
@@ -186,7 +200,7 @@ def test_child_updates_are_attributed_never_flattened() -> None:
 def test_refused_child_updates_become_notices(setup: Any, update: Any, reason: str) -> None:
     n = _norm()
     setup(n)
-    [(kind, data)] = n.normalize(update)
+    [(kind, data)] = _normalize(n, update)
     assert (kind, data["code"], data["details"]["reason"]) == (
         "notice",
         "subagent_update_refused",
@@ -197,20 +211,21 @@ def test_refused_child_updates_become_notices(setup: Any, update: Any, reason: s
 def test_replay_marks_every_event() -> None:
     n = _norm()
     n.replay = True
-    out = n.normalize(_up("user_message_chunk", content={"type": "text", "text": "hi"}))
-    out += n.normalize(_up("tool_call", toolCallId="replay-0-0", title="Read", kind="read"))
+    out = _normalize(n, _up("user_message_chunk", content={"type": "text", "text": "hi"}))
+    out += _normalize(n, _up("tool_call", toolCallId="replay-0-0", title="Read", kind="read"))
     assert [d["replay"] for _, d in out] == [True, True]
 
 
 def test_unknown_fields_are_kept_as_partial_unmapped() -> None:
-    out = _norm().normalize(
+    out = _normalize(
+        _norm(),
         _up(
             "tool_call_update",
             toolCallId="t",
             status="completed",
             rawOutput={"exitCode": 2},
             futureField={"x": 1},
-        )
+        ),
     )
     assert out[0][1]["exit_code"] == 2
     [extra] = [d for k, d in out if k == "provider.unmapped"]
@@ -220,21 +235,22 @@ def test_unknown_fields_are_kept_as_partial_unmapped() -> None:
 
 def test_config_and_usage_updates() -> None:
     n = _norm()
-    [(kind, config)] = n.normalize(_up("config_option_update", configOptions=[{"id": "model"}]))
+    [(kind, config)] = _normalize(n, _up("config_option_update", configOptions=[{"id": "model"}]))
     assert (kind, config["config_options"]) == ("config.updated", [{"id": "model"}])
-    out = n.normalize(_up("usage_update", used=10, size="big"))
+    out = _normalize(n, _up("usage_update", used=10, size="big"))
     assert out[0] == ("usage.reported", {"available": True, "source": "agent", "used": 10})
     assert out[1][1]["partial"] is True  # the malformed size is kept, not guessed
     assert n.usage_seen
 
 
 def test_raw_input_redacts_secret_looking_keys() -> None:
-    out = _norm().normalize(
+    out = _normalize(
+        _norm(),
         _up(
             "tool_call",
             toolCallId="t",
             rawInput={"url": "u", "headers": {"Authorization": "x"}, "api_key": "k"},
-        )
+        ),
     )
     text = out[0][1]["raw_input"]["text"]
     assert '"Authorization": "[REDACTED]"' in text
@@ -249,7 +265,8 @@ def test_generated_images_go_through_the_containment_check() -> None:
         return Verdict("img.png", 3) if path == "/workspace/img.png" else Verdict(reason="symlink")
 
     n = Normalizer(workspace_root="/workspace", artifacts=check)
-    out = n.extension(
+    out = _extension(
+        n,
         "cursor/generate_image",
         {
             "toolCallId": "t",
@@ -277,15 +294,15 @@ def test_permission_asks_are_attributed_to_the_child_that_asks() -> None:
     n = _norm()
     _task_tool(n)
     _spawn(n)
-    n.normalize(_up("tool_call", CHILD, toolCallId="child-tool", title="rm", kind="execute"))
-    n.normalize(_up("tool_call", ROOT, toolCallId="root-tool", title="ls", kind="read"))
+    _normalize(n, _up("tool_call", CHILD, toolCallId="child-tool", title="rm", kind="execute"))
+    _normalize(n, _up("tool_call", ROOT, toolCallId="root-tool", title="ls", kind="read"))
     assert n.permission_source(CHILD, "x") == (CHILD, None)  # the child's own session
     assert n.permission_source(ROOT, "child-tool") == (CHILD, None)  # parent id, child's tool
     assert n.permission_source(ROOT, "root-tool") == (None, None)
     assert n.permission_source(None, None) == (None, None)
     assert n.permission_source("ghost", "x") == (None, "unknown_session")
     assert n.permission_source({"not": "a string"}, "x") == (None, "unknown_session")
-    n.normalize(_up("subagent_state_update", subagentSessionId=CHILD, state="completed"))
+    _normalize(n, _up("subagent_state_update", subagentSessionId=CHILD, state="completed"))
     assert n.permission_source(CHILD, "x") == (CHILD, "child_settled")
     assert n.permission_source(ROOT, "child-tool") == (CHILD, "child_settled")
     assert n.permission_source(ROOT, "root-tool") == (None, None)

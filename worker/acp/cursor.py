@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from worker.acp.client import Emit
 from worker.acp.connection import Connection
+from worker.events import notices
+from worker.events.emitter import Emit
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import RequestInvalid, plan_request, question_request
@@ -47,8 +48,8 @@ class CursorDialect:
 
     def _acknowledger(self, method: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
         async def acknowledge(params: Any) -> dict[str, Any]:
-            for type_, data in self._normalizer.extension(method, params):
-                await self._emit(type_, data)
+            for event in self._normalizer.extension(method, params):
+                await self._emit(event)
             return {}
 
         return acknowledge
@@ -73,23 +74,14 @@ class CursorDialect:
     async def _declined(
         self, method: str, exc: RequestInvalid, params: Any, *, rejected: bool = False
     ) -> dict[str, Any]:
-        await self._emit(
-            "notice",
-            {
-                "level": "warning",
-                "code": "interaction_refused",
-                "message": f"{method} was declined: {exc.reason}",
-                "details": {"method": method, "reason": exc.code},
-            },
-        )
+        await self._emit(notices.interaction_refused(method, exc.reason, exc.code))
         if exc.code == "too_large":
             return (
                 {"outcome": {"outcome": "rejected", "reason": exc.reason}}
                 if rejected
                 else CANCELLED
             )
-        type_, data = self._normalizer.unmapped(method, params)  # kept, never dropped
-        await self._emit(type_, data)
+        await self._emit(self._normalizer.provider_unmapped(method, params))  # kept, never dropped
         return CANCELLED
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worker.acp.client import Emit
 from worker.acp.connection import Reply
-from worker.events.bounded import bounded
+from worker.events import notices
+from worker.events.emitter import Emit
+from worker.events.models import PermissionDecided
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import permission_request
 
@@ -92,20 +93,7 @@ class PermissionPolicy:
     async def _refuse(
         self, request: dict[str, Any], tool_call_id: str | None, session_id: Any, reason: str
     ) -> Any:
-        await self._emit(
-            "notice",
-            {
-                "level": "warning",
-                "code": "permission_refused",
-                "message": f"a permission request was rejected unasked ({reason}): it does "
-                "not come from the session or a live subagent of this turn",
-                "details": {
-                    "session_id": bounded(str(session_id), 256)["text"],
-                    "tool_call_id": tool_call_id,
-                    "reason": reason,
-                },
-            },
-        )
+        await self._emit(notices.permission_refused(session_id, tool_call_id, reason))
         option = _option(request, "reject_once")
         await self._decided(request, tool_call_id, None, option)
         return _reply(option)
@@ -118,7 +106,7 @@ class PermissionPolicy:
         option: str | None,
         interaction_id: str | None = None,
     ) -> None:
-        data = {
+        data: dict[str, Any] = {
             "tool_call_id": tool_call_id,
             "title": request["title"],
             "kind": request["kind"],
@@ -129,7 +117,7 @@ class PermissionPolicy:
         }
         if request.get("child_id") is not None:
             data["child_id"] = request["child_id"]
-        await self._emit("permission.decided", data)
+        await self._emit(PermissionDecided.model_validate(data))
 
 
 def _option(request: Mapping[str, Any], kind: str) -> str | None:

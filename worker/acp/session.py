@@ -10,7 +10,7 @@ files, and then advertised), ``terminal/*`` (run in the job's own sandbox).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,13 @@ from worker.acp.permissions import PermissionPolicy
 from worker.acp.selection import ModelSelector
 from worker.acp.terminal import Terminals
 from worker.errors import Unsupported
+from worker.events.emitter import Emit
+from worker.events.models import AgentInitialized, ModelSelected, SessionStarted
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.jobs.spec import JobSpec
 from worker.sandbox.base import WORKSPACE, Sandbox
 
-Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 FS_READ_LIMIT = 4 * 1024 * 1024
 
 
@@ -100,7 +101,7 @@ class AcpSession:
         """
         init = await self.client.initialize(self.capabilities)
         mark("initialize")
-        await self._emit("agent.initialized", initialized_data(init))
+        await self._emit(AgentInitialized(**initialized_data(init)))
         if self._wiring.authenticate is not None:
             await self.client.authenticate(self._wiring.authenticate, init.get("authMethods"))
         resume = self._spec.session.resume if self._spec.session is not None else None
@@ -113,7 +114,8 @@ class AcpSession:
             session_id = str(session["sessionId"])
             self._wiring.normalizer.bind(session_id)
             mark("session_new")
-        await self._emit("session.started", session_data(session_id, session, resume is not None))
+        started = session_data(session_id, session, resume is not None)
+        await self._emit(SessionStarted(**started))
         self.session_id = session_id
         await self._configure(session_id, session)
         return session_id
@@ -141,9 +143,8 @@ class AcpSession:
             selector = ModelSelector(
                 self.client, session_id, parameterized=self.capabilities.parameterized_models
             )
-            await self._emit(
-                "model.selected", await selector.select(session, model.id, model.params)
-            )
+            selected = await selector.select(session, model.id, model.params)
+            await self._emit(ModelSelected(**selected))
 
 
 def initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from worker.events import notices
 from worker.events.bounded import bounded
+from worker.events.models import ArtifactReferenced, EventData
 
-Out = list[tuple[str, dict[str, Any]]]
+Out = list[EventData]
+Kind = Literal["generated_image", "reference_image", "tool_resource"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +39,7 @@ def refuse_all(path: str) -> Verdict:
 def referenced(
     check: ArtifactCheck,
     path: Any,
-    kind: str,
+    kind: Kind,
     *,
     tool_call_id: str | None,
     description: str | None = None,
@@ -46,30 +49,17 @@ def referenced(
         return []
     verdict = check(path)
     if verdict.relative is None:
-        return [_refused(path, kind, verdict.reason or "refused")]
-    data: dict[str, Any] = {
-        "path": verdict.relative,
-        "kind": kind,
-        "registered": False,
-        "bytes": verdict.size,
-        "tool_call_id": tool_call_id,
-    }
-    if description is not None:
-        data["description"] = bounded(description, 2048)["text"]
-    return [("artifact.referenced", data)]
-
-
-def _refused(path: str, kind: str, reason: str) -> tuple[str, dict[str, Any]]:
-    return (
-        "notice",
-        {
-            "level": "warning",
-            "code": "artifact_refused",
-            "message": f"the agent referenced a file that is not a regular file inside the "
-            f"workspace ({reason}); it was not passed on",
-            "details": {"path": bounded(path, 512)["text"], "kind": kind, "reason": reason},
-        },
+        return [notices.artifact_refused(path, kind, verdict.reason or "refused")]
+    event = ArtifactReferenced(
+        path=verdict.relative,
+        kind=kind,
+        registered=False,
+        bytes=verdict.size,
+        tool_call_id=tool_call_id,
     )
+    if description is not None:  # absent, not null, when the agent gave none
+        event.description = bounded(description, 2048)["text"]
+    return [event]
 
 
 def image_events(check: ArtifactCheck, params: Mapping[str, Any]) -> Out:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from worker.events.models import Bounded
+
 
 def bounded(text: str, limit: int) -> dict[str, Any]:
     """``{"text", "truncated", "bytes"}`` with ``text`` cut to at most ``limit`` bytes."""
@@ -28,3 +30,13 @@ def bounded_json(value: Any, limit: int) -> dict[str, Any]:
     except RecursionError:
         return {"text": "<nested too deeply to show>", "truncated": True, "bytes": -1}
     return bounded(text, limit)
+
+
+def bound(text: str, limit: int) -> Bounded:
+    """:func:`bounded` as the event field it fills."""
+    return Bounded(**bounded(text, limit))
+
+
+def bound_json(value: Any, limit: int) -> Bounded:
+    """:func:`bounded_json` as the event field it fills."""
+    return Bounded(**bounded_json(value, limit))

@@ -16,13 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from worker.events.bounded import bounded
+from worker.events.bounded import bound
+from worker.events.models import (
+    Delegation,
+    DelegationCompleted,
+    DelegationStarted,
+    DelegationUpdated,
+    EventData,
+)
 
-Out = list[tuple[str, dict[str, Any]]]
+Out = list[EventData]
+State = Literal["running", "completed", "failed", "cancelled"]
 
-TERMINAL_STATES = {
+TERMINAL_STATES: dict[str, tuple[State, str | None]] = {
     "completed": ("completed", None),
     "failed": ("failed", None),
     "cancelled": ("cancelled", None),
@@ -46,7 +54,7 @@ class _Task:
     tool_call_id: str | None
     child_id: str | None = None
     parent_id: str | None = None
-    state: str = "running"
+    state: State = "running"
     reason: str | None = None
     role: str | None = None
     model: str | None = None
@@ -59,7 +67,7 @@ class _Task:
     duration_ms: int | None = None
     announced: bool = False
     finished: bool = False
-    last: dict[str, Any] | None = None
+    last: Delegation | None = None
 
 
 class Delegations:
@@ -187,33 +195,35 @@ class Delegations:
         if snapshot == task.last:
             return []
         task.last = snapshot
-        types = []
+        kinds: list[type[Delegation]] = []
         if not task.announced:
             task.announced = True
-            types.append("delegation.started")
+            kinds.append(DelegationStarted)
         if task.state != "running" and not task.finished:
             task.finished = True
-            types.append("delegation.completed")
-        elif not types:
-            types.append("delegation.updated")
-        return [(type_, dict(snapshot)) for type_ in types]
+            kinds.append(DelegationCompleted)
+        elif not kinds:
+            kinds.append(DelegationUpdated)
+        fields = snapshot.wire()
+        return [kind(**fields) for kind in kinds]
 
-    def _snapshot(self, task: _Task) -> dict[str, Any]:
-        return {
-            "child_id": task.child_id,
-            "tool_call_id": task.tool_call_id,
-            "parent_id": task.parent_id,
-            "state": task.state,
-            "reason": task.reason,
-            "role": task.role or task.subagent_type,
-            "model": task.model,
-            "description": task.description,
-            "task": None if task.task is None else bounded(task.task, self._limit),
-            "subagent_type": task.subagent_type,
-            "agent_id": task.agent_id,
-            "background": task.background,
-            "duration_ms": task.duration_ms,
-        }
+    def _snapshot(self, task: _Task) -> Delegation:
+        """The task's snapshot (compared with the last one sent, never sent itself)."""
+        return Delegation(
+            child_id=task.child_id,
+            tool_call_id=task.tool_call_id,
+            parent_id=task.parent_id,
+            state=task.state,
+            reason=task.reason,
+            role=task.role or task.subagent_type,
+            model=task.model,
+            description=task.description,
+            task=None if task.task is None else bound(task.task, self._limit),
+            subagent_type=task.subagent_type,
+            agent_id=task.agent_id,
+            background=task.background,
+            duration_ms=task.duration_ms,
+        )
 
 
 def subagent_type(value: Any) -> str | None:

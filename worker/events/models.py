@@ -1,13 +1,18 @@
 """Canonical events v1: the envelope and the ``data`` of every event type.
 
-These models are the public contract the control plane reads. They are used to export
-the JSON Schema (``acp-worker events schema``) and to check golden files; the hot path
-builds plain dicts and the tests hold it to this schema. Extend types, never rename.
+These models are the public contract the control plane reads. Producers build them and
+hand them to :meth:`worker.events.emitter.EventEmitter.emit`; the event's ``type`` is the
+class's ``TYPE``, and :data:`EVENT_TYPES` (the one type → class registry) also drives the
+JSON Schema export (``acp-worker events schema``). Extend types, never rename.
+
+What goes on the wire is :meth:`EventData.wire`: the fields the producer set, so a key a
+producer leaves out stays absent (never a default filled in) and an explicit ``None``
+stays ``null``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,10 +23,14 @@ class _Data(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _OpenData(BaseModel):
-    """Data of event types whose producers are still growing: extra keys allowed."""
+class EventData(_Data):
+    """The ``data`` of one event type; ``TYPE`` is the envelope's ``type``."""
 
-    model_config = ConfigDict(extra="allow")
+    TYPE: ClassVar[str]
+
+    def wire(self) -> dict[str, Any]:
+        """The ``data`` object as sent: the fields set by the producer, none defaulted."""
+        return self.__pydantic_serializer__.to_python(self, exclude_unset=True)  # type: ignore[no-any-return]
 
 
 class ErrorInfo(_Data):
@@ -38,18 +47,24 @@ class Bounded(_Data):
     bytes: int = Field(description="UTF-8 size of the full value before any cut.")
 
 
-class JobAccepted(_Data):
+class JobAccepted(EventData):
+    TYPE = "job.accepted"
+
     pack: str
     platform: str | None
     backend: str
     labels: dict[str, str]
 
 
-class JobStarted(_Data):
+class JobStarted(EventData):
+    TYPE = "job.started"
+
     worker_id: str
 
 
-class PackReady(_Data):
+class PackReady(EventData):
+    TYPE = "pack.ready"
+
     name: str
     version: str
     provider: str
@@ -60,19 +75,25 @@ class PackReady(_Data):
     verify_ms: float = Field(description="Time to re-verify the closure before this launch.")
 
 
-class SandboxReady(_Data):
+class SandboxReady(EventData):
+    TYPE = "sandbox.ready"
+
     backend: str
     sandbox_id: str
 
 
-class AgentInitialized(_Data):
+class AgentInitialized(EventData):
+    TYPE = "agent.initialized"
+
     protocol_version: int
     agent_capabilities: dict[str, Any]
     auth_methods: list[dict[str, Any]]
     agent_info: dict[str, Any] | None = None
 
 
-class SessionStarted(_Data):
+class SessionStarted(EventData):
+    TYPE = "session.started"
+
     session_id: str
     resumed: bool
     modes: dict[str, Any] | None = None
@@ -80,7 +101,7 @@ class SessionStarted(_Data):
     config_options: list[dict[str, Any]] | None = None
 
 
-class _Attributed(_Data):
+class Attributed(EventData):
     """Fields of events derived from one agent update: who said it, and whether it is
     history replayed by ``session/load`` rather than new output."""
 
@@ -90,7 +111,9 @@ class _Attributed(_Data):
     replay: bool = Field(default=False, description="Replayed history (session/load).")
 
 
-class MessageDelta(_Attributed):
+class MessageDelta(Attributed):
+    TYPE = "message.delta"
+
     role: Literal["assistant", "thought", "user"]
     text: str
     content: dict[str, Any] | None = Field(
@@ -109,7 +132,9 @@ class DiffBlock(_Data):
     new_text: Bounded
 
 
-class ToolStarted(_Attributed):
+class ToolStarted(Attributed):
+    TYPE = "tool.started"
+
     tool_call_id: str
     title: str | None
     kind: str | None
@@ -120,7 +145,9 @@ class ToolStarted(_Attributed):
     locations: list[Location]
 
 
-class ToolUpdated(_Attributed):
+class ToolUpdated(Attributed):
+    TYPE = "tool.updated"
+
     tool_call_id: str
     status: str | None
     title: str | None = None
@@ -134,6 +161,8 @@ class ToolUpdated(_Attributed):
 
 
 class ToolCompleted(ToolUpdated):
+    TYPE = "tool.completed"
+
     status: Literal["completed", "failed"]
 
 
@@ -143,7 +172,9 @@ class PlanEntry(_Data):
     status: str
 
 
-class PlanUpdated(_Attributed):
+class PlanUpdated(Attributed):
+    TYPE = "plan.updated"
+
     revision: int = Field(ge=1)
     entries: list[PlanEntry]
 
@@ -155,8 +186,10 @@ class Todo(_Data):
     native_status: str = Field(description="The status exactly as the agent sent it.")
 
 
-class TodosUpdated(_Attributed):
+class TodosUpdated(Attributed):
     """The complete merged checklist after one ``cursor/update_todos``."""
+
+    TYPE = "todos.updated"
 
     revision: int = Field(ge=1)
     todos: list[Todo]
@@ -164,8 +197,10 @@ class TodosUpdated(_Attributed):
     tool_call_id: str | None = None
 
 
-class Delegation(_Attributed):
+class Delegation(Attributed):
     """A complete snapshot of one subagent task (every delegation.* event)."""
+
+    # No TYPE: the producer picks started / updated / completed, the subclasses below.
 
     child_id: str | None = Field(
         default=None, description="The subagent session id; null until the agent names it."
@@ -188,8 +223,28 @@ class Delegation(_Attributed):
     )
 
 
-class ArtifactReferenced(_Attributed):
+class DelegationStarted(Delegation):
+    __doc__ = Delegation.__doc__  # one schema definition, "Delegation", for all three
+    TYPE = "delegation.started"
+    model_config = ConfigDict(title="Delegation")
+
+
+class DelegationUpdated(Delegation):
+    __doc__ = Delegation.__doc__  # one schema definition, "Delegation", for all three
+    TYPE = "delegation.updated"
+    model_config = ConfigDict(title="Delegation")
+
+
+class DelegationCompleted(Delegation):
+    __doc__ = Delegation.__doc__  # one schema definition, "Delegation", for all three
+    TYPE = "delegation.completed"
+    model_config = ConfigDict(title="Delegation")
+
+
+class ArtifactReferenced(Attributed):
     """A file the agent pointed at, checked to be a regular file inside the workspace."""
+
+    TYPE = "artifact.referenced"
 
     path: str = Field(description="Relative to the workspace root.")
     kind: Literal["generated_image", "reference_image", "tool_resource"]
@@ -256,12 +311,14 @@ class PermissionRequest(_Data):
 InteractionKind = Literal["question", "plan", "permission"]
 
 
-class Interaction(_Data):
+class Interaction(EventData):
     interaction_id: str
 
 
 class InteractionRequested(Interaction):
     """Persisted in ``acpw:{J}:interactions`` before this event is emitted."""
+
+    TYPE = "interaction.requested"
 
     kind: InteractionKind
     turn: int = Field(ge=1)
@@ -273,6 +330,8 @@ class InteractionRequested(Interaction):
 
 
 class InteractionResolved(Interaction):
+    TYPE = "interaction.resolved"
+
     kind: InteractionKind
     outcome: Literal["answered", "skipped", "accepted", "rejected", "selected", "cancelled"]
     resolved_by: Literal["answer", "timeout", "turn_ended", "cancelled", "timed_out"]
@@ -282,6 +341,8 @@ class InteractionResolved(Interaction):
 
 class InteractionAnswerRejected(Interaction):
     """An answer that was refused; the interaction stays open."""
+
+    TYPE = "interaction.answer_rejected"
 
     code: Literal[
         "unknown_interaction",
@@ -294,7 +355,9 @@ class InteractionAnswerRejected(Interaction):
     reason: str
 
 
-class PermissionDecided(_Data):
+class PermissionDecided(EventData):
+    TYPE = "permission.decided"
+
     tool_call_id: str | None
     title: str | None
     kind: str | None
@@ -307,11 +370,15 @@ class PermissionDecided(_Data):
     )
 
 
-class ModeChanged(_Attributed):
+class ModeChanged(Attributed):
+    TYPE = "mode.changed"
+
     mode: str
 
 
-class ModelSelected(_Data):
+class ModelSelected(EventData):
+    TYPE = "model.selected"
+
     model: str
     params: dict[str, str] = Field(description="Parameters the job named, as echoed.")
     defaults: dict[str, str] = Field(
@@ -323,19 +390,28 @@ class ModelSelected(_Data):
     verified: bool = Field(description="The agent echoed exactly this selection.")
 
 
-class ConfigUpdated(_Attributed):
+class ConfigUpdated(Attributed):
+    TYPE = "config.updated"
+
     config_options: list[dict[str, Any]]
 
 
-class CommandsAvailable(_Attributed):
+class CommandsAvailable(Attributed):
+    TYPE = "commands.available"
+
     commands: list[dict[str, Any]]
 
 
-class SessionTitled(_Attributed):
+class SessionTitled(Attributed):
+    TYPE = "session.titled"
+
     title: str
 
 
-class WorkspaceChanged(_OpenData):
+class WorkspaceChanged(EventData):
+    TYPE = "workspace.changed"
+    model_config = ConfigDict(extra="allow")  # its producers are still growing
+
     paths: list[dict[str, Any]]
     base: dict[str, Any] | None = Field(
         default=None,
@@ -349,7 +425,9 @@ class UsageCost(_Data):
     currency: str
 
 
-class UsageReported(_Attributed):
+class UsageReported(Attributed):
+    TYPE = "usage.reported"
+
     available: bool = Field(description="False when the agent reported no usage: never zero.")
     source: Literal["agent"] | None = None
     used: int | None = Field(default=None, description="Context tokens in use.")
@@ -357,7 +435,9 @@ class UsageReported(_Attributed):
     cost: UsageCost | None = None
 
 
-class ProviderUnmapped(_Attributed):
+class ProviderUnmapped(Attributed):
+    TYPE = "provider.unmapped"
+
     kind: str
     raw: Bounded
     partial: bool = Field(
@@ -365,7 +445,9 @@ class ProviderUnmapped(_Attributed):
     )
 
 
-class Notice(_Data):
+class Notice(EventData):
+    TYPE = "notice"
+
     level: Literal["info", "warning", "error"]
     code: str
     message: str
@@ -381,7 +463,9 @@ class ResultRef(_Data):
     sha256: str
 
 
-class JobCompleted(_Data):
+class JobCompleted(EventData):
+    TYPE = "job.completed"
+
     status: Literal["succeeded", "failed", "cancelled", "timed_out", "lost"]
     stop_reason: str | None
     error: ErrorInfo | None
@@ -400,40 +484,44 @@ class JobCompleted(_Data):
     )
 
 
-EVENT_TYPES: dict[str, type[BaseModel]] = {
-    "job.accepted": JobAccepted,
-    "job.started": JobStarted,
-    "pack.ready": PackReady,
-    "sandbox.ready": SandboxReady,
-    "agent.initialized": AgentInitialized,
-    "session.started": SessionStarted,
-    "message.delta": MessageDelta,
-    "tool.started": ToolStarted,
-    "tool.updated": ToolUpdated,
-    "tool.completed": ToolCompleted,
-    "plan.updated": PlanUpdated,
-    "todos.updated": TodosUpdated,
-    "delegation.started": Delegation,
-    "delegation.updated": Delegation,
-    "delegation.completed": Delegation,
-    "artifact.referenced": ArtifactReferenced,
-    "interaction.requested": InteractionRequested,
-    "interaction.resolved": InteractionResolved,
-    "interaction.answer_rejected": InteractionAnswerRejected,
-    "permission.decided": PermissionDecided,
-    "mode.changed": ModeChanged,
-    "model.selected": ModelSelected,
-    "config.updated": ConfigUpdated,
-    "commands.available": CommandsAvailable,
-    "session.titled": SessionTitled,
-    "workspace.changed": WorkspaceChanged,
-    "usage.reported": UsageReported,
-    "provider.unmapped": ProviderUnmapped,
-    "notice": Notice,
-    "job.completed": JobCompleted,
+#: Every event type, in the order the schema lists them: the one type → class registry.
+EVENT_TYPES: dict[str, type[EventData]] = {
+    model.TYPE: model
+    for model in (
+        JobAccepted,
+        JobStarted,
+        PackReady,
+        SandboxReady,
+        AgentInitialized,
+        SessionStarted,
+        MessageDelta,
+        ToolStarted,
+        ToolUpdated,
+        ToolCompleted,
+        PlanUpdated,
+        TodosUpdated,
+        DelegationStarted,
+        DelegationUpdated,
+        DelegationCompleted,
+        ArtifactReferenced,
+        InteractionRequested,
+        InteractionResolved,
+        InteractionAnswerRejected,
+        PermissionDecided,
+        ModeChanged,
+        ModelSelected,
+        ConfigUpdated,
+        CommandsAvailable,
+        SessionTitled,
+        WorkspaceChanged,
+        UsageReported,
+        ProviderUnmapped,
+        Notice,
+        JobCompleted,
+    )
 }
 
-TERMINAL_TYPE = "job.completed"
+TERMINAL_TYPE = JobCompleted.TYPE
 
 
 class Envelope(BaseModel):

@@ -11,6 +11,10 @@ Updates are routed by ``sessionId``: the root session's are the job's own; a spa
 subagent's are attributed to it (``child_id``), never flattened into the parent; an
 unknown session, a child that already ended, or any child after the turn settled is
 refused with a notice. Events of ``session/load`` history carry ``replay: true``.
+
+The output is event models (:mod:`worker.events.models`), built validated: their
+constructors are the cheapest way to a checked shape, and the emitter serializes exactly
+the fields set here.
 """
 
 from __future__ import annotations
@@ -18,17 +22,41 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from worker.events import artifacts
+from worker.events import artifacts, notices
 from worker.events.artifacts import ArtifactCheck, refuse_all
-from worker.events.bounded import bounded, bounded_json
+from worker.events.bounded import bound, bound_json, bounded
 from worker.events.delegations import TASK_FIELDS, Delegations, Refused
+from worker.events.models import (
+    Attributed,
+    Bounded,
+    CommandsAvailable,
+    ConfigUpdated,
+    Delegation,
+    DiffBlock,
+    EventData,
+    Location,
+    MessageDelta,
+    ModeChanged,
+    Notice,
+    PlanEntry,
+    PlanUpdated,
+    ProviderUnmapped,
+    SessionTitled,
+    TodosUpdated,
+    ToolCompleted,
+    ToolStarted,
+    ToolUpdated,
+    UsageCost,
+    UsageReported,
+)
 from worker.events.todos import KNOWN_FIELDS as TODO_FIELDS
 from worker.events.todos import TodoList
 
-Out = list[tuple[str, dict[str, Any]]]
+Out = list[EventData]
 Handler = Callable[[Mapping[str, Any], str | None], Out]
+Role = Literal["assistant", "thought", "user"]
 
 _TERMINAL_TOOL = {"completed", "failed"}
 _TOOL = ("sessionUpdate", "toolCallId", "title", "kind", "status", "rawInput", "locations")
@@ -96,12 +124,12 @@ class Normalizer:
         """From now on, updates of other sessions must come from spawned children."""
         self.session_id = session_id
 
-    def normalize(self, params: Any) -> Out:
+    def session_update(self, params: Any) -> Out:
         """Events for one ``session/update`` params object."""
         update = params.get("update") if isinstance(params, Mapping) else None
         kind = update.get("sessionUpdate") if isinstance(update, Mapping) else None
         if not isinstance(update, Mapping) or not isinstance(kind, str):
-            return [self.unmapped("session/update", params)]
+            return [self.provider_unmapped("session/update", params)]
         source = params.get("sessionId")
         child = None
         if self.session_id is not None and source != self.session_id:
@@ -117,28 +145,41 @@ class Normalizer:
     def _mapped(self, kind: str, update: Mapping[str, Any], child: str | None, raw: Any) -> Out:
         handler = self._kinds.get(kind)
         if handler is None:
-            return [self.unmapped(kind, raw)]
+            return [self.provider_unmapped(kind, raw)]
         try:
             out = handler(update, child)
         except (KeyError, TypeError, ValueError, AttributeError):
-            return [self.unmapped(kind, raw)]
+            return [self.provider_unmapped(kind, raw)]
         known = KNOWN_FIELDS[kind]
         if len(update) > len(known) or any(key not in known for key in update):
             out.extend(self._partial(kind, update, known))
         return out
 
+    def provider_unmapped(self, kind: str, raw: Any) -> ProviderUnmapped:
+        """What the agent said that no canonical event holds, kept (bounded)."""
+        return ProviderUnmapped(kind=kind, raw=bound_json(raw, self._limit))
+
+    # -- transitional (issue 12, part 2): the (type, data) pairs the job phases still
+    # emit; they go once the job emits the models of session_update / provider_unmapped.
+
+    def normalize(self, params: Any) -> list[tuple[str, dict[str, Any]]]:
+        """:meth:`session_update` as ``(type, data)`` pairs (transitional)."""
+        return [(event.TYPE, event.wire()) for event in self.session_update(params)]
+
     def unmapped(self, kind: str, raw: Any) -> tuple[str, dict[str, Any]]:
-        return "provider.unmapped", {"kind": kind, "raw": bounded_json(raw, self._limit)}
+        """:meth:`provider_unmapped` as a ``(type, data)`` pair (transitional)."""
+        event = self.provider_unmapped(kind, raw)
+        return event.TYPE, event.wire()
 
     def _partial(self, kind: str, update: Mapping[str, Any], known: frozenset[str]) -> Out:
         extra = {key: value for key, value in update.items() if key not in known}
         if not extra:
             return []
-        return [("provider.unmapped", {**self.unmapped(kind, extra)[1], "partial": True})]
+        return [ProviderUnmapped(kind=kind, raw=bound_json(extra, self._limit), partial=True)]
 
     # -- routing --------------------------------------------------------------------------
 
-    def _refusal(self, source: Any, kind: str) -> tuple[str, dict[str, Any]] | None:
+    def _refusal(self, source: Any, kind: str) -> Notice | None:
         if self.settled:
             reason = "turn_settled"
         elif self.delegations.live_child(source) is not None:
@@ -147,7 +188,7 @@ class Normalizer:
             reason = "child_settled"
         else:
             reason = "unknown_session"
-        return _child_refused(source, kind, reason)
+        return notices.subagent_update_refused(source, kind, reason)
 
     def permission_source(
         self, session_id: Any, tool_call_id: str | None
@@ -174,15 +215,17 @@ class Normalizer:
         return child, None
 
     def _stamp(self, out: Out, child: str | None) -> None:
-        for type_, data in out:
-            if type_ == "notice":
+        for event in out:
+            if isinstance(event, Notice):
                 if child is not None:
-                    data["details"] = {**(data.get("details") or {}), "child_id": child}
+                    event.details = {**(event.details or {}), "child_id": child}
                 continue
-            if child is not None and not type_.startswith("delegation."):
-                data["child_id"] = child
+            if not isinstance(event, Attributed):  # every other event of an update is
+                continue
+            if child is not None and not isinstance(event, Delegation):
+                event.child_id = child
             if self.replay:
-                data["replay"] = True
+                event.replay = True
 
     # -- Cursor extension requests (no sessionId: they belong to the root session) -------
 
@@ -190,16 +233,16 @@ class Normalizer:
         """Events for a non-blocking ``cursor/*`` request."""
         mapped = _EXTENSIONS.get(method)
         if mapped is None or not isinstance(params, Mapping):
-            return [self.unmapped(method, params)]
+            return [self.provider_unmapped(method, params)]
         handler, known = mapped
         try:
             out = handler(self, params)
         except (KeyError, TypeError, ValueError, AttributeError):
-            return [self.unmapped(method, params)]
+            return [self.provider_unmapped(method, params)]
         return out + self._partial(method, params, known)
 
     def _todos(self, params: Mapping[str, Any]) -> Out:
-        return [("todos.updated", self.todos.apply(params))]
+        return [TodosUpdated(**self.todos.apply(params))]
 
     def _task(self, params: Mapping[str, Any]) -> Out:
         return self.delegations.cursor_task(params)
@@ -209,71 +252,73 @@ class Normalizer:
 
     # -- kinds ----------------------------------------------------------------------------
 
-    def _chunk(self, update: Mapping[str, Any], role: str) -> Out:
+    def _chunk(self, update: Mapping[str, Any], role: Role) -> Out:
         content = update["content"]
         if content.get("type") == "text":
-            return [("message.delta", {"role": role, "text": str(content["text"])})]
-        raw = bounded_json(content, self._limit)
+            return [MessageDelta(role=role, text=str(content["text"]))]
+        raw = bound_json(content, self._limit)
         block = (
             dict(content)
-            if not raw["truncated"]
-            else {"type": str(content.get("type")), "truncated": True, "bytes": raw["bytes"]}
+            if not raw.truncated
+            else {"type": str(content.get("type")), "truncated": True, "bytes": raw.bytes}
         )
-        return [("message.delta", {"role": role, "text": "", "content": block})]
+        return [MessageDelta(role=role, text="", content=block)]
 
     def _tool_call(self, update: Mapping[str, Any], child: str | None) -> Out:
-        notices: Out = []
+        refused: Out = []
         tool_call_id = str(update["toolCallId"])
         raw_input = update.get("rawInput")
-        data = {
-            "tool_call_id": tool_call_id,
-            "title": _title(update.get("title")),
-            "kind": _opt_str(update.get("kind")),
-            "status": str(update.get("status") or "pending"),
-            "raw_input": self._raw_input(raw_input),
-            "locations": self._locations(update.get("locations"), notices),
-        }
-        out: Out = [("tool.started", data)]
+        started = ToolStarted(
+            tool_call_id=tool_call_id,
+            title=_title(update.get("title")),
+            kind=_opt_str(update.get("kind")),
+            status=str(update.get("status") or "pending"),
+            raw_input=self._raw_input(raw_input),
+            locations=self._locations(update.get("locations"), refused),
+        )
+        out: Out = [started]
         if child is not None and len(self._tool_owner) < MAX_TOOL_OWNERS:
             self._tool_owner.setdefault(tool_call_id, child)
         if isinstance(raw_input, Mapping) and raw_input.get("_toolName") == "task":
             parent = child or self.session_id
             out += self.delegations.task_tool(tool_call_id, raw_input, parent)
-        return out + notices
+        return out + refused
 
     def _tool_update(self, update: Mapping[str, Any], child: str | None) -> Out:
-        notices: Out = []
+        refused: Out = []
         tool_call_id = str(update["toolCallId"])
         status = _opt_str(update.get("status"))
-        data: dict[str, Any] = {"tool_call_id": tool_call_id, "status": status}
-        self._tool_fields(update, data)
+        fields: dict[str, Any] = {"tool_call_id": tool_call_id, "status": status}
+        self._tool_fields(update, fields)
         content = update.get("content")
-        data["diffs"] = self._diffs(content, notices)
-        data["locations"] = self._locations(update.get("locations"), notices)
-        type_ = "tool.completed" if status in _TERMINAL_TOOL else "tool.updated"
-        out: Out = [(type_, data)]
+        fields["diffs"] = self._diffs(content, refused)
+        fields["locations"] = self._locations(update.get("locations"), refused)
+        # Only the fields set go out: ``title``, ``output``, ``exit_code`` and
+        # ``raw_input`` are absent, not null, when the update did not carry them.
+        event = ToolCompleted(**fields) if status in _TERMINAL_TOOL else ToolUpdated(**fields)
+        out: Out = [event]
         if self.delegations.is_task_tool(tool_call_id):
             out += self.delegations.task_output(tool_call_id, status, update.get("rawOutput"))
-        return out + self._resources(content, tool_call_id) + notices
+        return out + self._resources(content, tool_call_id) + refused
 
-    def _tool_fields(self, update: Mapping[str, Any], data: dict[str, Any]) -> None:
+    def _tool_fields(self, update: Mapping[str, Any], fields: dict[str, Any]) -> None:
         if update.get("title") is not None:
-            data["title"] = _title(update["title"])
+            fields["title"] = _title(update["title"])
         output = self._output(update)
         if output is not None:
-            data["output"] = output
+            fields["output"] = output
         raw_output = update.get("rawOutput")
         if isinstance(raw_output, Mapping) and type(raw_output.get("exitCode")) is int:
-            data["exit_code"] = raw_output["exitCode"]
+            fields["exit_code"] = raw_output["exitCode"]
         if update.get("rawInput") is not None:
-            data["raw_input"] = self._raw_input(update["rawInput"])
+            fields["raw_input"] = self._raw_input(update["rawInput"])
 
-    def _raw_input(self, raw_input: Any) -> dict[str, Any] | None:
+    def _raw_input(self, raw_input: Any) -> Bounded | None:
         if raw_input is None:
             return None
-        return bounded_json(_redacted(raw_input), self._limit)
+        return bound_json(_redacted(raw_input), self._limit)
 
-    def _output(self, update: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _output(self, update: Mapping[str, Any]) -> Bounded | None:
         texts = [
             str(block["content"]["text"])
             for block in update.get("content") or []
@@ -283,9 +328,9 @@ class Normalizer:
             and block["content"].get("type") == "text"
         ]
         if texts:
-            return bounded("\n".join(texts), self._limit)
+            return bound("\n".join(texts), self._limit)
         if update.get("rawOutput") is not None:
-            return bounded_json(update["rawOutput"], self._limit)
+            return bound_json(update["rawOutput"], self._limit)
         return None
 
     def _resources(self, content: Any, tool_call_id: str) -> Out:
@@ -304,36 +349,38 @@ class Normalizer:
             )
         return out
 
-    def _diffs(self, content: Any, notices: Out) -> list[dict[str, Any]]:
+    def _diffs(self, content: Any, refused: Out) -> list[DiffBlock]:
         diffs = []
         for block in content or []:
             if not isinstance(block, Mapping) or block.get("type") != "diff":
                 continue
-            path = self._relative(str(block.get("path", "")), notices)
+            path = self._relative(str(block.get("path", "")), refused)
             if path is None:
                 continue
             old = block.get("oldText")
             diffs.append(
-                {
-                    "path": path,
-                    "old_text": None if old is None else bounded(str(old), self._limit),
-                    "new_text": bounded(str(block.get("newText", "")), self._limit),
-                }
+                DiffBlock(
+                    path=path,
+                    old_text=None if old is None else bound(str(old), self._limit),
+                    new_text=bound(str(block.get("newText", "")), self._limit),
+                )
             )
         return diffs
 
-    def _locations(self, locations: Any, notices: Out) -> list[dict[str, Any]]:
+    def _locations(self, locations: Any, refused: Out) -> list[Location]:
         out = []
         for location in locations or []:
             if not isinstance(location, Mapping):
                 continue
-            path = self._relative(str(location.get("path", "")), notices)
+            path = self._relative(str(location.get("path", "")), refused)
             if path is not None:
                 line = location.get("line")
-                out.append({"path": path, "line": line if isinstance(line, int) else None})
+                # A JSON true is no line number (and would be coerced to 1).
+                number = line if isinstance(line, int) and not isinstance(line, bool) else None
+                out.append(Location(path=path, line=number))
         return out
 
-    def _relative(self, path: str, notices: Out) -> str | None:
+    def _relative(self, path: str, refused: Out) -> str | None:
         """Workspace-relative form of ``path``; ``None`` (plus a notice) when outside."""
         if path.startswith("/"):
             normalized = posixpath.normpath(path)
@@ -345,68 +392,69 @@ class Normalizer:
             normalized = posixpath.normpath(path)
             if normalized != ".." and not normalized.startswith("../"):
                 return normalized
-        notices.append(_outside_notice(path))
+        refused.append(notices.path_outside_workspace(path))
         return None
 
     def _plan(self, update: Mapping[str, Any], child: str | None) -> Out:
         revision = self._plan_revisions.get(child, 0) + 1
         self._plan_revisions[child] = revision
         entries = [
-            {
-                "content": str(entry.get("content", "")),
-                "priority": _opt_str(entry.get("priority")),
-                "status": str(entry.get("status", "pending")),
-            }
+            PlanEntry(
+                content=str(entry.get("content", "")),
+                priority=_opt_str(entry.get("priority")),
+                status=str(entry.get("status", "pending")),
+            )
             for entry in update["entries"]
             if isinstance(entry, Mapping)
         ]
-        return [("plan.updated", {"revision": revision, "entries": entries})]
+        return [PlanUpdated(revision=revision, entries=entries)]
 
     def _commands(self, update: Mapping[str, Any], child: str | None) -> Out:
         commands = [dict(c) for c in update["availableCommands"] if isinstance(c, Mapping)]
-        return [("commands.available", {"commands": commands})]
+        return [CommandsAvailable(commands=commands)]
 
     def _mode(self, update: Mapping[str, Any], child: str | None) -> Out:
-        return [("mode.changed", {"mode": str(update["currentModeId"])})]
+        return [ModeChanged(mode=str(update["currentModeId"]))]
 
     def _config(self, update: Mapping[str, Any], child: str | None) -> Out:
         options = [dict(o) for o in update["configOptions"] if isinstance(o, Mapping)]
-        return [("config.updated", {"config_options": options})]
+        return [ConfigUpdated(config_options=options)]
 
     def _info(self, update: Mapping[str, Any], child: str | None) -> Out:
         title = update.get("title")
         if not isinstance(title, str):
-            return [self.unmapped("session_info_update", update)]
-        return [("session.titled", {"title": bounded(title, 1024)["text"]})]
+            return [self.provider_unmapped("session_info_update", update)]
+        return [SessionTitled(title=bounded(title, 1024)["text"])]
 
     def _usage(self, update: Mapping[str, Any], child: str | None) -> Out:
         self.usage_seen = True
-        data: dict[str, Any] = {"available": True, "source": "agent"}
+        fields: dict[str, Any] = {"available": True, "source": "agent"}
         for key in ("used", "size"):
             if type(update.get(key)) is int:
-                data[key] = update[key]
+                fields[key] = update[key]
         cost = update.get("cost")
         if isinstance(cost, Mapping) and _is_cost(cost):
-            data["cost"] = {"amount": float(cost["amount"]), "currency": cost["currency"]}
+            fields["cost"] = UsageCost(amount=float(cost["amount"]), currency=cost["currency"])
         malformed = {
-            k: update[k] for k in ("used", "size", "cost") if k in update and k not in data
+            k: update[k] for k in ("used", "size", "cost") if k in update and k not in fields
         }
-        return [("usage.reported", data), *self._partial("usage_update", malformed, frozenset())]
+        usage = UsageReported(**fields)
+        return [usage, *self._partial("usage_update", malformed, frozenset())]
 
     def _spawned(self, update: Mapping[str, Any], child: str | None) -> Out:
         try:
             return self.delegations.spawned(update, child or self.session_id)
         except Refused as refused:
-            return [
-                _child_refused(update.get("subagentSessionId"), "subagent_spawned", refused.reason)
-            ]
+            session_id = update.get("subagentSessionId")
+            return [notices.subagent_update_refused(session_id, "subagent_spawned", refused.reason)]
 
     def _child_state(self, update: Mapping[str, Any], child: str | None) -> Out:
         try:
             return self.delegations.state_update(update, child or self.session_id)
         except Refused as refused:
             kind = "subagent_state_update"
-            return [_child_refused(update.get("subagentSessionId"), kind, refused.reason)]
+            session_id = update.get("subagentSessionId")
+            return [notices.subagent_update_refused(session_id, kind, refused.reason)]
 
 
 _EXTENSIONS: dict[str, tuple[Callable[[Normalizer, Mapping[str, Any]], Out], frozenset[str]]] = {
@@ -447,32 +495,3 @@ def _title(value: Any) -> str | None:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _child_refused(session_id: Any, kind: str, reason: str) -> tuple[str, dict[str, Any]]:
-    return (
-        "notice",
-        {
-            "level": "warning",
-            "code": "subagent_update_refused",
-            "message": f"a {kind} update was refused ({reason}): it does not come from a "
-            "live subagent of this turn",
-            "details": {
-                "session_id": bounded(str(session_id), 256)["text"],
-                "kind": kind,
-                "reason": reason,
-            },
-        },
-    )
-
-
-def _outside_notice(path: str) -> tuple[str, dict[str, Any]]:
-    return (
-        "notice",
-        {
-            "level": "warning",
-            "code": "path_outside_workspace",
-            "message": "the agent reported a path outside the workspace; it was dropped",
-            "details": {"path": bounded(path, 512)["text"]},
-        },
-    )

@@ -24,8 +24,10 @@ def event_schema() -> dict[str, Any]:
     for name, model in EVENT_TYPES.items():
         schema = model.model_json_schema(ref_template="#/$defs/{model}")
         defs.update(schema.pop("$defs", {}))
-        defs[model.__name__] = schema
-        variants.append(_variant(name, {"$ref": f"#/$defs/{model.__name__}"}))
+        # The title, not the class name: the three delegation.* classes share one shape.
+        title = model.model_config.get("title") or model.__name__
+        defs[title] = schema
+        variants.append(_variant(name, {"$ref": f"#/$defs/{title}"}))
     envelope = Envelope.model_json_schema()
     envelope["properties"]["type"] = {"enum": list(EVENT_TYPES)}
     return {

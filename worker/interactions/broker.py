@@ -25,13 +25,19 @@ from typing import Any
 
 from worker.acp.connection import Reply
 from worker.errors import LeaseLost, ServiceUnavailable
+from worker.events import notices
 from worker.events.bounded import bounded
-from worker.events.emitter import utc_timestamp
+from worker.events.emitter import Emit, utc_timestamp
+from worker.events.models import (
+    InteractionAnswerRejected,
+    InteractionRequested,
+    InteractionResolved,
+    Notice,
+)
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.requests import fallback_answer, native_reply
 from worker.store.interactions import OPEN, RESOLVED, InteractionStore
 
-Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 Settled = Callable[[dict[str, Any]], Awaitable[None]]
 FINISH_WAIT_S = 5.0
 
@@ -114,26 +120,19 @@ class InteractionBroker:
         """Open an interaction and wait for its answer; returns the agent's reply."""
         refusal = self._refusal(kind)
         if refusal is not None:
-            await self._emit("notice", refusal)
-            return native_reply(kind, fallback_answer(kind, request, refusal["code"]))
+            await self._emit(refusal)
+            return native_reply(kind, fallback_answer(kind, request, refusal.code))
         item = self._new(kind, request, tool_call_id)
         if not await self._publish(item):
             return native_reply(kind, fallback_answer(kind, request, "unavailable"))
         answer, resolved_by = await self._wait(item)
         return Reply(native_reply(kind, answer), self._finisher(item, answer, resolved_by, settled))
 
-    def _refusal(self, kind: str) -> dict[str, Any] | None:
+    def _refusal(self, kind: str) -> Notice | None:
         if self._store is None:
-            return _notice(
-                "interaction_unavailable",
-                f"a {kind} needs an answer from the control plane, but this run has no "
-                "interaction channel (no Redis); it was declined",
-                kind,
-            )
+            return notices.interaction_unavailable(kind)
         if not self.active:
-            return _notice(
-                "interaction_outside_turn", f"a {kind} arrived outside a turn; declined", kind
-            )
+            return notices.interaction_outside_turn(kind)
         return None
 
     def _new(self, kind: str, request: dict[str, Any], tool_call_id: str | None) -> _Open:
@@ -159,17 +158,17 @@ class InteractionBroker:
         data = self._requested_data(item.record)
         size = len(json.dumps(data, ensure_ascii=False).encode("utf-8"))
         if size > self._max_bytes - 4096:
-            await self._emit("notice", _too_large(item.kind, size, self._max_bytes))
+            await self._emit(notices.interaction_too_large(item.kind, size, self._max_bytes))
             return False
         try:
             assert self._store is not None
             await self._store.put(item.record)
         except (ServiceUnavailable, LeaseLost) as exc:
             # Lost lease: the job is being cancelled (the heartbeat saw it too); declined.
-            await self._emit("notice", _notice("interaction_unavailable", exc.message, item.kind))
+            await self._emit(notices.interaction_unavailable(item.kind, cause=exc.message))
             return False
         self._open[item.record["interaction_id"]] = item
-        await self._emit("interaction.requested", data)
+        await self._emit(InteractionRequested.model_validate(data))
         return True
 
     def _requested_data(self, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,17 +219,15 @@ class InteractionBroker:
         self._open.pop(interaction_id, None)
         self._closed.add(interaction_id)
         item.record.update(status=RESOLVED, answer=answer, resolved_by=resolved_by, delivered=sent)
-        await self._emit(
-            "interaction.resolved",
-            {
-                "interaction_id": interaction_id,
-                "kind": item.kind,
-                "outcome": answer["outcome"],
-                "resolved_by": resolved_by,
-                "answer": answer if resolved_by == "answer" else None,
-                "delivered": sent,
-            },
-        )
+        resolved = {
+            "interaction_id": interaction_id,
+            "kind": item.kind,
+            "outcome": answer["outcome"],
+            "resolved_by": resolved_by,
+            "answer": answer if resolved_by == "answer" else None,
+            "delivered": sent,
+        }
+        await self._emit(InteractionResolved.model_validate(resolved))
 
     # -- the control-plane side -------------------------------------------------------------
 
@@ -259,24 +256,9 @@ class InteractionBroker:
         return item
 
     async def _reject(self, interaction_id: str, code: str, reason: str) -> None:
-        await self._emit(
-            "interaction.answer_rejected",
-            {
-                "interaction_id": bounded(interaction_id, 256)["text"],
-                "code": code,
-                "reason": bounded(reason, 1024)["text"],
-            },
-        )
-
-
-def _notice(code: str, message: str, kind: str) -> dict[str, Any]:
-    return {"level": "warning", "code": code, "message": message, "details": {"kind": kind}}
-
-
-def _too_large(kind: str, size: int, limit: int) -> dict[str, Any]:
-    return _notice(
-        "interaction_too_large",
-        f"a {kind} of about {size} bytes cannot be presented within the {limit}-byte event "
-        "cap; it was declined, not truncated",
-        kind,
-    )
+        rejected = {
+            "interaction_id": bounded(interaction_id, 256)["text"],
+            "code": code,
+            "reason": bounded(reason, 1024)["text"],
+        }
+        await self._emit(InteractionAnswerRejected.model_validate(rejected))

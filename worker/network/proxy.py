@@ -60,8 +60,8 @@ class NetworkDenial:
     seq: int
 
 
-#: What the runner passes as ``on_denial``: awaited once per reported denial, e.g.
-#: ``async def on_denial(d): await emitter.emit("notice", {"kind": "network.denied", ...})``.
+#: What the job passes as ``on_denial``: awaited once per reported denial (the job emits
+#: it as a ``network_denied`` notice).
 #: Exceptions it raises are logged and swallowed; it must not block for long.
 DenialHandler = Callable[[NetworkDenial], Awaitable[None]]
 
