@@ -4,13 +4,23 @@ Calls translate JSON-RPC errors at this seam: -32000 becomes :class:`AuthRequire
 -32601 :class:`Unsupported` (fork/resume are asked, never inferred from the schema), any
 other error object an :class:`AgentError` naming the method. Inbound requests are
 registered by their own modules: ``permissions``, ``fs``, ``terminal``, ``cursor``.
+
+Requests are built from the ``agent-client-protocol`` schema models (:func:`params`),
+except ``session/set_model``, which that schema does not have (it is the legacy model
+call Cursor still implements). Results are checked for the fields the worker relies on
+and returned as the agent sent them, not as the schema models: those drop what they do
+not know (Cursor's ``models`` in a session result, new capabilities), salvage invalid
+fields to defaults, and close enumerations such as the stop reason, while events report
+the agent's answer whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from acp import schema
 
 from worker import __version__
 from worker.acp.connection import (
@@ -20,6 +30,7 @@ from worker.acp.connection import (
     Connection,
     RpcError,
 )
+from worker.acp.wire import JsonObject, JsonValue, params
 from worker.errors import (
     AgentError,
     AuthRequired,
@@ -30,6 +41,8 @@ from worker.errors import (
 from worker.events.bounded import bounded_json
 
 PROTOCOL_VERSION = 1
+#: ``session/load`` has always been sent ``sessionId`` first; the schema declares it last.
+_LOAD_ORDER = ("sessionId", "cwd", "mcpServers")
 Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
@@ -48,19 +61,20 @@ class ClientCapabilities:
     subagents: bool = True
     parameterized_models: bool = False
 
-    def to_wire(self) -> dict[str, Any]:
-        caps: dict[str, Any] = {
-            "fs": {"readTextFile": self.fs, "writeTextFile": self.fs},
-            "terminal": self.terminal,
-        }
-        meta = {}
+    def to_wire(self) -> JsonObject:
+        return params(self.to_schema())
+
+    def to_schema(self) -> schema.ClientCapabilities:
+        """The schema model; Cursor's two switches travel in ``_meta``, sent only when set."""
+        meta: JsonObject = {}
         if self.subagents:
             meta["subagents"] = True
         if self.parameterized_models:
             meta["parameterizedModelPicker"] = True
+        fs = schema.FileSystemCapabilities(read_text_file=self.fs, write_text_file=self.fs)
         if meta:
-            caps["_meta"] = meta
-        return caps
+            return schema.ClientCapabilities(fs=fs, terminal=self.terminal, field_meta=meta)
+        return schema.ClientCapabilities(fs=fs, terminal=self.terminal)
 
 
 class AcpClient:
@@ -69,26 +83,28 @@ class AcpClient:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
-    async def _call(self, method: str, params: Any, *, timeout: float | None = -1) -> Any:
+    async def _call(
+        self, method: str, request: JsonObject, *, timeout: float | None = -1
+    ) -> JsonValue:
         try:
-            return await self.connection.request(method, params, timeout=timeout)
+            result: JsonValue = await self.connection.request(method, request, timeout=timeout)
         except RpcError as exc:
             raise _translated(method, exc) from None
+        return result
 
-    async def initialize(self, capabilities: ClientCapabilities) -> Mapping[str, Any]:
-        """Negotiate protocol 1.
+    async def initialize(self, capabilities: ClientCapabilities) -> Mapping[str, JsonValue]:
+        """Negotiate protocol 1; returns the agent's answer as sent.
 
         Raises:
             ProtocolError: the agent answered another protocol version or a non-object.
         """
-        result = await self._call(
-            "initialize",
-            {
-                "protocolVersion": PROTOCOL_VERSION,
-                "clientCapabilities": capabilities.to_wire(),
-                "clientInfo": {"name": "acp-worker", "version": __version__},
-            },
+        request = schema.InitializeRequest(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=capabilities.to_schema(),
+            client_info=schema.Implementation(name="acp-worker", version=__version__),
         )
+        result = await self._call("initialize", params(request))
+        # Compared as sent: the schema model would coerce a string "1" to 1.
         if not isinstance(result, Mapping) or result.get("protocolVersion") != PROTOCOL_VERSION:
             raise ProtocolError(
                 "agent does not speak ACP protocol version 1",
@@ -96,7 +112,7 @@ class AcpClient:
             )
         return result
 
-    async def authenticate(self, method_id: str, offered: Any) -> None:
+    async def authenticate(self, method_id: str, offered: object) -> None:
         """``authenticate`` with the pack's method, which the agent must have offered.
 
         Raises:
@@ -112,25 +128,28 @@ class AcpClient:
                 offered=[str(i) for i in ids][:16],
             )
         try:
-            await self._call("authenticate", {"methodId": method_id})
+            await self._call(
+                "authenticate", params(schema.AuthenticateRequest(method_id=method_id))
+            )
         except AuthRequired:
             raise
         except AgentError as exc:
             raise AuthRequired(str(exc), auth_method=method_id, **exc.details) from None
 
-    async def new_session(self, cwd: str) -> Mapping[str, Any]:
-        """Create a session; the result must carry a string ``sessionId``.
+    async def new_session(self, cwd: str) -> Mapping[str, JsonValue]:
+        """Create a session; the result (as sent) must carry a string ``sessionId``.
 
         Raises:
             AuthRequired: the agent needs credentials (JSON-RPC -32000).
             ProtocolError: the result has no session id.
         """
-        result = await self._call("session/new", {"cwd": cwd, "mcpServers": []})
+        request = schema.NewSessionRequest(cwd=cwd, mcp_servers=[])
+        result = await self._call("session/new", params(request))
         if not isinstance(result, Mapping) or not isinstance(result.get("sessionId"), str):
             raise ProtocolError("session/new returned no sessionId")
         return result
 
-    async def load_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def load_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """Resume a recorded session; its history is replayed before this returns.
 
         Raises:
@@ -138,9 +157,9 @@ class AcpClient:
             Unsupported: the agent has no session/load (-32601).
             AuthRequired: the agent needs credentials.
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        request = schema.LoadSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
         try:
-            result = await self._call("session/load", params)
+            result = await self._call("session/load", params(request, order=_LOAD_ORDER))
         except AgentError as exc:
             if exc.details.get("rpc_code") == INVALID_PARAMS:
                 raise SessionNotFound(
@@ -149,65 +168,79 @@ class AcpClient:
             raise
         return result if isinstance(result, Mapping) else {}
 
-    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, Any]]:
+    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, JsonValue]]:
         """``session/list``: the agent's recorded sessions (no paging).
 
         Raises:
             Unsupported: the agent has no session/list.
         """
-        result = await self._call("session/list", {} if cwd is None else {"cwd": cwd})
+        request = (
+            schema.ListSessionsRequest() if cwd is None else schema.ListSessionsRequest(cwd=cwd)
+        )
+        result = await self._call("session/list", params(request))
         sessions = result.get("sessions") if isinstance(result, Mapping) else None
-        return [s for s in sessions or [] if isinstance(s, Mapping)]
+        listed = sessions if isinstance(sessions, list) else []
+        return [s for s in listed if isinstance(s, Mapping)]
 
-    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """``session/resume`` (never inferred from the schema: asked).
 
         Raises:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
-        result = await self._call("session/resume", params)
+        request = schema.ResumeSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
+        result = await self._call("session/resume", params(request))
         return result if isinstance(result, Mapping) else {}
 
-    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """``session/fork``.
 
         Raises:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
-        result = await self._call("session/fork", params)
+        request = schema.ForkSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
+        result = await self._call("session/fork", params(request))
         return result if isinstance(result, Mapping) else {}
 
     async def set_mode(self, session_id: str, mode: str) -> None:
-        await self._call("session/set_mode", {"sessionId": session_id, "modeId": mode})
+        request = schema.SetSessionModeRequest(session_id=session_id, mode_id=mode)
+        await self._call("session/set_mode", params(request))
 
-    async def set_config_option(self, session_id: str, config_id: str, value: str) -> Any:
-        params = {"sessionId": session_id, "configId": config_id, "value": value}
-        return await self._call("session/set_config_option", params)
+    async def set_config_option(self, session_id: str, config_id: str, value: str) -> JsonValue:
+        """Set a select option; returns the result as sent (its ``configOptions`` echo)."""
+        request = schema.SetSessionConfigOptionSelectRequest(
+            session_id=session_id, config_id=config_id, value=value
+        )
+        return await self._call("session/set_config_option", params(request))
 
     async def set_model(self, session_id: str, model_id: str) -> None:
+        """The legacy ``session/set_model``: not in the schema package, so built here."""
         await self._call("session/set_model", {"sessionId": session_id, "modelId": model_id})
 
-    async def prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> str:
+    async def prompt(self, session_id: str, blocks: Sequence[Mapping[str, JsonValue]]) -> str:
         """Run one turn; returns the stop reason. Waits as long as the turn lasts.
 
         A second prompt on a busy session *interrupts* the first (Cursor cancels it);
-        ACP has no steering, so the worker never sends one concurrently.
+        ACP has no steering, so the worker never sends one concurrently. Any string is a
+        stop reason: the schema's list is closed, an agent's may be newer.
 
         Raises:
             ProtocolError: the result carries no stop reason.
         """
-        result = await self._call(
-            "session/prompt", {"sessionId": session_id, "prompt": blocks}, timeout=None
-        )
+        request = schema.PromptRequest.model_validate({"sessionId": session_id, "prompt": blocks})
+        wire = params(request)
+        # The schema declares a block's "type" last; the blocks have always led with it.
+        wire["prompt"] = [params(block, order=("type",)) for block in request.prompt]
+        result = await self._call("session/prompt", wire, timeout=None)
         stop = result.get("stopReason") if isinstance(result, Mapping) else None
         if not isinstance(stop, str):
             raise ProtocolError("session/prompt returned no stopReason")
         return stop
 
     async def cancel(self, session_id: str) -> None:
-        await self.connection.notify("session/cancel", {"sessionId": session_id})
+        await self.connection.notify(
+            "session/cancel", params(schema.CancelNotification(session_id=session_id))
+        )
 
 
 def _translated(method: str, exc: RpcError) -> AgentError:
