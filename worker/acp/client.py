@@ -5,13 +5,13 @@ Calls translate JSON-RPC errors at this seam: -32000 becomes :class:`AuthRequire
 other error object an :class:`AgentError` naming the method. Inbound requests are
 registered by their own modules: ``permissions``, ``fs``, ``terminal``, ``cursor``.
 
-Requests are built from the ``agent-client-protocol`` schema models (:func:`params`),
-except ``session/set_model``, which that schema does not have (it is the legacy model
-call Cursor still implements). Results are checked for the fields the worker relies on
-and returned as the agent sent them, not as the schema models: those drop what they do
-not know (Cursor's ``models`` in a session result, new capabilities), salvage invalid
-fields to defaults, and close enumerations such as the stop reason, while events report
-the agent's answer whole.
+Requests are built from the ``agent-client-protocol`` schema models
+(:func:`worker.acp.wire.to_wire`), except ``session/set_model``, which that schema does
+not have (it is the legacy model call Cursor still implements). Results are checked for
+the fields the worker relies on and returned as the agent sent them, not as the schema
+models: those drop what they do not know (Cursor's ``models`` in a session result, new
+capabilities), salvage invalid fields to defaults, and close enumerations such as the
+stop reason, while events report the agent's answer whole.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from worker.acp.connection import (
     Connection,
     RpcError,
 )
-from worker.acp.wire import JsonObject, JsonValue, params
+from worker.acp.wire import JsonObject, JsonValue, to_wire
 from worker.errors import (
     AgentError,
     AuthRequired,
@@ -62,7 +62,7 @@ class ClientCapabilities:
     parameterized_models: bool = False
 
     def to_wire(self) -> JsonObject:
-        return params(self.to_schema())
+        return to_wire(self.to_schema())
 
     def to_schema(self) -> schema.ClientCapabilities:
         """The schema model; Cursor's two switches travel in ``_meta``, sent only when set."""
@@ -103,7 +103,7 @@ class AcpClient:
             client_capabilities=capabilities.to_schema(),
             client_info=schema.Implementation(name="acp-worker", version=__version__),
         )
-        result = await self._call("initialize", params(request))
+        result = await self._call("initialize", to_wire(request))
         # Compared as sent: the schema model would coerce a string "1" to 1.
         if not isinstance(result, Mapping) or result.get("protocolVersion") != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -129,7 +129,7 @@ class AcpClient:
             )
         try:
             await self._call(
-                "authenticate", params(schema.AuthenticateRequest(method_id=method_id))
+                "authenticate", to_wire(schema.AuthenticateRequest(method_id=method_id))
             )
         except AuthRequired:
             raise
@@ -144,7 +144,7 @@ class AcpClient:
             ProtocolError: the result has no session id.
         """
         request = schema.NewSessionRequest(cwd=cwd, mcp_servers=[])
-        result = await self._call("session/new", params(request))
+        result = await self._call("session/new", to_wire(request))
         if not isinstance(result, Mapping) or not isinstance(result.get("sessionId"), str):
             raise ProtocolError("session/new returned no sessionId")
         return result
@@ -159,7 +159,7 @@ class AcpClient:
         """
         request = schema.LoadSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
         try:
-            result = await self._call("session/load", params(request, order=_LOAD_ORDER))
+            result = await self._call("session/load", to_wire(request, order=_LOAD_ORDER))
         except AgentError as exc:
             if exc.details.get("rpc_code") == INVALID_PARAMS:
                 raise SessionNotFound(
@@ -177,7 +177,7 @@ class AcpClient:
         request = (
             schema.ListSessionsRequest() if cwd is None else schema.ListSessionsRequest(cwd=cwd)
         )
-        result = await self._call("session/list", params(request))
+        result = await self._call("session/list", to_wire(request))
         sessions = result.get("sessions") if isinstance(result, Mapping) else None
         listed = sessions if isinstance(sessions, list) else []
         return [s for s in listed if isinstance(s, Mapping)]
@@ -189,7 +189,7 @@ class AcpClient:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
         request = schema.ResumeSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
-        result = await self._call("session/resume", params(request))
+        result = await self._call("session/resume", to_wire(request))
         return result if isinstance(result, Mapping) else {}
 
     async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
@@ -199,19 +199,19 @@ class AcpClient:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
         request = schema.ForkSessionRequest(session_id=session_id, cwd=cwd, mcp_servers=[])
-        result = await self._call("session/fork", params(request))
+        result = await self._call("session/fork", to_wire(request))
         return result if isinstance(result, Mapping) else {}
 
     async def set_mode(self, session_id: str, mode: str) -> None:
         request = schema.SetSessionModeRequest(session_id=session_id, mode_id=mode)
-        await self._call("session/set_mode", params(request))
+        await self._call("session/set_mode", to_wire(request))
 
     async def set_config_option(self, session_id: str, config_id: str, value: str) -> JsonValue:
         """Set a select option; returns the result as sent (its ``configOptions`` echo)."""
         request = schema.SetSessionConfigOptionSelectRequest(
             session_id=session_id, config_id=config_id, value=value
         )
-        return await self._call("session/set_config_option", params(request))
+        return await self._call("session/set_config_option", to_wire(request))
 
     async def set_model(self, session_id: str, model_id: str) -> None:
         """The legacy ``session/set_model``: not in the schema package, so built here."""
@@ -228,9 +228,9 @@ class AcpClient:
             ProtocolError: the result carries no stop reason.
         """
         request = schema.PromptRequest.model_validate({"sessionId": session_id, "prompt": blocks})
-        wire = params(request)
+        wire = to_wire(request)
         # The schema declares a block's "type" last; the blocks have always led with it.
-        wire["prompt"] = [params(block, order=("type",)) for block in request.prompt]
+        wire["prompt"] = [to_wire(block, order=("type",)) for block in request.prompt]
         result = await self._call("session/prompt", wire, timeout=None)
         stop = result.get("stopReason") if isinstance(result, Mapping) else None
         if not isinstance(stop, str):
@@ -239,7 +239,7 @@ class AcpClient:
 
     async def cancel(self, session_id: str) -> None:
         await self.connection.notify(
-            "session/cancel", params(schema.CancelNotification(session_id=session_id))
+            "session/cancel", to_wire(schema.CancelNotification(session_id=session_id))
         )
 
 

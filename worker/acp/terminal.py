@@ -4,6 +4,14 @@ sandbox (``Sandbox.spawn``), with stdin closed and output bounded.
 Output keeps the *last* ``outputByteLimit`` bytes (capped by the worker), as ACP
 specifies, and says whether it was cut. At most ``MAX_TERMINALS`` live at once; every
 one is killed when the job ends.
+
+Replies are built from the schema's response models where they match what the worker has
+always sent (create, kill, release). The exit status is not: the schema types ``signal``
+as a string (a signal name) and the worker sends the signal's number, so
+``terminal/output`` and ``terminal/wait_for_exit`` keep their own objects until that wire
+change is made on purpose. The params are read field by field, not through the request
+models: those require a ``sessionId`` (never needed here: the sandbox is the job's) and
+an ``env`` entry's ``value``, which this handler defaults to "".
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ import contextlib
 import itertools
 import posixpath
 from collections.abc import Mapping
-from typing import Any
+
+from acp import schema
 
 from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
+from worker.acp.wire import JsonObject, JsonValue, to_wire
 from worker.errors import SandboxError
 from worker.sandbox.base import HOME, WORKSPACE, Sandbox, SandboxProcess
 
@@ -44,13 +54,13 @@ class _Terminal:
     def output(self) -> str:
         return bytes(self.buffer).decode("utf-8", "ignore" if self.truncated else "replace")
 
-    def exit_status(self) -> dict[str, Any] | None:
+    def exit_status(self) -> JsonObject | None:
         code = self.process.returncode
         if code is None:
             return None
         return {"exitCode": code if code >= 0 else None, "signal": None if code >= 0 else -code}
 
-    async def wait(self) -> dict[str, Any]:
+    async def wait(self) -> JsonObject:
         await self.process.wait()
         await asyncio.gather(*self.readers, return_exceptions=True)
         status = self.exit_status()
@@ -82,7 +92,7 @@ class Terminals:
         connection.route("terminal/kill", self.kill)
         connection.route("terminal/release", self.release)
 
-    async def create(self, params: Any) -> dict[str, Any]:
+    async def create(self, params: JsonValue) -> JsonObject:
         """Start the command; returns ``{terminalId}``.
 
         Raises:
@@ -99,55 +109,58 @@ class Terminals:
         process.stdin.close()
         terminal_id = f"term-{next(self._ids)}"
         self._live[terminal_id] = _Terminal(process, limit)
-        return {"terminalId": terminal_id}
+        return to_wire(schema.CreateTerminalResponse(terminal_id=terminal_id))
 
-    def _parse(self, params: Any) -> tuple[list[str], dict[str, str], str, int]:
-        if not isinstance(params, Mapping) or not isinstance(params.get("command"), str):
+    def _parse(self, params: JsonValue) -> tuple[list[str], dict[str, str], str, int]:
+        command = params.get("command") if isinstance(params, Mapping) else None
+        if not isinstance(params, Mapping) or not isinstance(command, str):
             raise _invalid("command is required")
         args = params.get("args") or []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise _invalid("args must be strings")
         env = dict(BASE_ENV)
-        for item in params.get("env") or []:
-            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-                env[item["name"]] = str(item.get("value", ""))
+        for item in _items(params.get("env")):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            if isinstance(item, Mapping) and isinstance(name, str):
+                env[name] = str(item.get("value", ""))
         requested = params.get("outputByteLimit")
         limit = (
             min(requested, self._limit)
             if isinstance(requested, int) and requested > 0
             else self._limit
         )
-        return [params["command"], *args], env, _cwd(params.get("cwd")), limit
+        return [command, *(str(a) for a in args)], env, _cwd(params.get("cwd")), limit
 
-    def _get(self, params: Any) -> _Terminal:
+    def _get(self, params: JsonValue) -> tuple[str, _Terminal]:
         terminal_id = params.get("terminalId") if isinstance(params, Mapping) else None
         terminal = self._live.get(terminal_id) if isinstance(terminal_id, str) else None
-        if terminal is None:
+        if terminal is None or not isinstance(terminal_id, str):
             raise _invalid("unknown terminalId")
-        return terminal
+        return terminal_id, terminal
 
-    async def output(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
+    async def output(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
         return {
             "output": terminal.output(),
             "truncated": terminal.truncated,
             "exitStatus": terminal.exit_status(),
         }
 
-    async def wait_for_exit(self, params: Any) -> dict[str, Any]:
-        return await self._get(params).wait()
+    async def wait_for_exit(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
+        return await terminal.wait()
 
-    async def kill(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
+    async def kill(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
         if terminal.process.returncode is None:
             terminal.process.kill()
-        return {}
+        return to_wire(schema.KillTerminalResponse())
 
-    async def release(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
-        del self._live[params["terminalId"]]
+    async def release(self, params: JsonValue) -> JsonObject:
+        terminal_id, terminal = self._get(params)
+        del self._live[terminal_id]
         await terminal.close()
-        return {}
+        return to_wire(schema.ReleaseTerminalResponse())
 
     async def close_all(self) -> None:
         live, self._live = list(self._live.values()), {}
@@ -155,7 +168,13 @@ class Terminals:
             await terminal.close()
 
 
-def _cwd(value: Any) -> str:
+def _items(value: JsonValue) -> list[JsonValue]:
+    """``env``'s entries; anything but a list has none (a string's or an object's items
+    were never entries, and a number no longer fails the handler)."""
+    return value if isinstance(value, list) else []
+
+
+def _cwd(value: JsonValue) -> str:
     if value is None:
         return WORKSPACE
     if not isinstance(value, str) or ".." in value.split("/"):

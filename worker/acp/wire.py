@@ -21,7 +21,7 @@ JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, J
 JsonObject: TypeAlias = "dict[str, JsonValue]"
 
 
-def params(model: BaseModel, *, order: Sequence[str] = ()) -> JsonObject:
+def to_wire(model: BaseModel, *, order: Sequence[str] = ()) -> JsonObject:
     """``model`` as the JSON object that goes on the wire.
 
     Only the fields the caller set are sent (``exclude_unset``): the models give optional
