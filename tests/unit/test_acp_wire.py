@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acp import schema
 
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.acp.connection import Connection, RpcError
 from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
+from worker.acp.permissions import PermissionPolicy
+from worker.acp.terminal import Terminals
+from worker.acp.wire import to_wire
 from worker.errors import AuthRequired, ProtocolError
+from worker.sandbox.fake import FakeProcess
 
 Answer = Callable[[dict[str, Any]], Any]
 
@@ -192,3 +197,96 @@ async def test_file_replies(tmp_path: Path) -> None:
         "message": "Invalid params",
         "data": {"message": "content is required"},
     }
+
+
+class _HostSandbox:
+    """Just enough of a sandbox for ``Terminals``: host subprocesses in ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def spawn(self, argv: Any, *, env: Any, cwd: str = "/workspace") -> FakeProcess:
+        del cwd
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            cwd=self.root,
+            start_new_session=True,
+        )
+        return FakeProcess(proc)
+
+
+async def test_terminal_replies(tmp_path: Path) -> None:
+    terminals = Terminals(_HostSandbox(tmp_path), output_limit=1024)  # type: ignore[arg-type]
+    created = await terminals.create(
+        {
+            "sessionId": "s",
+            "command": "sh",
+            "args": ["-c", 'printf "%s" "$GREETING"; kill -9 $$'],
+            "env": [{"name": "GREETING", "value": "hello"}, {"name": "NO_VALUE"}],
+        }
+    )
+    assert created == {"terminalId": "term-1"}
+    status = await terminals.wait_for_exit(created)
+    assert status == {"exitCode": None, "signal": 9}  # the number, as always sent
+    output = await terminals.output(created)
+    assert json.dumps(output, separators=(",", ":")) == (
+        '{"output":"hello","truncated":false,"exitStatus":{"exitCode":null,"signal":9}}'
+    )
+    assert await terminals.kill(created) == {}
+    assert await terminals.release(created) == {}
+    with pytest.raises(RpcError):
+        await terminals.output(created)
+    with pytest.raises(RpcError):
+        await terminals.create({"command": "true", "args": [1]})
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, type_: str, data: dict[str, Any]) -> None:
+        self.seen.append((type_, data))
+
+
+PERMISSION = {
+    "sessionId": "s",
+    "toolCall": {"toolCallId": "t1", "title": "`echo hi`", "kind": "execute"},
+    "options": [
+        {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+        {"optionId": "allow-always", "name": "Allow always", "kind": "allow_always"},
+        {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("policy", "answer"),
+    [
+        ("allow_all", '{"outcome":{"outcome":"selected","optionId":"allow-once"}}'),
+        ("deny", '{"outcome":{"outcome":"selected","optionId":"reject-once"}}'),
+    ],
+)
+async def test_permission_answers_are_unchanged(policy: str, answer: str) -> None:
+    events = _Events()
+    handler = PermissionPolicy(policy, emit=events, broker=None)  # type: ignore[arg-type]
+    reply = await handler(PERMISSION)
+    assert json.dumps(reply, separators=(",", ":")) == answer
+    assert [t for t, _ in events.seen] == ["permission.decided"]
+
+
+async def test_no_option_to_pick_is_cancelled() -> None:
+    handler = PermissionPolicy("deny", emit=_Events(), broker=None)  # type: ignore[arg-type]
+    only_allow = {**PERMISSION, "options": [PERMISSION["options"][0]]}  # type: ignore[index]
+    assert await handler(only_allow) == {"outcome": {"outcome": "cancelled"}}
+
+
+def test_to_wire_sends_only_what_was_set_in_the_order_asked() -> None:
+    caps = schema.ClientCapabilities(terminal=True)
+    assert to_wire(caps) == {"terminal": True}  # no schema defaults (fs, auth) on the wire
+    load = schema.LoadSessionRequest(session_id="s", cwd="/w", mcp_servers=[])
+    assert list(to_wire(load)) == ["mcpServers", "cwd", "sessionId"]
+    assert list(to_wire(load, order=("sessionId", "cwd"))) == ["sessionId", "cwd", "mcpServers"]
