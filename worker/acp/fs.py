@@ -5,8 +5,7 @@ files the agent sees. Every path goes through :class:`worker.acp.paths.Workspace
 Replies are the schema's ``ReadTextFileResponse``/``WriteTextFileResponse``. The params are
 read field by field, not through ``ReadTextFileRequest``/``WriteTextFileRequest``: those
 require a ``sessionId`` these handlers have never needed (the workspace is the job's),
-and turn an invalid ``line`` or ``limit`` into "absent" where the handler ignores it too,
-so the model would refuse requests that are served today.
+so the models would refuse requests that are served today.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ as a string (a signal name) and the worker sends the signal's number, so
 ``terminal/output`` and ``terminal/wait_for_exit`` keep their own objects until that wire
 change is made on purpose. The params are read field by field, not through the request
 models: those require a ``sessionId`` (never needed here: the sandbox is the job's) and
-an ``env`` entry's ``value``, which this handler defaults to "".
+drop an ``env`` entry without a ``value``, which this handler sets to "".
 """
 
 from __future__ import annotations
