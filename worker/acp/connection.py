@@ -14,8 +14,11 @@ models the worker does use, see :mod:`worker.acp.wire`):
   timeout is on the next message of the whole stream, which a long turn trips.
 - Ordering. Notifications, and the acknowledgements Cursor's turn waits on, are handled
   in arrival order on the reader, so events keep the agent's order.
-- A bounded line (8 MiB by default), fatal when exceeded, so memory stays bounded
-  whatever the agent writes; and typed failures (:mod:`worker.errors`) the job reports.
+- A bounded line. The package keeps reading a line past its buffer limit (it joins
+  the chunks), so an agent that never writes a newline grows the worker's memory
+  without end; here a line over ``line_limit`` (8 MiB by default) is fatal. A line
+  that is not JSON-RPC is reported to ``on_malformed`` (the job's notice), where the
+  package only logs it; failures are typed (:mod:`worker.errors`) for the job to report.
 
 How it behaves:
 
