@@ -1,81 +1,48 @@
 """The exact bytes the client puts on the wire, and the replies its handlers give.
 
-The outbound requests are built from the ``agent-client-protocol`` schema models; agents
-(and the emulator's recorded transcripts) saw these bytes before, so the lines are
-pinned here literally: same keys, same values, same order.
+Agents (and the emulator's recorded transcripts) saw these bytes before, so the lines are
+pinned here literally: same keys, same values, same order. ``test_acp_schema`` checks the
+same objects against the protocol's schema models.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from acp import schema
 
+from tests.unit.acp_far_side import (
+    PERMISSION,
+    Agent,
+    Events,
+    HostSandbox,
+    answering,
+    connected,
+    exchange,
+)
 from worker.acp.client import AcpClient, ClientCapabilities
-from worker.acp.connection import Connection, RpcError
+from worker.acp.connection import RpcError
 from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.terminal import Terminals
-from worker.acp.wire import to_wire
 from worker.errors import AuthRequired, ProtocolError
-from worker.sandbox.fake import FakeProcess
-
-Answer = Callable[[dict[str, Any]], Any]
-
-
-class Agent:
-    """The far side: records every raw line and answers requests with ``answer``."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.lines: list[bytes] = []
-
-    async def serve_one(self, answer: Answer) -> None:
-        line = await asyncio.wait_for(self.reader.readline(), 5)
-        self.lines.append(line)
-        message = json.loads(line)
-        if "id" in message:
-            reply = {"jsonrpc": "2.0", "id": message["id"], "result": answer(message)}
-            self.writer.write(json.dumps(reply).encode() + b"\n")
-            await self.writer.drain()
 
 
 @pytest.fixture
 async def wire() -> AsyncIterator[tuple[AcpClient, Agent]]:
-    left, right = socket.socketpair()
-    r1, w1 = await asyncio.open_connection(sock=left)
-    r2, w2 = await asyncio.open_connection(sock=right)
-    conn = Connection(r1, w1, request_timeout=5)
-    conn.start()
-    yield AcpClient(conn), Agent(r2, w2)
-    await conn.aclose()
-    w1.close()
-    w2.close()
-
-
-async def _exchange(agent: Agent, call: Awaitable[Any], answer: Answer) -> tuple[bytes, Any]:
-    task = asyncio.ensure_future(call)
-    await agent.serve_one(answer)
-    return agent.lines[-1], await task
-
-
-def _result(value: Any) -> Answer:
-    return lambda _message: value
+    async with connected() as pair:
+        yield pair
 
 
 async def test_initialize_line_is_unchanged(wire: tuple[AcpClient, Agent]) -> None:
     client, agent = wire
     caps = ClientCapabilities(fs=True, terminal=True, parameterized_models=True)
     answer = {"protocolVersion": 1, "agentCapabilities": {"loadSession": True, "x-new": 1}}
-    line, result = await _exchange(agent, client.initialize(caps), _result(answer))
+    line, result = await exchange(agent, client.initialize(caps), answering(answer))
     version = json.loads(line)["params"]["clientInfo"]["version"]
     assert line == (
         b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,'
@@ -99,7 +66,7 @@ async def test_initialize_refuses_another_protocol(
 ) -> None:
     client, agent = wire
     with pytest.raises(ProtocolError):
-        await _exchange(agent, client.initialize(ClientCapabilities()), _result(answer))
+        await exchange(agent, client.initialize(ClientCapabilities()), answering(answer))
 
 
 async def test_session_lines_are_unchanged(wire: tuple[AcpClient, Agent]) -> None:
@@ -143,7 +110,7 @@ async def test_session_lines_are_unchanged(wire: tuple[AcpClient, Agent]) -> Non
         (client.authenticate("key", [{"id": "key"}]), {}, b'{"methodId":"key"}'),
     ]
     for call, answer, params in calls:
-        line, _ = await _exchange(agent, call, _result(answer))
+        line, _ = await exchange(agent, call, answering(answer))
         assert line.endswith(b',"params":' + params + b"}\n"), line
     first = json.loads(agent.lines[0])
     assert list(first) == ["jsonrpc", "id", "method", "params"]
@@ -154,7 +121,7 @@ async def test_new_session_keeps_what_the_schema_does_not_know(
 ) -> None:
     client, agent = wire
     answer = {"sessionId": "s1", "models": {"availableModels": [{"modelId": "m"}]}}
-    _, result = await _exchange(agent, client.new_session("/w"), _result(answer))
+    _, result = await exchange(agent, client.new_session("/w"), answering(answer))
     assert result == answer
 
 
@@ -163,14 +130,14 @@ async def test_a_stop_reason_the_schema_does_not_list_is_passed_through(
 ) -> None:
     client, agent = wire
     answer = {"stopReason": "something_new"}
-    _, stop = await _exchange(agent, client.prompt("s1", []), _result(answer))
+    _, stop = await exchange(agent, client.prompt("s1", []), answering(answer))
     assert stop == "something_new"
 
 
 async def test_cancel_line_is_unchanged(wire: tuple[AcpClient, Agent]) -> None:
     client, agent = wire
     await client.cancel("s1")
-    await agent.serve_one(_result(None))
+    await agent.serve_one(answering(None))
     assert agent.lines[-1] == (
         b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s1"}}\n'
     )
@@ -199,28 +166,8 @@ async def test_file_replies(tmp_path: Path) -> None:
     }
 
 
-class _HostSandbox:
-    """Just enough of a sandbox for ``Terminals``: host subprocesses in ``root``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    async def spawn(self, argv: Any, *, env: Any, cwd: str = "/workspace") -> FakeProcess:
-        del cwd
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env),
-            cwd=self.root,
-            start_new_session=True,
-        )
-        return FakeProcess(proc)
-
-
 async def test_terminal_replies(tmp_path: Path) -> None:
-    terminals = Terminals(_HostSandbox(tmp_path), output_limit=1024)  # type: ignore[arg-type]
+    terminals = Terminals(HostSandbox(tmp_path), output_limit=1024)  # type: ignore[arg-type]
     created = await terminals.create(
         {
             "sessionId": "s",
@@ -244,25 +191,6 @@ async def test_terminal_replies(tmp_path: Path) -> None:
         await terminals.create({"command": "true", "args": [1]})
 
 
-class _Events:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, Any]]] = []
-
-    async def __call__(self, type_: str, data: dict[str, Any]) -> None:
-        self.seen.append((type_, data))
-
-
-PERMISSION = {
-    "sessionId": "s",
-    "toolCall": {"toolCallId": "t1", "title": "`echo hi`", "kind": "execute"},
-    "options": [
-        {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
-        {"optionId": "allow-always", "name": "Allow always", "kind": "allow_always"},
-        {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
-    ],
-}
-
-
 @pytest.mark.parametrize(
     ("policy", "answer"),
     [
@@ -271,7 +199,7 @@ PERMISSION = {
     ],
 )
 async def test_permission_answers_are_unchanged(policy: str, answer: str) -> None:
-    events = _Events()
+    events = Events()
     handler = PermissionPolicy(policy, emit=events, broker=None)  # type: ignore[arg-type]
     reply = await handler(PERMISSION)
     assert json.dumps(reply, separators=(",", ":")) == answer
@@ -279,14 +207,6 @@ async def test_permission_answers_are_unchanged(policy: str, answer: str) -> Non
 
 
 async def test_no_option_to_pick_is_cancelled() -> None:
-    handler = PermissionPolicy("deny", emit=_Events(), broker=None)  # type: ignore[arg-type]
-    only_allow = {**PERMISSION, "options": [PERMISSION["options"][0]]}  # type: ignore[index]
+    handler = PermissionPolicy("deny", emit=Events(), broker=None)  # type: ignore[arg-type]
+    only_allow = {**PERMISSION, "options": [PERMISSION["options"][0]]}
     assert await handler(only_allow) == {"outcome": {"outcome": "cancelled"}}
-
-
-def test_to_wire_sends_only_what_was_set_in_the_order_asked() -> None:
-    caps = schema.ClientCapabilities(terminal=True)
-    assert to_wire(caps) == {"terminal": True}  # no schema defaults (fs, auth) on the wire
-    load = schema.LoadSessionRequest(session_id="s", cwd="/w", mcp_servers=[])
-    assert list(to_wire(load)) == ["mcpServers", "cwd", "sessionId"]
-    assert list(to_wire(load, order=("sessionId", "cwd"))) == ["sessionId", "cwd", "mcpServers"]

@@ -2,10 +2,12 @@
 workspace — registered (and advertised at initialize) only when the host reaches the
 files the agent sees. Every path goes through :class:`worker.acp.paths.WorkspacePaths`.
 
-Replies are the schema's ``ReadTextFileResponse``/``WriteTextFileResponse``. The params are
-read field by field, not through ``ReadTextFileRequest``/``WriteTextFileRequest``: those
-require a ``sessionId`` these handlers have never needed (the workspace is the job's),
-so the models would refuse requests that are served today.
+The params are read field by field as decoded JSON (the ``acp.schema`` models are not
+imported at run time: :mod:`worker.acp.client` says why). The request models would not
+fit anyway: they require a ``sessionId`` these handlers have never needed (the workspace
+is the job's), so they would refuse requests that are served today. The replies are
+checked against the schema's ``ReadTextFileResponse``/``WriteTextFileResponse`` in
+``tests/unit/test_acp_schema.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from acp import schema
-
 from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
 from worker.acp.paths import PathRefused, WorkspacePaths
-from worker.acp.wire import JsonObject, JsonValue, to_wire
+from worker.acp.wire import JsonObject, JsonValue
 
 
 class FileService:
@@ -43,7 +43,7 @@ class FileService:
         except PathRefused as exc:
             raise _refused(exc) from None
         content = _lines(text, request.get("line"), request.get("limit"))
-        return to_wire(schema.ReadTextFileResponse(content=content))
+        return {"content": content}
 
     async def write(self, params: JsonValue) -> JsonObject:
         """Create or replace a text file inside the workspace.
@@ -59,7 +59,7 @@ class FileService:
             await asyncio.to_thread(self._paths.write_text, path, content)
         except PathRefused as exc:
             raise _refused(exc) from None
-        return to_wire(schema.WriteTextFileResponse())
+        return {}
 
 
 def _request(params: JsonValue) -> tuple[Mapping[str, JsonValue], str]:

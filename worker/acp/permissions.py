@@ -12,10 +12,13 @@ A subagent's ask is attributed to it (``child_id`` on the request and the decisi
 one from a child that is no longer live, or from a session nobody spawned, is rejected
 without asking anyone, with a ``permission_refused`` notice.
 
-The answer is the schema's ``RequestPermissionResponse`` outcome. The request is read
-from the decoded params, not through ``RequestPermissionRequest``: that model closes the
-option kinds to four and requires every option's ``name``, so one option it does not
-know would fail the whole request, while :func:`permission_request` keeps what it can.
+The answer is a ``RequestPermissionResponse`` outcome built as plain JSON (the
+``acp.schema`` models are not imported at run time: :mod:`worker.acp.client` says why;
+``tests/unit/test_acp_schema.py`` checks every outcome against the model). The request
+is read from the decoded params, not through ``RequestPermissionRequest``: that model
+closes the option kinds to four and requires every option's ``name``, so one option it
+does not know would fail the whole request, while :func:`permission_request` keeps what
+it can.
 """
 
 from __future__ import annotations
@@ -23,19 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from acp import schema
-
 from worker.acp.client import Emit
 from worker.acp.connection import Reply
-from worker.acp.wire import JsonObject, JsonValue, to_wire
+from worker.acp.wire import JsonObject, JsonValue
 from worker.events.bounded import bounded
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import permission_request
 
 READ_KINDS = frozenset({"read", "search"})
-CANCELLED = to_wire(
-    schema.RequestPermissionResponse(outcome=schema.DeniedOutcome(outcome="cancelled"))
-)
+CANCELLED: JsonObject = {"outcome": {"outcome": "cancelled"}}
 
 #: ``(sessionId, toolCallId) -> (child_id, refusal_reason)``, see
 #: :meth:`worker.events.normalizer.Normalizer.permission_source`.
@@ -153,9 +152,7 @@ def _option(request: Mapping[str, Any], kind: str) -> str | None:
 def _reply(option: str | None) -> JsonObject:
     if option is None:
         return CANCELLED
-    # Sent "outcome" first, as always; the schema declares it after "optionId".
-    selected = schema.AllowedOutcome(outcome="selected", option_id=option)
-    return {"outcome": to_wire(selected, order=("outcome",))}
+    return {"outcome": {"outcome": "selected", "optionId": option}}
 
 
 def _tool_call_id(params: Mapping[str, JsonValue]) -> str | None:

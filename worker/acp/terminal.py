@@ -5,13 +5,14 @@ Output keeps the *last* ``outputByteLimit`` bytes (capped by the worker), as ACP
 specifies, and says whether it was cut. At most ``MAX_TERMINALS`` live at once; every
 one is killed when the job ends.
 
-Replies are built from the schema's response models where they match what the worker has
-always sent (create, kill, release). The exit status is not: the schema types ``signal``
-as a string (a signal name) and the worker sends the signal's number, so
-``terminal/output`` and ``terminal/wait_for_exit`` keep their own objects until that wire
-change is made on purpose. The params are read field by field, not through the request
-models: those require a ``sessionId`` (never needed here: the sandbox is the job's) and
-drop an ``env`` entry without a ``value``, which this handler sets to "".
+Requests and replies are plain JSON (the ``acp.schema`` models are not imported at run
+time: :mod:`worker.acp.client` says why); ``tests/unit/test_acp_schema.py`` checks the
+replies against the schema. One deviation is kept on purpose: the schema types the exit
+status's ``signal`` as a string (a signal name) while the worker has always sent the
+signal's number, and changing it is a wire change for agents that read it. The params
+are read field by field: the request models would require a ``sessionId`` (never needed
+here: the sandbox is the job's) and drop an ``env`` entry without a ``value``, which
+this handler sets to "".
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ import itertools
 import posixpath
 from collections.abc import Mapping
 
-from acp import schema
-
 from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
-from worker.acp.wire import JsonObject, JsonValue, to_wire
+from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import SandboxError
 from worker.sandbox.base import HOME, WORKSPACE, Sandbox, SandboxProcess
 
@@ -109,7 +108,7 @@ class Terminals:
         process.stdin.close()
         terminal_id = f"term-{next(self._ids)}"
         self._live[terminal_id] = _Terminal(process, limit)
-        return to_wire(schema.CreateTerminalResponse(terminal_id=terminal_id))
+        return {"terminalId": terminal_id}
 
     def _parse(self, params: JsonValue) -> tuple[list[str], dict[str, str], str, int]:
         command = params.get("command") if isinstance(params, Mapping) else None
@@ -154,13 +153,13 @@ class Terminals:
         _, terminal = self._get(params)
         if terminal.process.returncode is None:
             terminal.process.kill()
-        return to_wire(schema.KillTerminalResponse())
+        return {}
 
     async def release(self, params: JsonValue) -> JsonObject:
         terminal_id, terminal = self._get(params)
         del self._live[terminal_id]
         await terminal.close()
-        return to_wire(schema.ReleaseTerminalResponse())
+        return {}
 
     async def close_all(self) -> None:
         live, self._live = list(self._live.values()), {}
