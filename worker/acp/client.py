@@ -4,11 +4,23 @@ Calls translate JSON-RPC errors at this seam: -32000 becomes :class:`AuthRequire
 -32601 :class:`Unsupported` (fork/resume are asked, never inferred from the schema), any
 other error object an :class:`AgentError` naming the method. Inbound requests are
 registered by their own modules: ``permissions``, ``fs``, ``terminal``, ``cursor``.
+
+Requests are plain JSON objects built here; results are checked for the fields the
+worker relies on and returned as the agent sent them. The ``agent-client-protocol``
+package's schema models (``acp.schema``) are deliberately not imported at run time:
+``python -X importtime -c 'import acp.schema'`` measured about 330 ms per process (on
+top of pydantic), and building the requests from them took ``acp-worker run
+examples/hello.json --quiet`` from 0.80 s to 1.17 s (median of 5 on a 2-core machine),
+for a job whose own work is under 200 ms. Nor would they fit the results: they drop
+fields they do not know (Cursor's ``models`` in a session result, new capabilities),
+coerce values (a string ``"1"`` protocol version becomes 1) and close enumerations such
+as the stop reason, while events report the agent's answer whole. The schema is
+enforced by ``tests/unit/test_acp_schema.py`` instead (see :mod:`worker.acp.wire`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +32,7 @@ from worker.acp.connection import (
     Connection,
     RpcError,
 )
+from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import (
     AgentError,
     AuthRequired,
@@ -48,12 +61,14 @@ class ClientCapabilities:
     subagents: bool = True
     parameterized_models: bool = False
 
-    def to_wire(self) -> dict[str, Any]:
-        caps: dict[str, Any] = {
+    def to_wire(self) -> JsonObject:
+        """ACP ``ClientCapabilities``; Cursor's two switches travel in ``_meta``, sent only
+        when set."""
+        caps: JsonObject = {
             "fs": {"readTextFile": self.fs, "writeTextFile": self.fs},
             "terminal": self.terminal,
         }
-        meta = {}
+        meta: JsonObject = {}
         if self.subagents:
             meta["subagents"] = True
         if self.parameterized_models:
@@ -69,14 +84,17 @@ class AcpClient:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
-    async def _call(self, method: str, params: Any, *, timeout: float | None = -1) -> Any:
+    async def _call(
+        self, method: str, request: JsonObject, *, timeout: float | None = -1
+    ) -> JsonValue:
         try:
-            return await self.connection.request(method, params, timeout=timeout)
+            result: JsonValue = await self.connection.request(method, request, timeout=timeout)
         except RpcError as exc:
             raise _translated(method, exc) from None
+        return result
 
-    async def initialize(self, capabilities: ClientCapabilities) -> Mapping[str, Any]:
-        """Negotiate protocol 1.
+    async def initialize(self, capabilities: ClientCapabilities) -> Mapping[str, JsonValue]:
+        """Negotiate protocol 1; returns the agent's answer as sent.
 
         Raises:
             ProtocolError: the agent answered another protocol version or a non-object.
@@ -96,7 +114,7 @@ class AcpClient:
             )
         return result
 
-    async def authenticate(self, method_id: str, offered: Any) -> None:
+    async def authenticate(self, method_id: str, offered: object) -> None:
         """``authenticate`` with the pack's method, which the agent must have offered.
 
         Raises:
@@ -118,8 +136,8 @@ class AcpClient:
         except AgentError as exc:
             raise AuthRequired(str(exc), auth_method=method_id, **exc.details) from None
 
-    async def new_session(self, cwd: str) -> Mapping[str, Any]:
-        """Create a session; the result must carry a string ``sessionId``.
+    async def new_session(self, cwd: str) -> Mapping[str, JsonValue]:
+        """Create a session; the result (as sent) must carry a string ``sessionId``.
 
         Raises:
             AuthRequired: the agent needs credentials (JSON-RPC -32000).
@@ -130,7 +148,7 @@ class AcpClient:
             raise ProtocolError("session/new returned no sessionId")
         return result
 
-    async def load_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def load_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """Resume a recorded session; its history is replayed before this returns.
 
         Raises:
@@ -138,7 +156,7 @@ class AcpClient:
             Unsupported: the agent has no session/load (-32601).
             AuthRequired: the agent needs credentials.
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        params: JsonObject = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
         try:
             result = await self._call("session/load", params)
         except AgentError as exc:
@@ -149,7 +167,7 @@ class AcpClient:
             raise
         return result if isinstance(result, Mapping) else {}
 
-    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, Any]]:
+    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, JsonValue]]:
         """``session/list``: the agent's recorded sessions (no paging).
 
         Raises:
@@ -157,50 +175,53 @@ class AcpClient:
         """
         result = await self._call("session/list", {} if cwd is None else {"cwd": cwd})
         sessions = result.get("sessions") if isinstance(result, Mapping) else None
-        return [s for s in sessions or [] if isinstance(s, Mapping)]
+        listed = sessions if isinstance(sessions, list) else []
+        return [s for s in listed if isinstance(s, Mapping)]
 
-    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """``session/resume`` (never inferred from the schema: asked).
 
         Raises:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        params: JsonObject = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
         result = await self._call("session/resume", params)
         return result if isinstance(result, Mapping) else {}
 
-    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, Any]:
+    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
         """``session/fork``.
 
         Raises:
             Unsupported: the agent answered method-not-found (Cursor does).
         """
-        params = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
+        params: JsonObject = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
         result = await self._call("session/fork", params)
         return result if isinstance(result, Mapping) else {}
 
     async def set_mode(self, session_id: str, mode: str) -> None:
         await self._call("session/set_mode", {"sessionId": session_id, "modeId": mode})
 
-    async def set_config_option(self, session_id: str, config_id: str, value: str) -> Any:
-        params = {"sessionId": session_id, "configId": config_id, "value": value}
+    async def set_config_option(self, session_id: str, config_id: str, value: str) -> JsonValue:
+        """Set a select option; returns the result as sent (its ``configOptions`` echo)."""
+        params: JsonObject = {"sessionId": session_id, "configId": config_id, "value": value}
         return await self._call("session/set_config_option", params)
 
     async def set_model(self, session_id: str, model_id: str) -> None:
+        """The legacy ``session/set_model`` Cursor still implements (not in the schema)."""
         await self._call("session/set_model", {"sessionId": session_id, "modelId": model_id})
 
-    async def prompt(self, session_id: str, blocks: list[dict[str, Any]]) -> str:
+    async def prompt(self, session_id: str, blocks: Sequence[Mapping[str, JsonValue]]) -> str:
         """Run one turn; returns the stop reason. Waits as long as the turn lasts.
 
         A second prompt on a busy session *interrupts* the first (Cursor cancels it);
-        ACP has no steering, so the worker never sends one concurrently.
+        ACP has no steering, so the worker never sends one concurrently. Any string is a
+        stop reason: the schema's list is closed, an agent's may be newer.
 
         Raises:
             ProtocolError: the result carries no stop reason.
         """
-        result = await self._call(
-            "session/prompt", {"sessionId": session_id, "prompt": blocks}, timeout=None
-        )
+        params: JsonObject = {"sessionId": session_id, "prompt": [dict(b) for b in blocks]}
+        result = await self._call("session/prompt", params, timeout=None)
         stop = result.get("stopReason") if isinstance(result, Mapping) else None
         if not isinstance(stop, str):
             raise ProtocolError("session/prompt returned no stopReason")

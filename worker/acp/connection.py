@@ -1,9 +1,26 @@
 """A small asyncio JSON-RPC 2.0 connection over newline-delimited JSON (ACP's stdio).
 
-The worker owns its routing (docs/CURSOR_ACP_FACTS.md §9): Cursor sends ``cursor/*``
-*requests* with ids and stalls if they fail, which SDKs that only route ``_``-prefixed
-extension methods get wrong. Here every inbound request reaches the handler registered
-for its exact method name; unknown methods get -32601.
+Why our own and not the ``agent-client-protocol`` package's connection (whose schema
+models check the worker's wire in the tests, not at run time: see :mod:`worker.acp.wire`):
+
+- Routing. The package routes an inbound request to a handler only when its method is
+  one of the protocol's own or starts with ``_`` (an extension); anything else gets
+  -32601. Cursor sends its ``cursor/*`` methods as *requests with ids* and stalls the
+  turn when one fails. Here every inbound request reaches the handler registered for its
+  exact method name; unknown methods get -32601.
+- Timeouts per request. An agent may never answer (Cursor does not reply to input it
+  cannot parse), so every outbound request carries its own bound (the prompt, which
+  lasts as long as the turn, none). The package's requests wait unbounded; its only
+  timeout is on the next message of the whole stream, which a long turn trips.
+- Ordering. Notifications, and the acknowledgements Cursor's turn waits on, are handled
+  in arrival order on the reader, so events keep the agent's order.
+- A bounded line. The package keeps reading a line past its buffer limit (it joins
+  the chunks), so an agent that never writes a newline grows the worker's memory
+  without end; here a line over ``line_limit`` (8 MiB by default) is fatal. A line
+  that is not JSON-RPC is reported to ``on_malformed`` (the job's notice), where the
+  package only logs it; failures are typed (:mod:`worker.errors`) for the job to report.
+
+How it behaves:
 
 - Requests go both ways concurrently; each outbound request has its own timeout
   (a malformed input gets *no* reply from Cursor, so nothing may wait forever).
@@ -32,6 +49,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError, WorkerError
 
 log = logging.getLogger(__name__)
@@ -41,8 +59,9 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 AUTH_REQUIRED = -32000
 
-RequestHandler = Callable[[Any], Awaitable[Any]]
-NotificationHandler = Callable[[str, Any], Awaitable[None]]
+#: ``handler(params)`` → the result, or a :class:`Reply`; raise :class:`RpcError` to refuse.
+RequestHandler = Callable[[JsonValue], Awaitable["JsonValue | Reply"]]
+NotificationHandler = Callable[[str, JsonValue], Awaitable[None]]
 MalformedHandler = Callable[[str, str], Awaitable[None]]
 
 _CHUNK = 256 * 1024
@@ -51,14 +70,14 @@ _CHUNK = 256 * 1024
 class RpcError(Exception):
     """A JSON-RPC error object, raised by handlers and by :meth:`Connection.request`."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(self, code: int, message: str, data: JsonValue = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.data = data
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
+    def to_wire(self) -> JsonObject:
+        out: JsonObject = {"code": self.code, "message": self.message}
         if self.data is not None:
             out["data"] = self.data
         return out
@@ -76,7 +95,7 @@ class _HandlerFailed(Exception):
 class Reply:
     """A handler's result plus ``after(sent)``, awaited once the write was attempted."""
 
-    result: Any
+    result: JsonValue
     after: Callable[[bool], Awaitable[None]]
 
 
@@ -101,7 +120,7 @@ class Connection:
         self._on_malformed = on_malformed
         self._handlers: dict[str, RequestHandler] = {}
         self._inline: set[str] = set()
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, asyncio.Future[JsonValue]] = {}
         self._next_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._reader_task: asyncio.Task[None] | None = None
@@ -125,7 +144,9 @@ class Connection:
 
     # -- outbound -----------------------------------------------------------------
 
-    async def request(self, method: str, params: Any, *, timeout: float | None = -1) -> Any:
+    async def request(
+        self, method: str, params: JsonValue, *, timeout: float | None = -1
+    ) -> JsonValue:
         """Send a request and wait for its result.
 
         ``timeout=None`` waits as long as the connection lives; the default is the
@@ -138,7 +159,7 @@ class Connection:
         """
         request_id = self._next_id
         self._next_id += 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
             await self._send(
@@ -150,13 +171,12 @@ class Connection:
             self._pending.pop(request_id, None)
 
     async def _await_reply(
-        self, future: asyncio.Future[Any], method: str, limit: float | None
-    ) -> Any:
+        self, future: asyncio.Future[JsonValue], method: str, limit: float | None
+    ) -> JsonValue:
         closed = asyncio.ensure_future(asyncio.shield(self.closed))
+        either: set[asyncio.Future[Any]] = {future, closed}  # two result types, one wait
         try:
-            done, _ = await asyncio.wait(
-                {future, closed}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(either, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
         if future in done:
@@ -171,10 +191,10 @@ class Connection:
             return reason  # a line too long, a protocol error, a failed handler
         return AgentExited(f"agent closed the connection during {method}", method=method)
 
-    async def notify(self, method: str, params: Any) -> None:
+    async def notify(self, method: str, params: JsonValue) -> None:
         await self._send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def _send(self, message: Mapping[str, Any]) -> None:
+    async def _send(self, message: Mapping[str, JsonValue]) -> None:
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         async with self._write_lock:
             if self.closed.done() or self._writer.is_closing():
@@ -235,14 +255,14 @@ class Connection:
         if not isinstance(message, dict):
             await self._malformed(line, "not a JSON object")
         elif "method" in message and isinstance(message["method"], str):
-            await self._inbound(message)
+            await self._inbound(message["method"], message)
         elif "id" in message and ("result" in message or "error" in message):
             await self._reply(message, line)
         else:
             await self._malformed(line, "not a JSON-RPC request, notification or response")
 
-    async def _inbound(self, message: dict[str, Any]) -> None:
-        method, params = message["method"], message.get("params")
+    async def _inbound(self, method: str, message: JsonObject) -> None:
+        params = message.get("params")
         if "id" not in message:
             if self._on_notification is not None:
                 await _handled(method, self._on_notification(method, params))
@@ -254,16 +274,16 @@ class Connection:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer_apart(self, request_id: Any, method: str, params: Any) -> None:
+    async def _answer_apart(self, request_id: JsonValue, method: str, params: JsonValue) -> None:
         """``_answer`` in a task of its own, where a failure would otherwise go unseen."""
         try:
             await self._answer(request_id, method, params)
         except Exception as exc:  # any handler failure ends the connection, typed
             self._close(_handler_failure(method, exc))
 
-    async def _answer(self, request_id: Any, method: str, params: Any) -> None:
+    async def _answer(self, request_id: JsonValue, method: str, params: JsonValue) -> None:
         handler = self._handlers.get(method)
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+        reply: JsonObject = {"jsonrpc": "2.0", "id": request_id}
         after = None
         if handler is None:
             reply["error"] = RpcError(METHOD_NOT_FOUND, f'"Method not found": {method}').to_wire()
@@ -274,8 +294,9 @@ class Connection:
                 reply["error"] = exc.to_wire()
             else:
                 if isinstance(result, Reply):
-                    result, after = result.result, result.after
-                reply["result"] = result
+                    reply["result"], after = result.result, result.after
+                else:
+                    reply["result"] = result
         sent = False
         with contextlib.suppress(WorkerError):  # the connection is closed: nobody to tell
             await self._send(reply)
@@ -283,8 +304,9 @@ class Connection:
         if after is not None:
             await after(sent)
 
-    async def _reply(self, message: dict[str, Any], line: bytes) -> None:
-        future = self._pending.get(message["id"]) if isinstance(message["id"], int) else None
+    async def _reply(self, message: JsonObject, line: bytes) -> None:
+        request_id = message["id"]
+        future = self._pending.get(request_id) if isinstance(request_id, int) else None
         if future is None or future.done():
             await self._malformed(line, "response to no pending request")
             return
@@ -331,7 +353,7 @@ def _handler_failure(what: str, exc: Exception) -> WorkerError:
     return WorkerError(f"the handler of {what} failed: {exc!r}", method=what)
 
 
-def _rpc_error(error: Any) -> RpcError:
+def _rpc_error(error: JsonValue) -> RpcError:
     if not isinstance(error, dict):
         return RpcError(INTERNAL_ERROR, "malformed error object", error)
     code = error.get("code")

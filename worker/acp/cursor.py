@@ -9,14 +9,18 @@ notifications) and none carries a ``sessionId``: they belong to the running turn
 - ``cursor/ask_question``, ``cursor/create_plan``: durable interactions (see
   :mod:`worker.interactions.broker`). A request that cannot be presented faithfully
   (malformed, or a plan document over 196 KiB) is declined with a notice, never cut.
+
+None of them is in the ACP schema (``acp.schema``): their params stay the decoded JSON,
+and their answers are Cursor's own shapes (``{"outcome": {"outcome": "cancelled"}}``
+merely looks like a permission answer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
-from worker.acp.connection import Connection
+from worker.acp.connection import Connection, Reply
+from worker.acp.wire import JsonObject, JsonValue
 from worker.events import notices
 from worker.events.emitter import Emit
 from worker.events.normalizer import Normalizer
@@ -24,7 +28,7 @@ from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import RequestInvalid, plan_request, question_request
 
 NON_BLOCKING = ("cursor/update_todos", "cursor/task", "cursor/generate_image")
-CANCELLED = {"outcome": {"outcome": "cancelled"}}
+CANCELLED: JsonObject = {"outcome": {"outcome": "cancelled"}}
 
 
 class CursorDialect:
@@ -46,34 +50,40 @@ class CursorDialect:
         connection.route("cursor/ask_question", self._question)
         connection.route("cursor/create_plan", self._plan)
 
-    def _acknowledger(self, method: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
-        async def acknowledge(params: Any) -> dict[str, Any]:
+    def _acknowledger(self, method: str) -> Callable[[JsonValue], Awaitable[JsonObject]]:
+        async def acknowledge(params: JsonValue) -> JsonObject:
             for event in self._normalizer.extension(method, params):
                 await self._emit(event)
             return {}
 
         return acknowledge
 
-    async def _question(self, params: Any) -> Any:
+    async def _question(self, params: JsonValue) -> JsonValue | Reply:
         try:
             request = question_request(_mapping(params))
         except RequestInvalid as exc:
             return await self._declined("cursor/ask_question", exc, params)
         tool_call_id = _tool_call_id(params)
-        return await self._broker.ask("question", request, tool_call_id=tool_call_id)
+        reply: JsonValue | Reply = await self._broker.ask(
+            "question", request, tool_call_id=tool_call_id
+        )
+        return reply
 
-    async def _plan(self, params: Any) -> Any:
+    async def _plan(self, params: JsonValue) -> JsonValue | Reply:
         revision = self._broker.plan_revision + 1
         try:
             request = plan_request(_mapping(params), revision)
         except RequestInvalid as exc:
             return await self._declined("cursor/create_plan", exc, params, rejected=True)
         self._broker.plan_revision = revision
-        return await self._broker.ask("plan", request, tool_call_id=_tool_call_id(params))
+        reply: JsonValue | Reply = await self._broker.ask(
+            "plan", request, tool_call_id=_tool_call_id(params)
+        )
+        return reply
 
     async def _declined(
-        self, method: str, exc: RequestInvalid, params: Any, *, rejected: bool = False
-    ) -> dict[str, Any]:
+        self, method: str, exc: RequestInvalid, params: JsonValue, *, rejected: bool = False
+    ) -> JsonObject:
         await self._emit(notices.interaction_refused(method, exc.reason, exc.code))
         if exc.code == "too_large":
             return (
@@ -85,12 +95,12 @@ class CursorDialect:
         return CANCELLED
 
 
-def _mapping(params: Any) -> Mapping[str, Any]:
+def _mapping(params: JsonValue) -> Mapping[str, JsonValue]:
     if not isinstance(params, Mapping):
         raise RequestInvalid("malformed_request", "params must be an object")
     return params
 
 
-def _tool_call_id(params: Any) -> str | None:
+def _tool_call_id(params: JsonValue) -> str | None:
     value = params.get("toolCallId") if isinstance(params, Mapping) else None
     return value if isinstance(value, str) else None

@@ -1,16 +1,23 @@
 """``fs/read_text_file`` and ``fs/write_text_file``, served from the host copy of the
 workspace — registered (and advertised at initialize) only when the host reaches the
 files the agent sees. Every path goes through :class:`worker.acp.paths.WorkspacePaths`.
+
+The params are read field by field as decoded JSON (the ``acp.schema`` models are not
+imported at run time: :mod:`worker.acp.client` says why). The request models would not
+fit anyway: they require a ``sessionId`` these handlers have never needed (the workspace
+is the job's), so they would refuse requests that are served today. The replies are
+checked against the schema's ``ReadTextFileResponse``/``WriteTextFileResponse`` in
+``tests/unit/test_acp_schema.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
 
 from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
 from worker.acp.paths import PathRefused, WorkspacePaths
+from worker.acp.wire import JsonObject, JsonValue
 
 
 class FileService:
@@ -24,27 +31,28 @@ class FileService:
         connection.route("fs/read_text_file", self.read)
         connection.route("fs/write_text_file", self.write)
 
-    async def read(self, params: Any) -> dict[str, Any]:
+    async def read(self, params: JsonValue) -> JsonObject:
         """``{content}``, optionally from 1-based ``line`` for ``limit`` lines.
 
         Raises:
             RpcError: -32602 when the path is refused or the params are malformed.
         """
-        path = _path(params)
+        request, path = _request(params)
         try:
             text = await asyncio.to_thread(self._paths.read_text, path, limit=self._limit)
         except PathRefused as exc:
             raise _refused(exc) from None
-        return {"content": _lines(text, params.get("line"), params.get("limit"))}
+        content = _lines(text, request.get("line"), request.get("limit"))
+        return {"content": content}
 
-    async def write(self, params: Any) -> dict[str, Any]:
+    async def write(self, params: JsonValue) -> JsonObject:
         """Create or replace a text file inside the workspace.
 
         Raises:
             RpcError: -32602 when the path is refused or the params are malformed.
         """
-        path = _path(params)
-        content = params.get("content")
+        request, path = _request(params)
+        content = request.get("content")
         if not isinstance(content, str):
             raise RpcError(INVALID_PARAMS, "Invalid params", {"message": "content is required"})
         try:
@@ -54,14 +62,15 @@ class FileService:
         return {}
 
 
-def _path(params: Any) -> str:
+def _request(params: JsonValue) -> tuple[Mapping[str, JsonValue], str]:
+    """The params as an object, and their ``path``."""
     path = params.get("path") if isinstance(params, Mapping) else None
-    if not isinstance(path, str):
+    if not isinstance(params, Mapping) or not isinstance(path, str):
         raise RpcError(INVALID_PARAMS, "Invalid params", {"message": "path is required"})
-    return path
+    return params, path
 
 
-def _lines(text: str, line: Any, limit: Any) -> str:
+def _lines(text: str, line: JsonValue, limit: JsonValue) -> str:
     if not isinstance(line, int) and not isinstance(limit, int):
         return text
     lines = text.splitlines(keepends=True)

@@ -7,6 +7,11 @@ parameters), then each parameter the job names, and after every call the agent's
 must match exactly — no silent substitution. Parameters the agent exposes but the job
 did not name are never set on its behalf (a catalog default such as ``fast=true`` can
 raise cost): they are reported in ``model.selected`` as the agent's defaults.
+
+The options are read from the results as the agent sent them, not through the schema's
+``SessionConfigOptionSelect``: the exact-echo check must see the agent's own values, the
+model drops fields it does not know and skips options it cannot parse, and the legacy
+``models`` list is not in the schema at all.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from worker.acp.client import AcpClient
+from worker.acp.wire import JsonValue
 from worker.errors import AgentError, ModelUnavailable, Unsupported
 
 NON_PARAMS = frozenset({"mode", "model"})
@@ -29,26 +35,35 @@ def variant_params(model_id: str) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def _options(result: Any) -> list[Mapping[str, Any]] | None:
+#: A config option (or any object) as the agent sent it.
+Option = Mapping[str, JsonValue]
+
+
+def _list(value: JsonValue) -> list[JsonValue]:
+    """A list as sent; anything else has no items (a number no longer raises)."""
+    return value if isinstance(value, list) else []
+
+
+def _options(result: JsonValue | Mapping[str, JsonValue]) -> list[Option] | None:
     options = result.get("configOptions") if isinstance(result, Mapping) else None
     if not isinstance(options, list):
         return None
     return [o for o in options if isinstance(o, Mapping)]
 
 
-def _find(options: Sequence[Mapping[str, Any]], *, id_: str) -> Mapping[str, Any] | None:
+def _find(options: Sequence[Option], *, id_: str) -> Option | None:
     return next((o for o in options if o.get("id") == id_), None)
 
 
-def _model_option(options: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def _model_option(options: Sequence[Option]) -> Option | None:
     return next((o for o in options if o.get("category") == "model"), None) or _find(
         options, id_="model"
     )
 
 
-def _values(option: Mapping[str, Any]) -> list[str]:
+def _values(option: Option) -> list[str]:
     choices = option.get("options")
-    return [str(c["value"]) for c in choices or [] if isinstance(c, Mapping) and "value" in c]
+    return [str(c["value"]) for c in _list(choices) if isinstance(c, Mapping) and "value" in c]
 
 
 class ModelSelector:
@@ -60,7 +75,7 @@ class ModelSelector:
         self._picker = "parameterized" if parameterized else "variant"
 
     async def select(
-        self, session: Mapping[str, Any], model: str, params: Mapping[str, str]
+        self, session: Mapping[str, JsonValue], model: str, params: Mapping[str, str]
     ) -> dict[str, Any]:
         """The ``model.selected`` data once the agent echoed exactly this selection.
 
@@ -79,8 +94,8 @@ class ModelSelector:
 
     async def _by_config(
         self,
-        options: list[Mapping[str, Any]],
-        option: Mapping[str, Any],
+        options: list[Option],
+        option: Option,
         model: str,
         params: Mapping[str, str],
     ) -> dict[str, Any]:
@@ -100,9 +115,7 @@ class ModelSelector:
             options = await self._set(name, value, options)
         return self._selected(model, params, options, via="config_option", verified=True)
 
-    async def _set(
-        self, config_id: str, value: str, options: list[Mapping[str, Any]]
-    ) -> list[Mapping[str, Any]]:
+    async def _set(self, config_id: str, value: str, options: list[Option]) -> list[Option]:
         try:
             result = await self._client.set_config_option(self._session, config_id, value)
         except Unsupported:
@@ -124,7 +137,7 @@ class ModelSelector:
         return refreshed or options
 
     async def _by_set_model(
-        self, session: Mapping[str, Any], model: str, params: Mapping[str, str]
+        self, session: Mapping[str, JsonValue], model: str, params: Mapping[str, str]
     ) -> dict[str, Any]:
         if params:
             raise ModelUnavailable(
@@ -133,7 +146,9 @@ class ModelSelector:
             )
         models = session.get("models")
         listed = models.get("availableModels") if isinstance(models, Mapping) else None
-        ids = [str(m["modelId"]) for m in listed or [] if isinstance(m, Mapping) and "modelId" in m]
+        ids = [
+            str(m["modelId"]) for m in _list(listed) if isinstance(m, Mapping) and "modelId" in m
+        ]
         if model not in ids:
             raise ModelUnavailable(
                 f"model {model!r} is not offered by the agent", model=model, available=ids[:50]
@@ -148,7 +163,7 @@ class ModelSelector:
         self,
         model: str,
         params: Mapping[str, str],
-        options: Sequence[Mapping[str, Any]],
+        options: Sequence[Option],
         *,
         via: str,
         verified: bool,
@@ -172,7 +187,7 @@ class ModelSelector:
         }
 
 
-def _offered(option: Mapping[str, Any], value: str, *, what: str) -> None:
+def _offered(option: Option, value: str, *, what: str) -> None:
     values = _values(option)
     if value not in values:
         raise ModelUnavailable(

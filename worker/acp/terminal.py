@@ -4,6 +4,15 @@ sandbox (``Sandbox.spawn``), with stdin closed and output bounded.
 Output keeps the *last* ``outputByteLimit`` bytes (capped by the worker), as ACP
 specifies, and says whether it was cut. At most ``MAX_TERMINALS`` live at once; every
 one is killed when the job ends.
+
+Requests and replies are plain JSON (the ``acp.schema`` models are not imported at run
+time: :mod:`worker.acp.client` says why); ``tests/unit/test_acp_schema.py`` checks the
+replies against the schema. One deviation is kept on purpose: the schema types the exit
+status's ``signal`` as a string (a signal name) while the worker has always sent the
+signal's number, and changing it is a wire change for agents that read it. The params
+are read field by field: the request models would require a ``sessionId`` (never needed
+here: the sandbox is the job's) and drop an ``env`` entry without a ``value``, which
+this handler sets to "".
 """
 
 from __future__ import annotations
@@ -13,9 +22,9 @@ import contextlib
 import itertools
 import posixpath
 from collections.abc import Mapping
-from typing import Any
 
 from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
+from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import SandboxError
 from worker.sandbox.base import HOME, WORKSPACE, Sandbox, SandboxProcess
 
@@ -44,13 +53,13 @@ class _Terminal:
     def output(self) -> str:
         return bytes(self.buffer).decode("utf-8", "ignore" if self.truncated else "replace")
 
-    def exit_status(self) -> dict[str, Any] | None:
+    def exit_status(self) -> JsonObject | None:
         code = self.process.returncode
         if code is None:
             return None
         return {"exitCode": code if code >= 0 else None, "signal": None if code >= 0 else -code}
 
-    async def wait(self) -> dict[str, Any]:
+    async def wait(self) -> JsonObject:
         await self.process.wait()
         await asyncio.gather(*self.readers, return_exceptions=True)
         status = self.exit_status()
@@ -82,7 +91,7 @@ class Terminals:
         connection.route("terminal/kill", self.kill)
         connection.route("terminal/release", self.release)
 
-    async def create(self, params: Any) -> dict[str, Any]:
+    async def create(self, params: JsonValue) -> JsonObject:
         """Start the command; returns ``{terminalId}``.
 
         Raises:
@@ -101,51 +110,54 @@ class Terminals:
         self._live[terminal_id] = _Terminal(process, limit)
         return {"terminalId": terminal_id}
 
-    def _parse(self, params: Any) -> tuple[list[str], dict[str, str], str, int]:
-        if not isinstance(params, Mapping) or not isinstance(params.get("command"), str):
+    def _parse(self, params: JsonValue) -> tuple[list[str], dict[str, str], str, int]:
+        command = params.get("command") if isinstance(params, Mapping) else None
+        if not isinstance(params, Mapping) or not isinstance(command, str):
             raise _invalid("command is required")
         args = params.get("args") or []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise _invalid("args must be strings")
         env = dict(BASE_ENV)
-        for item in params.get("env") or []:
-            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-                env[item["name"]] = str(item.get("value", ""))
+        for item in _items(params.get("env")):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            if isinstance(item, Mapping) and isinstance(name, str):
+                env[name] = str(item.get("value", ""))
         requested = params.get("outputByteLimit")
         limit = (
             min(requested, self._limit)
             if isinstance(requested, int) and requested > 0
             else self._limit
         )
-        return [params["command"], *args], env, _cwd(params.get("cwd")), limit
+        return [command, *(str(a) for a in args)], env, _cwd(params.get("cwd")), limit
 
-    def _get(self, params: Any) -> _Terminal:
+    def _get(self, params: JsonValue) -> tuple[str, _Terminal]:
         terminal_id = params.get("terminalId") if isinstance(params, Mapping) else None
         terminal = self._live.get(terminal_id) if isinstance(terminal_id, str) else None
-        if terminal is None:
+        if terminal is None or not isinstance(terminal_id, str):
             raise _invalid("unknown terminalId")
-        return terminal
+        return terminal_id, terminal
 
-    async def output(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
+    async def output(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
         return {
             "output": terminal.output(),
             "truncated": terminal.truncated,
             "exitStatus": terminal.exit_status(),
         }
 
-    async def wait_for_exit(self, params: Any) -> dict[str, Any]:
-        return await self._get(params).wait()
+    async def wait_for_exit(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
+        return await terminal.wait()
 
-    async def kill(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
+    async def kill(self, params: JsonValue) -> JsonObject:
+        _, terminal = self._get(params)
         if terminal.process.returncode is None:
             terminal.process.kill()
         return {}
 
-    async def release(self, params: Any) -> dict[str, Any]:
-        terminal = self._get(params)
-        del self._live[params["terminalId"]]
+    async def release(self, params: JsonValue) -> JsonObject:
+        terminal_id, terminal = self._get(params)
+        del self._live[terminal_id]
         await terminal.close()
         return {}
 
@@ -155,7 +167,13 @@ class Terminals:
             await terminal.close()
 
 
-def _cwd(value: Any) -> str:
+def _items(value: JsonValue) -> list[JsonValue]:
+    """``env``'s entries; anything but a list has none (a string's or an object's items
+    were never entries, and a number no longer fails the handler)."""
+    return value if isinstance(value, list) else []
+
+
+def _cwd(value: JsonValue) -> str:
     if value is None:
         return WORKSPACE
     if not isinstance(value, str) or ".." in value.split("/"):
