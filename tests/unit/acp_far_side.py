@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.acp.client import AcpClient
 from worker.acp.connection import Connection
+from worker.events.models import EventData
 from worker.sandbox.fake import FakeProcess
 
 Answer = Callable[[dict[str, Any]], Any]
@@ -93,8 +94,8 @@ class Events:
     def __init__(self) -> None:
         self.seen: list[tuple[str, dict[str, Any]]] = []
 
-    async def __call__(self, type_: str, data: dict[str, Any]) -> None:
-        self.seen.append((type_, data))
+    async def __call__(self, event: EventData) -> None:
+        self.seen.append((event.TYPE, event.wire()))
 
 
 PERMISSION: dict[str, Any] = {
