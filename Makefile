@@ -48,6 +48,7 @@ lint: bootstrap
 	@$(VENV)/bin/ruff check worker tasks tests benchmarks examples
 	@$(VENV)/bin/ruff format --check worker tasks tests benchmarks examples
 	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports --no-cache >/dev/null || $(VENV)/bin/lint-imports --no-cache
 
 fmt: bootstrap
 	@$(VENV)/bin/ruff format worker tasks tests benchmarks examples

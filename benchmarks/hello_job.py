@@ -16,10 +16,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from worker.acp.connection import Connection
 from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
+from worker.rpc.connection import Connection
 from worker.sandbox import backend_config, get_backend
 from worker.settings import Settings
 

@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.test_packs_integration import entry, reg, tar_bytes
-from worker.acp.connection import Connection
 from worker.errors import AgentExited, ArchiveRefused, LineTooLong
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.events.sinks import JsonlSink
 from worker.packs.archive import ArchiveFormat, extract_tar
+from worker.rpc.connection import Connection
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.acp.client import AcpClient
-from worker.acp.connection import Connection
 from worker.events.models import EventData
+from worker.rpc.connection import Connection
 from worker.sandbox.fake import FakeProcess
 
 Answer = Callable[[dict[str, Any]], Any]

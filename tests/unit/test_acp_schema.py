@@ -1,7 +1,7 @@
 """Every request and reply the worker sends, checked against the ACP schema models.
 
 The worker builds its wire as plain JSON and never imports ``acp`` at run time
-(:mod:`worker.acp.wire` says why: the import alone costs about a third of a second per
+(:mod:`worker.rpc.wire` says why: the import alone costs about a third of a second per
 process). The protocol is enforced here instead: each object the worker puts on the wire
 must validate against its ``acp.schema`` model, and that model dumped back (by alias,
 only the fields that were set) must equal the object, so a misspelt key, a key the

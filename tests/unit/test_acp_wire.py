@@ -24,12 +24,12 @@ from tests.unit.acp_far_side import (
     exchange,
 )
 from worker.acp.client import AcpClient, ClientCapabilities
-from worker.acp.connection import RpcError
 from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.terminal import Terminals
 from worker.errors import AuthRequired, ProtocolError
+from worker.rpc.connection import RpcError
 
 
 @pytest.fixture

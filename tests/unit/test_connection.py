@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from worker.acp.connection import Connection, RpcError
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, SinkUnavailable, WorkerError
+from worker.rpc.connection import Connection, RpcError
 
 
 class Peer:

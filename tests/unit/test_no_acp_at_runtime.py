@@ -1,7 +1,7 @@
 """The worker never imports the ``agent-client-protocol`` package (module ``acp``).
 
 Importing ``acp.schema`` costs about a third of a second per process (pydantic builds the
-package's models), more than the whole hello job takes; :mod:`worker.acp.wire` gives the
+package's models), more than the whole hello job takes; :mod:`worker.rpc.wire` gives the
 figures. The package is a dev dependency that checks the wire in the tests
 (``test_acp_schema``), not a runtime one, and the worker image does not install it.
 """

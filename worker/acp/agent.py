@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections import deque
 
-from worker.acp.connection import Connection, MalformedHandler, NotificationHandler
+from worker.rpc.connection import Connection, MalformedHandler, NotificationHandler
 from worker.sandbox.base import SandboxProcess
 
 #: Bound on reading what an exited agent left in its stdout pipe.

@@ -15,7 +15,7 @@ for a job whose own work is under 200 ms. Nor would they fit the results: they d
 fields they do not know (Cursor's ``models`` in a session result, new capabilities),
 coerce values (a string ``"1"`` protocol version becomes 1) and close enumerations such
 as the stop reason, while events report the agent's answer whole. The schema is
-enforced by ``tests/unit/test_acp_schema.py`` instead (see :mod:`worker.acp.wire`).
+enforced by ``tests/unit/test_acp_schema.py`` instead (see :mod:`worker.rpc.wire`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker import __version__
-from worker.acp.connection import (
-    AUTH_REQUIRED,
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    Connection,
-    RpcError,
-)
-from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import (
     AgentError,
     AuthRequired,
@@ -41,6 +33,14 @@ from worker.errors import (
     Unsupported,
 )
 from worker.events.bounded import bounded_json
+from worker.rpc.connection import (
+    AUTH_REQUIRED,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    Connection,
+    RpcError,
+)
+from worker.rpc.wire import JsonObject, JsonValue
 
 PROTOCOL_VERSION = 1
 Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
-from worker.acp.connection import Connection, Reply
-from worker.acp.wire import JsonObject, JsonValue
 from worker.events import notices
 from worker.events.emitter import Emit
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import RequestInvalid, plan_request, question_request
+from worker.rpc.connection import Connection, Reply
+from worker.rpc.wire import JsonObject, JsonValue
 
 NON_BLOCKING = ("cursor/update_todos", "cursor/task", "cursor/generate_image")
 CANCELLED: JsonObject = {"outcome": {"outcome": "cancelled"}}

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
 from worker.acp.paths import PathRefused, WorkspacePaths
-from worker.acp.wire import JsonObject, JsonValue
+from worker.rpc.connection import INVALID_PARAMS, Connection, RpcError
+from worker.rpc.wire import JsonObject, JsonValue
 
 
 class FileService:

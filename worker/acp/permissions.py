@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from worker.acp.connection import Reply
-from worker.acp.wire import JsonObject, JsonValue
 from worker.events import notices
 from worker.events.emitter import Emit
 from worker.events.models import PermissionDecided
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import permission_request
+from worker.rpc.connection import Reply
+from worker.rpc.wire import JsonObject, JsonValue
 
 READ_KINDS = frozenset({"read", "search"})
 CANCELLED: JsonObject = {"outcome": {"outcome": "cancelled"}}

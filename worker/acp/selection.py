@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from worker.acp.client import AcpClient
-from worker.acp.wire import JsonValue
 from worker.errors import AgentError, ModelUnavailable, Unsupported
+from worker.rpc.wire import JsonValue
 
 NON_PARAMS = frozenset({"mode", "model"})
 

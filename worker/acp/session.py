@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from worker.acp.client import AcpClient, ClientCapabilities
-from worker.acp.connection import Connection
 from worker.acp.cursor import CursorDialect
 from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
@@ -29,6 +28,7 @@ from worker.events.models import AgentInitialized, ModelSelected, SessionStarted
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.jobs.spec import JobSpec
+from worker.rpc.connection import Connection
 from worker.sandbox.base import WORKSPACE, Sandbox
 
 FS_READ_LIMIT = 4 * 1024 * 1024

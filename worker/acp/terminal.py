@@ -23,9 +23,9 @@ import itertools
 import posixpath
 from collections.abc import Mapping
 
-from worker.acp.connection import INVALID_PARAMS, Connection, RpcError
-from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import SandboxError
+from worker.rpc.connection import INVALID_PARAMS, Connection, RpcError
+from worker.rpc.wire import JsonObject, JsonValue
 from worker.sandbox.base import HOME, WORKSPACE, Sandbox, SandboxProcess
 
 MAX_TERMINALS = 8

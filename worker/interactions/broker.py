@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.acp.connection import Reply
 from worker.errors import LeaseLost, ServiceUnavailable
 from worker.events import notices
 from worker.events.bounded import bounded
@@ -36,6 +35,7 @@ from worker.events.models import (
 )
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.requests import fallback_answer, native_reply
+from worker.rpc.connection import Reply
 from worker.store.interactions import OPEN, RESOLVED, InteractionStore
 
 Settled = Callable[[dict[str, Any]], Awaitable[None]]

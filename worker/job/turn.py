@@ -14,7 +14,6 @@ from typing import Any
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
-from worker.acp.connection import MalformedHandler, NotificationHandler
 from worker.acp.session import AcpSession, SessionWiring
 from worker.errors import WorkerError
 from worker.interactions import AnswerReader
@@ -22,6 +21,7 @@ from worker.job import notices
 from worker.job.outcome import Stopped
 from worker.job.state import JobContext, JobState
 from worker.packs.runtime import LaunchPlan
+from worker.rpc.connection import MalformedHandler, NotificationHandler
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox
 from worker.settings import Settings

@@ -1,7 +1,7 @@
 """A small asyncio JSON-RPC 2.0 connection over newline-delimited JSON (ACP's stdio).
 
 Why our own and not the ``agent-client-protocol`` package's connection (whose schema
-models check the worker's wire in the tests, not at run time: see :mod:`worker.acp.wire`):
+models check the worker's wire in the tests, not at run time: see :mod:`worker.rpc.wire`):
 
 - Routing. The package routes an inbound request to a handler only when its method is
   one of the protocol's own or starts with ``_`` (an extension); anything else gets
@@ -49,8 +49,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.acp.wire import JsonObject, JsonValue
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError, WorkerError
+from worker.rpc.wire import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""JSON value types for the ACP wire.
+"""JSON value types for the ACP wire (the JSON-RPC transport and the ACP client share them).
 
 What the worker sends and answers is built as plain JSON objects in its own modules
 (:mod:`worker.acp.client`, ``fs``, ``terminal``, ``permissions``); what it receives stays
