@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from tests.acp_sessions import SessionsClient
 from tests.integration.test_run_job import SECRET
 from worker.acp.agent import AgentProcess
-from worker.acp.client import AcpClient, ClientCapabilities
+from worker.acp.client import ClientCapabilities
 from worker.errors import SessionNotFound, Unsupported
 from worker.job import run_job
 from worker.jobs.spec import parse_job
@@ -166,13 +167,13 @@ async def client(tmp_path: Path) -> Any:
         FakeProcess(proc), line_limit=1 << 20, request_timeout=10, stderr_limit=4096
     )
     agent.start()
-    acp = AcpClient(agent.connection)
+    acp = SessionsClient(agent.connection)
     await acp.initialize(ClientCapabilities())
     yield acp
     await agent.shutdown(eof_grace=2, term_grace=2)
 
 
-async def test_fork_and_resume_are_reported_unsupported(client: AcpClient) -> None:
+async def test_fork_and_resume_are_reported_unsupported(client: SessionsClient) -> None:
     session = await client.new_session("/tmp")
     for call in (client.fork_session, client.resume_session):
         with pytest.raises(Unsupported) as caught:
@@ -180,7 +181,7 @@ async def test_fork_and_resume_are_reported_unsupported(client: AcpClient) -> No
         assert caught.value.details["rpc_code"] == -32601
 
 
-async def test_list_and_load(client: AcpClient) -> None:
+async def test_list_and_load(client: SessionsClient) -> None:
     session = await client.new_session("/tmp")
     session_id = str(session["sessionId"])
     # Never prompted: not listed (docs/CURSOR_ACP_FACTS.md §3).

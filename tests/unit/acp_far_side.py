@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from tests.acp_sessions import SessionsClient
 from worker.acp.client import AcpClient
 from worker.events.models import EventData
 from worker.rpc.connection import Connection
@@ -49,7 +50,7 @@ async def connected() -> AsyncIterator[tuple[AcpClient, Agent]]:
     conn = Connection(r1, w1, request_timeout=5)
     conn.start()
     try:
-        yield AcpClient(conn), Agent(r2, w2)
+        yield SessionsClient(conn), Agent(r2, w2)
     finally:
         await conn.aclose()
         w1.close()

@@ -266,11 +266,6 @@ def test_closure_pin_digest_needs_prefix() -> None:
     assert info.value.details["field"] == "platforms.any.closure.digest"
 
 
-def test_render_argv_substitutes_closure() -> None:
-    launch = parse_manifest(_manifest(), path="pack.json").launch
-    assert launch.render_argv(Path("/opt/acp-pack"))[1] == "/opt/acp-pack/cursor_emulator.py"
-
-
 def _pack(platforms: list[str]) -> Pack:
     data = _manifest()
     pin = data["platforms"]["any"]

@@ -167,37 +167,6 @@ class AcpClient:
             raise
         return result if isinstance(result, Mapping) else {}
 
-    async def list_sessions(self, cwd: str | None = None) -> list[Mapping[str, JsonValue]]:
-        """``session/list``: the agent's recorded sessions (no paging).
-
-        Raises:
-            Unsupported: the agent has no session/list.
-        """
-        result = await self._call("session/list", {} if cwd is None else {"cwd": cwd})
-        sessions = result.get("sessions") if isinstance(result, Mapping) else None
-        listed = sessions if isinstance(sessions, list) else []
-        return [s for s in listed if isinstance(s, Mapping)]
-
-    async def resume_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
-        """``session/resume`` (never inferred from the schema: asked).
-
-        Raises:
-            Unsupported: the agent answered method-not-found (Cursor does).
-        """
-        params: JsonObject = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
-        result = await self._call("session/resume", params)
-        return result if isinstance(result, Mapping) else {}
-
-    async def fork_session(self, session_id: str, cwd: str) -> Mapping[str, JsonValue]:
-        """``session/fork``.
-
-        Raises:
-            Unsupported: the agent answered method-not-found (Cursor does).
-        """
-        params: JsonObject = {"sessionId": session_id, "cwd": cwd, "mcpServers": []}
-        result = await self._call("session/fork", params)
-        return result if isinstance(result, Mapping) else {}
-
     async def set_mode(self, session_id: str, mode: str) -> None:
         await self._call("session/set_mode", {"sessionId": session_id, "modeId": mode})
 

@@ -81,10 +81,6 @@ class SecretRegistry:
         for scheme, factory in (factories or {}).items():
             self.register(scheme, factory)
 
-    @property
-    def schemes(self) -> tuple[str, ...]:
-        return tuple(sorted(self._factories))
-
     def register(self, scheme: str, factory: SourceFactory) -> None:
         """Add a source for ``scheme``.
 

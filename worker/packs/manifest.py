@@ -125,11 +125,6 @@ class ClosurePin(_Strict):
     files: int = Field(ge=0)
     bytes: int = Field(ge=0)
 
-    @property
-    def hex(self) -> str:
-        """The digest without its ``sha256:`` prefix (names the cache folder)."""
-        return self.digest.removeprefix("sha256:")
-
 
 class PlatformPin(_Strict):
     """The pins of one platform."""
@@ -208,10 +203,6 @@ class Launch(_Strict):
         # Optional fields left out dump left out, so a manifest dumps as it was written.
         data: dict[str, Any] = handler(self)
         return {key: value for key, value in data.items() if value is not None}
-
-    def render_argv(self, closure: Path) -> list[str]:
-        """argv with ``{pack}`` replaced by *closure*."""
-        return [arg.replace("{pack}", str(closure)) for arg in self.argv]
 
 
 def _host_path(arg: str) -> bool:
