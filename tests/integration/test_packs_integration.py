@@ -529,7 +529,7 @@ def _spawn(cfg: Settings, name: str) -> subprocess.Popen[str]:
 
 
 def test_stale_tmp_from_a_crash_is_cleaned(cfg: Settings, pack: Pack) -> None:
-    hex_digest = pack.for_platform().pin.closure.hex
+    hex_digest = pack.for_platform().pin.closure.digest.removeprefix("sha256:")
     stale = cfg.cache_dir / "tmp" / f"{hex_digest}.crashed"
     (stale / "lib").mkdir(parents=True)
     (stale / "lib" / "half.js").write_bytes(b"half")

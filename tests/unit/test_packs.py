@@ -211,7 +211,7 @@ def test_manifest_example_validates() -> None:
     manifest = parse_manifest(_manifest(), path="pack.json")
     pin = manifest.platforms["any"]
     assert pin.archive.source == LocalSource(path="dist/cursor-emulator-linux.tar")
-    assert pin.closure.hex == HEX_B
+    assert pin.closure.digest.removeprefix("sha256:") == HEX_B
     assert manifest.launch.credentials == ["CURSOR_API_KEY", "CURSOR_AUTH_TOKEN"]
 
 
