@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self
 
+import redis
 import redis.asyncio as aioredis
 
 from worker.store import keys
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 CANCEL = "cancel"
 BLOCK_MS = 500
+MAXLEN = 1000
+"""The control stream keeps about this many entries (the newest)."""
 
 Handler = Callable[[Mapping[str, str]], Awaitable[None]]
 
@@ -33,6 +36,13 @@ Handler = Callable[[Mapping[str, str]], Awaitable[None]]
 def control_fields(kind: str, attempt: int) -> dict[str, str]:
     """The fields of one control entry (what ``Client.cancel`` writes)."""
     return {"type": kind, "attempt": str(attempt)}
+
+
+def append_control(client: redis.Redis, job_id: str, entry: Mapping[str, str]) -> str:
+    """Append one entry (cancel, answer) to the job's control stream; returns its id."""
+    fields: Any = dict(entry)
+    entry_id = client.xadd(keys.control(job_id), fields, maxlen=MAXLEN, approximate=True)
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 def _decode(fields: Mapping[bytes, bytes]) -> dict[str, str]:
