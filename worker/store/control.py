@@ -21,7 +21,7 @@ import redis
 import redis.asyncio as aioredis
 
 from worker.store import keys
-from worker.store.lease import REDIS_ERRORS
+from worker.store.lease import REDIS_ERRORS, still_cancelling
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,11 @@ class ControlStream:
     async def run(self) -> None:
         """Follow the stream until cancelled; a Redis hiccup is logged and retried."""
         while True:
+            still_cancelling()
             try:
                 reply: Any = await self._client.xread({self._key: self._last}, block=BLOCK_MS)
             except REDIS_ERRORS as exc:
+                still_cancelling()
                 log.warning("control stream unreadable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -82,6 +84,7 @@ class ControlStream:
         try:
             reply: Any = await self._client.xread({self._key: self._last})
         except REDIS_ERRORS as exc:
+            still_cancelling()
             log.warning("control stream unreadable (%s); following it later", exc)
             return
         await self._handle(reply)

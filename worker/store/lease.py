@@ -29,6 +29,24 @@ log = logging.getLogger(__name__)
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
+def still_cancelling() -> None:
+    """Raise the pending cancellation of the current task, if it has one.
+
+    redis-py (8.1 here) does not always let a cancel that lands mid-command through: it
+    closes the connection and the command is retried, or fails with a connection error,
+    and the task runs on with its cancel request pending. A loop that follows Redis (the
+    heartbeat, the control reader) calls this on every turn and after every Redis error,
+    so that cancelling it ends it; otherwise whoever awaits it after cancelling (every
+    job's exit) could wait forever.
+
+    Raises:
+        asyncio.CancelledError: the current task has a cancel request pending.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def redis_client(url: str | None) -> aioredis.Redis:
     """An asyncio Redis client with timeouts (a hung Redis must not hang a job).
 
@@ -183,9 +201,11 @@ class Heartbeat:
         delay = self._every
         while not self.lost:
             await asyncio.sleep(delay)
+            still_cancelling()
             try:
                 alive = await renew(self._client, self._lease, ttl=self._ttl)
             except REDIS_ERRORS as exc:
+                still_cancelling()
                 log.warning("lease renew failed for %s: %s", self._lease.job_id, exc)
                 self._on_failure()
                 delay = min(1.0, self._every)
