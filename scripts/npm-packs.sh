@@ -26,7 +26,7 @@ from worker.packs.requirements import check_runtime
 
 for lock in sorted(Path("provider_packs").glob("*/package-lock.json")):
     try:
-        check_runtime(load_pack_dir(lock.parent), "local")
+        check_runtime(load_pack_dir(lock.parent), host_usr=True)
     except WorkerError as exc:
         sys.exit(f"npm-packs: {exc.message} (scripts/bootstrap.sh installs it)")
 EOF

@@ -2,8 +2,10 @@
 
 Thin and sync: each task validates its input and calls one async entry point of
 ``worker`` (``run_delivery`` or ``reap_once``). Settings come from the environment once,
-here, at the entry point. ``celery -A tasks worker`` or ``acp-worker serve`` runs it
-(``serve`` also starts this host's reaper; a bare ``celery worker`` does not).
+here, at the entry point; with no ``ACPW_REDIS_URL`` the local default Redis is used
+(``worker.store.url``), as by ``acp-worker serve``, which sets it for this process.
+``celery -A tasks worker`` or ``acp-worker serve`` runs it (``serve`` also starts this
+host's reaper; a bare ``celery worker`` does not).
 
 A producer that imports this module and publishes ``run_job`` itself
 (``tasks.run_job.apply_async(...)``, ``app.send_task``) gets the message's Celery time
@@ -26,10 +28,12 @@ from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_cele
 from worker.service.guarded import Delivery, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
+from worker.store.url import choose_redis
 
 log = logging.getLogger(__name__)
 
 settings = Settings()
+settings = settings.model_copy(update={"redis_url": choose_redis(settings.redis_url).url})
 app = make_celery(settings)
 
 

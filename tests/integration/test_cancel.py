@@ -31,9 +31,9 @@ from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.service.guarded import Delivery, run_delivery
 from worker.settings import Settings
-from worker.store import keys, scripts
+from worker.store import jobs as store_jobs
+from worker.store import keys
 from worker.store.control import CANCEL, ControlWatcher, control_fields
-from worker.store.lease import job_keys
 
 pytestmark = pytest.mark.integration
 
@@ -147,10 +147,14 @@ def _submit_without_enqueueing(redis_url: str, job: dict[str, Any]) -> None:
 
     spec = parse_job(job)
     with redis.Redis.from_url(redis_url) as client:
-        reply = client.eval(
-            scripts.SUBMIT, 4, *job_keys(spec.job_id), spec.model_dump_json(), 0, spec_digest(spec)
+        reply = store_jobs.submit(
+            client,
+            spec.job_id,
+            job_json=spec.model_dump_json(),
+            new_attempt=False,
+            digest=spec_digest(spec),
         )
-    assert reply[0] == b"created"
+    assert reply.outcome == "created"
 
 
 # --- a cancel that arrives during preparation (or before the prompt) --------------------

@@ -24,8 +24,8 @@ from worker.settings import Settings
 from worker.store import keys
 from worker.store import lease as leases
 from worker.store.fenced import FencedStreamSink, SinkPolicy, _Pending
+from worker.store.fields import TRIMMED_UNTIL
 from worker.store.lease import Lease
-from worker.store.scripts import TRIMMED_UNTIL
 
 pytestmark = pytest.mark.integration
 

@@ -23,6 +23,7 @@ from worker.client.queue import (
 from worker.errors import EventsTrimmed
 from worker.jobs.spec import Limits, parse_job
 from worker.settings import Settings
+from worker.store.url import DEFAULT_REDIS_URL, RedisChoice, choose_redis
 
 JOB = {
     "v": 1,
@@ -61,6 +62,23 @@ def test_celery_settings_for_long_jobs(settings: Settings) -> None:
     assert conf["task_routes"][RUN_TASK] == {"queue": "runs"}
     assert conf["broker_url"] == settings.redis_url  # the broker defaults to the event Redis
     assert conf["beat_schedule"]["reap"]["schedule"] == settings.reaper_interval
+
+
+def test_with_nothing_configured_the_broker_is_the_commands_default_redis() -> None:
+    nothing = Settings(redis_url=None, broker_url=None)
+    assert celery_config(nothing)["broker_url"] == DEFAULT_REDIS_URL
+    given = Settings(redis_url=None, broker_url="redis://elsewhere:6379/3")
+    assert celery_config(given)["broker_url"] == "redis://elsewhere:6379/3"
+
+
+def test_the_default_redis_is_taken_only_when_nothing_names_one() -> None:
+    assert choose_redis(None, "redis://h:1/2") == RedisChoice("redis://h:1/2", defaulted=False)
+    assert choose_redis("redis://flag:1/0", "redis://h:1/2").url == "redis://flag:1/0"
+    chosen = choose_redis(None, "")
+    assert chosen == RedisChoice(DEFAULT_REDIS_URL, defaulted=True)
+    assert chosen.notice is not None
+    assert DEFAULT_REDIS_URL in chosen.notice
+    assert choose_redis("redis://flag:1/0").notice is None
 
 
 def test_job_state_never_shows_the_fencing_token_or_the_spec() -> None:

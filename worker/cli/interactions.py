@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from worker.cli import add_json_flag
+from worker.cli.service import with_redis
 from worker.client import Client
-from worker.errors import InvalidAnswer, ServiceUnavailable
+from worker.errors import InvalidAnswer
 from worker.settings import Settings
+from worker.store.url import DEFAULT_REDIS_URL
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,15 +40,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", default=None, metavar="URL", help="Redis (ACPW_REDIS_URL)")
+    where = f"default: ACPW_REDIS_URL, else {DEFAULT_REDIS_URL}"
+    parser.add_argument("--redis", default=None, metavar="URL", help=f"Redis ({where})")
     add_json_flag(parser)
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> Client:
-    url = args.redis or settings.redis_url
-    if not url:
-        raise ServiceUnavailable("no Redis configured: pass --redis URL or set ACPW_REDIS_URL")
-    return Client(url, settings=settings)
+    settings = with_redis(args, settings)
+    return Client(settings.redis_url or "", settings=settings)
 
 
 def _read_answer(path: Path) -> Any:

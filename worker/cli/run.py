@@ -1,7 +1,7 @@
 """``acp-worker run`` (one job in this process) and ``acp-worker schema``.
 
 With ``--redis`` (or ``ACPW_REDIS_URL``) the job is owned the way the service owns a
-delivered one (``worker.service.guarded``): its lease is taken with a fencing token before
+delivered one (``worker.service.ownership.owning``): its lease is taken with a fencing token before
 anything starts — a job id that already settled, or whose lease a live owner holds, is
 refused with exit 2 — renewed while the job runs, and the events reach
 ``acpw:{J}:events`` only through the fenced sink, which settles the state hash and gives
@@ -37,13 +37,9 @@ from worker.events.sinks import EventSink, JsonlSink
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
 from worker.sandbox import BACKENDS, backend_config, get_backend
-from worker.sandbox.base import LABEL_TOKEN
-from worker.service.guarded import lease_guards, release_lease, sink_policy
-from worker.service.reaper import mark_lost
+from worker.service.ownership import Claim, LeaseRefusedError, Owned, owning
 from worker.settings import Settings
-from worker.store import lease as leases
-from worker.store.fenced import FencedStreamSink
-from worker.store.lease import Lease, Refusal, redis_client
+from worker.store.lease import Refusal, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -138,49 +134,40 @@ async def _own(
     stack: AsyncExitStack,
     cancel: asyncio.Event,
 ) -> _Ownership:
-    """Take the job's lease (or refuse the job), guard it while the job runs, give it back
-    after — unless the stream could not be settled: then it expires and a reaper settles
-    the job ``lost``."""
-    client = redis_client(url)
-    stack.push_async_callback(client.aclose)
-    with _reaching_redis():
-        lease = await _acquire(client, spec, settings, _recorded(spec, base_dir))
-    policy = sink_policy(settings)
-    sink = FencedStreamSink(client, lease, policy=policy, raise_when_broken=True)
-    stack.push_async_callback(_release_unless_broken, client, lease, sink)
-    await stack.enter_async_context(lease_guards(client, lease, settings, cancel))
-    return _Ownership(client, (sink,), lease.attempt, {LABEL_TOKEN: str(lease.token)})
-
-
-async def _acquire(
-    client: aioredis.Redis, spec: JobSpec, settings: Settings, job_json: str
-) -> Lease:
-    """The lease of the job's current attempt (a job never seen is recorded as ``job_json``).
+    """Own the job (``owning``) until the stack closes, or refuse it.
 
     Raises:
         InvalidInput: the attempt has settled, or a live owner holds its lease.
+        SinkUnavailable: Redis did not answer.
     """
-    got = await _take(client, spec, settings, job_json)
-    if isinstance(got, Refusal) and got.reason == "orphaned":
-        # Its last owner's lease expired before it settled: settled `lost`, as the
-        # service does for a duplicate delivery (and as a reaper would).
-        await mark_lost(client, spec.job_id, settings)
-        got = await _take(client, spec, settings, job_json)
-    if isinstance(got, Refusal):
-        raise _refused(got)
-    return got
+    client = redis_client(url)
+    stack.push_async_callback(client.aclose)
+    claim = Claim(spec.job_id, _recorded(spec, base_dir))
+    with _reaching_redis():
+        try:
+            owned = await _enter(client, claim, settings, stack, cancel)
+        except LeaseRefusedError as refused:
+            if refused.refusal.reason != "orphaned":
+                raise _refused(refused.refusal) from None
+            # Its last owner's lease expired before it settled: it was settled `lost`
+            # meanwhile (as the service does for a duplicate delivery, and as a reaper
+            # would); asking again gets the refusal that says so.
+            try:
+                owned = await _enter(client, claim, settings, stack, cancel)
+            except LeaseRefusedError as again:
+                raise _refused(again.refusal) from None
+    return _Ownership(client, (owned.sink,), owned.lease.attempt, owned.labels)
 
 
-async def _take(
-    client: aioredis.Redis, spec: JobSpec, settings: Settings, job_json: str
-) -> Lease | Refusal:
-    return await leases.acquire(
-        client,
-        spec.job_id,
-        worker_id=settings.worker_id,
-        ttl=settings.lease_ttl,
-        job_json=job_json,
-    )
+async def _enter(
+    client: aioredis.Redis,
+    claim: Claim,
+    settings: Settings,
+    stack: AsyncExitStack,
+    cancel: asyncio.Event,
+) -> Owned:
+    ownership = owning(client, claim, settings=settings, cancel=cancel, raise_when_broken=True)
+    return await stack.enter_async_context(ownership)
 
 
 def _recorded(spec: JobSpec, base_dir: Path) -> str:
@@ -216,19 +203,6 @@ def _reaching_redis() -> Iterator[None]:
         yield
     except (redis.exceptions.RedisError, OSError) as exc:
         raise SinkUnavailable(f"cannot reach Redis: {exc}") from exc
-
-
-async def _release_unless_broken(
-    client: aioredis.Redis, lease: Lease, sink: FencedStreamSink
-) -> None:
-    if sink.broken:
-        log.warning(
-            "the events of %s could not be settled in Redis: its lease is left to "
-            "expire, then a reaper settles it lost",
-            lease.job_id,
-        )
-        return
-    await release_lease(client, lease)
 
 
 def _local_sinks(args: argparse.Namespace, stack: AsyncExitStack) -> list[EventSink]:

@@ -44,6 +44,7 @@ from worker.errors import (
 from worker.events.progress import ProgressSink
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
+from worker.store.url import DEFAULT_REDIS_URL, choose_redis
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -63,8 +64,9 @@ def register(sub: SubParsers) -> None:
     _register_client_side(sub)
 
 
-def _redis_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", default=None, metavar="URL", help="Redis (ACPW_REDIS_URL)")
+def _redis_flag(parser: argparse.ArgumentParser, *, default: bool = True) -> None:
+    where = f"default: ACPW_REDIS_URL, else {DEFAULT_REDIS_URL}" if default else "ACPW_REDIS_URL"
+    parser.add_argument("--redis", default=None, metavar="URL", help=f"Redis ({where})")
     add_json_flag(parser)
 
 
@@ -94,7 +96,7 @@ def _register_worker_side(sub: SubParsers) -> None:
     _redis_flag(reap)
     reap.set_defaults(handler=_reap)
     ready = sub.add_parser("ready", help="readiness: Redis and the sandbox backend answer")
-    _redis_flag(ready)
+    _redis_flag(ready, default=False)
     ready.set_defaults(handler=_ready)
 
 
@@ -123,7 +125,17 @@ def _register_client_side(sub: SubParsers) -> None:
         parser.set_defaults(handler=handler)
 
 
-def _with_redis(args: argparse.Namespace, settings: Settings) -> Settings:
+def with_redis(args: argparse.Namespace, settings: Settings) -> Settings:
+    """``settings`` with the Redis of ``--redis``, ``ACPW_REDIS_URL`` or the local default
+    (``worker.store.url``: saying so on stderr, never on stdout where ``--json`` goes)."""
+    choice = choose_redis(args.redis, settings.redis_url)
+    if choice.notice is not None:
+        print(choice.notice, file=sys.stderr, flush=True)
+    return settings.model_copy(update={"redis_url": choice.url})
+
+
+def _configured_redis(args: argparse.Namespace, settings: Settings) -> Settings:
+    """For ``ready``: a health check with no Redis configured fails, it takes no default."""
     url = args.redis or settings.redis_url
     if not url:
         raise ServiceUnavailable("no Redis configured: pass --redis URL or set ACPW_REDIS_URL")
@@ -156,7 +168,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     its multiprocess mode when it is first imported: both must see the values set here.
     The reaper, started first, watches this pid, which the worker keeps.
     """
-    settings = _with_redis(args, settings)
+    settings = with_redis(args, settings)
     env = dict(os.environ, ACPW_REDIS_URL=settings.redis_url or "")
     if args.metrics_port is not None:
         env["ACPW_METRICS_PORT"] = str(args.metrics_port)
@@ -187,7 +199,7 @@ def reaper_argv(args: argparse.Namespace, parent: int) -> list[str]:
 
 
 def _ready(args: argparse.Namespace, settings: Settings) -> int:
-    report = metrics.readiness_of(_with_redis(args, settings))
+    report = metrics.readiness_of(_configured_redis(args, settings))
     print(json.dumps(report) if _as_json(args) else _ready_text(report))
     return 0 if report["ready"] else 1
 
@@ -201,10 +213,10 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
     """One pass, or with ``--loop`` one every ``reaper_interval`` seconds.
 
     Raises:
-        ServiceUnavailable: (one pass) Redis is not configured or did not answer; a loop
-            reports a failed pass on stderr and carries on.
+        ServiceUnavailable: (one pass) Redis did not answer; a loop reports a failed pass
+            on stderr and carries on.
     """
-    settings = _with_redis(args, settings)
+    settings = with_redis(args, settings)
     while True:
         report = _one_pass(settings, keep_going=args.loop)
         if report is not None and (args.parent is None or _did_something(report)):
@@ -256,7 +268,7 @@ def _reap_text(report: dict[str, list[str]]) -> str:
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> Client:
-    settings = _with_redis(args, settings)
+    settings = with_redis(args, settings)
     return Client(settings.redis_url or "", settings=settings)
 
 

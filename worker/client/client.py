@@ -19,7 +19,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kombu.exceptions
@@ -40,33 +40,12 @@ from worker.events.models import TERMINAL_TYPE
 from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
-from worker.store import keys, scripts
-from worker.store.control import CANCEL, control_fields
-from worker.store.lease import job_keys
+from worker.store import jobs as store
+from worker.store.control import CANCEL, append_control, control_fields
+from worker.store.state import JobState
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 _PAGE = 500
 _BLOCK_MS = 1000
-_CONTROL_MAXLEN = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """A job as its state hash describes it."""
-
-    job_id: str
-    attempt: int
-    status: str
-    fields: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def settled(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    def to_dict(self) -> dict[str, Any]:
-        hidden = {"job", "token", "fence", "ev_attempt", "attempt_after"}
-        extra = {k: v for k, v in self.fields.items() if k not in hidden}
-        return {**extra, "job_id": self.job_id, "attempt": self.attempt, "status": self.status}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,32 +99,29 @@ class Client:
         spec = job if isinstance(job, JobSpec) else parse_job(dict(job))
         digest = spec_digest(spec)
         with _translated():
-            reply = self._redis.eval(
-                scripts.SUBMIT,
-                4,
-                *job_keys(spec.job_id),
-                spec.model_dump_json(),
-                int(new_attempt),
-                digest,
+            reply = store.submit(
+                self._redis,
+                spec.job_id,
+                job_json=spec.model_dump_json(),
+                new_attempt=new_attempt,
+                digest=digest,
             )
-            outcome = _text(reply[0])
             state = self.get(spec.job_id)
-            _check_same_spec(outcome, state, digest, _text(reply[3]))
-            if state.status == "queued" and state.fields.get("enqueued") != "1":
+            _check_same_spec(reply.outcome, state, digest, reply.digest)
+            if state.queued and not state.enqueued:
                 self._enqueue(spec, state)
                 state = self.get(spec.job_id)
-        return Submission(outcome, state)
+        return Submission(reply.outcome, state)
 
     def _enqueue(self, spec: JobSpec, state: JobState) -> None:
-        submitted = float(state.fields.get("submitted_at", time.time() * 1000)) / 1000
         queue.send_run(
             self._celery,
             spec,
             settings=self._settings,
             attempt=state.attempt,
-            submitted_at=submitted,
+            submitted_at=state.submitted_at,
         )
-        self._redis.hset(keys.state(spec.job_id), "enqueued", "1")
+        store.mark_enqueued(self._redis, spec.job_id)
 
     def get(self, job_id: str) -> JobState:
         """The job's state.
@@ -155,12 +131,10 @@ class Client:
             ServiceUnavailable: Redis did not answer.
         """
         with _translated():
-            raw = self._redis.hgetall(keys.state(job_id))
-        if not raw:
+            state = store.read_state(self._redis, job_id)
+        if state is None:
             raise JobNotFound(f"no job {job_id!r}", job_id=job_id)
-        fields = {_text(k): _text(v) for k, v in raw.items()}
-        attempt = int(fields.get("attempt", 1))
-        return JobState(job_id, attempt, fields.get("status", "queued"), fields)
+        return state
 
     def cancel(self, job_id: str) -> JobState:
         """Ask the current attempt to stop; a settled job is left as it is.
@@ -172,13 +146,7 @@ class Client:
         state = self.get(job_id)
         if not state.settled:
             with _translated():
-                fields: dict[Any, Any] = control_fields(CANCEL, state.attempt)
-                self._redis.xadd(
-                    keys.control(job_id),
-                    fields,
-                    maxlen=_CONTROL_MAXLEN,
-                    approximate=True,
-                )
+                append_control(self._redis, job_id, control_fields(CANCEL, state.attempt))
         return state
 
     def answer(self, job_id: str, interaction_id: str, answer: Mapping[str, Any]) -> str:
@@ -286,21 +254,17 @@ class Client:
     def _read(self, job_id: str, last: str) -> list[StreamEvent]:
         """The next page after ``last``, or ``EventsTrimmed`` if part of it is gone.
 
-        The page and the watermark are read in one MULTI/EXEC, so they describe the same
-        instant: a trim removes a prefix of the stream and raises the watermark to the id
-        of its last entry atomically, hence entries after ``last`` are missing from the
-        page exactly when the watermark is above ``last``. Read apart, a trim landing
-        between the two reads would make either a hole look whole (watermark read first)
-        or a page read in full look holed (watermark read after).
+        The page and the watermark are read in one MULTI/EXEC
+        (:func:`worker.store.jobs.events_page`), so they describe the same instant. Read
+        apart, a trim landing between the two reads would make either a hole look whole
+        (watermark read first) or a page read in full look holed (watermark read after).
         """
         with _translated():
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.xrange(keys.events(job_id), min=f"({last}", count=_PAGE)
-            pipe.hget(keys.state(job_id), scripts.TRIMMED_UNTIL)
-            entries, trimmed = pipe.execute()
-        batch = [_stream_event(entry_id, fields) for entry_id, fields in entries]
-        if trimmed is not None and _stream_id(_text(trimmed)) > _stream_id(last):
-            raise _trimmed(job_id, last, _text(trimmed), batch[0].id if batch else None)
+            page = store.events_page(self._redis, job_id, after=last, count=_PAGE)
+        batch = [StreamEvent(entry_id, json.loads(line), line) for entry_id, line in page.entries]
+        trimmed = page.trimmed_until
+        if trimmed is not None and _stream_id(trimmed) > _stream_id(last):
+            raise _trimmed(job_id, last, trimmed, batch[0].id if batch else None)
         return batch
 
     def _wait(self, job_id: str, last: str) -> None:
@@ -309,7 +273,7 @@ class Client:
         What XREAD returns is not used: only ``_read`` sees the watermark with the page.
         """
         with _translated():
-            self._redis.xread({keys.events(job_id): last}, count=1, block=_BLOCK_MS)
+            store.wait_for_events(self._redis, job_id, after=last, block_ms=_BLOCK_MS)
 
 
 def spec_digest(spec: JobSpec) -> str:
@@ -345,7 +309,7 @@ def _check_same_spec(outcome: str, state: JobState, digest: str, existing: str) 
 
 def _stored_digest(state: JobState) -> str | None:
     try:
-        return spec_digest(parse_job(state.fields.get("job", "")))
+        return spec_digest(parse_job(state.job_json))
     except InvalidJobSpec:
         return None
 
@@ -354,7 +318,7 @@ def _attempt_start(state: JobState | None, attempt: int | None) -> str:
     """Where ``attempt``'s events begin, if the state says (the current attempt only)."""
     if state is None or attempt is None or attempt != state.attempt:
         return "0-0"
-    return state.fields.get("attempt_after") or "0-0"
+    return state.attempt_after or "0-0"
 
 
 def _completes(item: StreamEvent, attempt: int | None) -> bool:
@@ -391,15 +355,6 @@ def _trimmed(job_id: str, last: str, until: str, first: str | None) -> EventsTri
         trimmed_until=until,
         first_available=first,
     )
-
-
-def _stream_event(entry_id: Any, fields: Mapping[Any, Any]) -> StreamEvent:
-    line = _text(fields.get(b"event") or fields.get("event") or "{}")
-    return StreamEvent(_text(entry_id), json.loads(line), line)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @contextlib.contextmanager

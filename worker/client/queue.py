@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from worker.errors import InvalidJobSpec
 from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
+from worker.store.url import choose_redis
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -41,8 +42,10 @@ def visibility_timeout(settings: Settings) -> int:
     return int(time_limits(MAX_JOB_TIMEOUT_S, settings)[1] + 3600)
 
 
-def broker_url(settings: Settings) -> str | None:
-    return settings.broker_url or settings.redis_url
+def broker_url(settings: Settings) -> str:
+    """The broker: ``broker_url``, else the job service's Redis, else the local default
+    (the same Redis the commands default to, ``worker.store.url``)."""
+    return settings.broker_url or choose_redis(settings.redis_url).url
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -5,7 +5,6 @@ caller an immediate, typed refusal for the common mistakes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,10 +13,8 @@ import redis
 from worker.errors import InteractionClosed, InteractionNotFound, InvalidAnswer
 from worker.interactions.answers import AnswerInvalid, validate_answer
 from worker.interactions.control import answer_fields
-from worker.store import keys
-from worker.store.interactions import OPEN
-
-CONTROL_MAXLEN = 1000
+from worker.store.control import append_control
+from worker.store.interactions import OPEN, read_record, read_records
 
 
 def open_record(client: redis.Redis, job_id: str, interaction_id: str) -> dict[str, Any]:
@@ -27,14 +24,13 @@ def open_record(client: redis.Redis, job_id: str, interaction_id: str) -> dict[s
         InteractionNotFound: the job has no such interaction.
         InteractionClosed: it was resolved already.
     """
-    raw: Any = client.hget(keys.interactions(job_id), interaction_id)
-    if raw is None:
+    record = read_record(client, job_id, interaction_id)
+    if record is None:
         raise InteractionNotFound(
             f"job {job_id!r} has no interaction {interaction_id!r}",
             job_id=job_id,
             interaction_id=interaction_id,
         )
-    record: dict[str, Any] = json.loads(raw)
     if record.get("status") != OPEN:
         raise InteractionClosed(
             f"interaction {interaction_id!r} is already {record.get('status')}",
@@ -77,13 +73,13 @@ def send_answer(
             reason=exc.reason,
             check=exc.code,
         ) from None
-    fields: Any = answer_fields(job_id, attempt, interaction_id, dict(answer))
-    entry = client.xadd(keys.control(job_id), fields, maxlen=CONTROL_MAXLEN, approximate=True)
-    return entry.decode() if isinstance(entry, bytes) else str(entry)
+    return append_control(
+        client, job_id, answer_fields(job_id, attempt, interaction_id, dict(answer))
+    )
 
 
 def list_records(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
     """Every interaction record of the job, oldest first."""
-    raw: Any = client.hgetall(keys.interactions(job_id))
-    records = [json.loads(value) for value in raw.values()]
-    return sorted(records, key=lambda r: (r.get("attempt", 0), r.get("requested_at", "")))
+    return sorted(
+        read_records(client, job_id), key=lambda r: (r.get("attempt", 0), r.get("requested_at", ""))
+    )

@@ -1,13 +1,13 @@
 """Runs one delivered job under its lease: the service side of ``worker.job.run_job``.
 
-    payload → validate → acquire lease (or drop the duplicate) → heartbeat + control
-    watcher + fenced sink → run_job → release (unless the stream could not be settled:
-    then the lease expires and a reaper settles the job ``lost``)
+    payload → validate → own the job (``worker.service.ownership.owning``: lease,
+    heartbeat, control watcher, fenced sink; or drop the duplicate) → run_job → the
+    lease is given back (unless the stream could not be settled: then it expires and a
+    reaper settles the job ``lost``)
 
 A delivery that does not get the lease (another live owner, an attempt that already
 settled, a stale attempt) is acknowledged and counted in the job's state, never run.
-``acp-worker run --redis`` owns its job with the same pieces: ``sink_policy``,
-``lease_guards`` and ``release_lease``.
+``acp-worker run --redis`` owns its job with the same ``owning``.
 An invalid job spec whose id can be read settles with one ``job.completed`` carrying
 ``invalid_job_spec``; one without a readable id is only logged. Neither is retried.
 """
@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,14 +32,10 @@ from worker.events.models import TERMINAL_TYPE
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, parse_job
 from worker.sandbox import backend_config, get_backend
-from worker.sandbox.base import LABEL_TOKEN
-from worker.service.reaper import mark_lost
+from worker.service.ownership import Claim, LeaseRefusedError, Owned, owning
 from worker.settings import Settings
-from worker.store import keys
-from worker.store import lease as leases
-from worker.store.control import ControlWatcher
-from worker.store.fenced import FencedStreamSink, SinkPolicy
-from worker.store.lease import Heartbeat, Lease, Refusal, redis_client
+from worker.store.lease import Refusal, redis_client
+from worker.store.state import record_refusal
 
 log = logging.getLogger(__name__)
 
@@ -71,42 +67,6 @@ class GuardedResult:
             "status": self.status,
             "error": dict(self.error) if self.error else None,
         }
-
-
-def sink_policy(settings: Settings) -> SinkPolicy:
-    return SinkPolicy(
-        maxlen=settings.events_maxlen,
-        ttl_s=settings.events_ttl,
-        buffer_events=settings.sink_buffer_events,
-        retry_for=settings.sink_retry_s,
-    )
-
-
-@contextlib.asynccontextmanager
-async def lease_guards(
-    client: aioredis.Redis, lease: Lease, settings: Settings, cancel: asyncio.Event
-) -> AsyncIterator[None]:
-    """While the body runs, renew ``lease`` and follow the job's control stream; a lost
-    lease or a ``cancel`` entry sets ``cancel``."""
-    heartbeat = Heartbeat(
-        client,
-        lease,
-        ttl=settings.lease_ttl,
-        every=settings.lease_renew,
-        on_lost=cancel.set,
-        on_failure=metrics.lease_renew_failed,
-    )
-    watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
-    async with heartbeat.running(), watcher.running():
-        yield
-
-
-async def release_lease(client: aioredis.Redis, lease: Lease) -> None:
-    """Give the lease back; if Redis is away it expires and the reaper settles the job."""
-    try:
-        await leases.release(client, lease)
-    except leases.REDIS_ERRORS as exc:
-        log.warning("could not release the lease of %s: %s", lease.job_id, exc)
 
 
 async def run_delivery(
@@ -152,29 +112,34 @@ class _GuardedRun:
             spec = parse_job(_as_job(self.delivery.payload))
         except InvalidJobSpec as exc:
             return await self._invalid(exc)
-        got = await self._acquire(spec.job_id, spec.model_dump_json())
-        if isinstance(got, Refusal):
-            return await self._refused(got)
-        metrics.observe_queue_wait(self.delivery.submitted_at)
-        return await self._run_owned(spec, got)
-
-    async def _acquire(self, job_id: str, job_json: str) -> Lease | Refusal:
-        return await leases.acquire(
-            self.client,
-            job_id,
-            worker_id=self.settings.worker_id,
-            ttl=self.settings.lease_ttl,
-            attempt=self.delivery.attempt,
-            job_json=job_json,
+        claim = Claim(spec.job_id, spec.model_dump_json(), self.delivery.attempt)
+        observer = _Observer()
+        started = time.monotonic()
+        cancel = asyncio.Event()
+        owned: Owned | None = None
+        try:
+            async with owning(self.client, claim, settings=self.settings, cancel=cancel) as owned:
+                metrics.observe_queue_wait(self.delivery.submitted_at)
+                status = await self._run_owned(spec, owned, observer, cancel)
+        except LeaseRefusedError as refused:
+            return await self._refused(refused.refusal)
+        except LeaseLost as exc:
+            log.warning("lost the lease of %s mid-run", spec.job_id)
+            return GuardedResult(spec.job_id, "lease_lost", _attempt(owned), error=exc.to_dict())
+        except WorkerError as exc:
+            # The stream could not be settled: the lease is left to expire (``owning``),
+            # and a reaper settles the job `lost`.
+            log.error("job %s could not settle, lease left to expire: %s", spec.job_id, exc.message)
+            return GuardedResult(spec.job_id, "unsettled", _attempt(owned), error=exc.to_dict())
+        metrics.job_settled(status, time.monotonic() - started)
+        metrics.observe_phases(observer.completed.get("timings_ms"))
+        return GuardedResult(
+            spec.job_id, "ran", owned.lease.attempt, status, observer.completed.get("error")
         )
 
     async def _refused(self, refusal: Refusal) -> GuardedResult:
         log.info("not running %s: %s (%s)", refusal.job_id, refusal.reason, refusal.detail)
-        state = keys.state(refusal.job_id)
-        await self.client.hincrby(state, "duplicates", 1)
-        await self.client.hset(state, "last_refusal", refusal.reason)
-        if refusal.reason == "orphaned":
-            await mark_lost(self.client, refusal.job_id, self.settings)
+        await record_refusal(self.client, refusal.job_id, refusal.reason)
         return GuardedResult(refusal.job_id, refusal.reason, refusal.attempt)
 
     async def _invalid(self, exc: InvalidJobSpec) -> GuardedResult:
@@ -182,70 +147,47 @@ class _GuardedRun:
         log.warning("invalid job spec (job %s): %s", job_id, exc.message)
         if not isinstance(job_id, str):
             return GuardedResult(None, "invalid", error=exc.to_dict())
-        got = await self._acquire(job_id, "{}")
-        if isinstance(got, Refusal):
-            return await self._refused(got)
-        with contextlib.suppress(LeaseLost):
-            await self._settle_invalid(got, exc)
-        await self._release(got)
-        metrics.job_settled("failed", None)
-        return GuardedResult(job_id, "invalid", got.attempt, "failed", exc.to_dict())
-
-    async def _settle_invalid(self, lease: Lease, exc: InvalidJobSpec) -> None:
-        sink = FencedStreamSink(self.client, lease, policy=sink_policy(self.settings))
-        emitter = EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[sink])
-        await emitter.emit(
-            TERMINAL_TYPE,
-            {"status": "failed", "stop_reason": None, "error": exc.to_dict(), "duration_ms": 0.0},
-        )
-        await emitter.close()
-
-    async def _run_owned(self, spec: JobSpec, lease: Lease) -> GuardedResult:
-        observer = _Observer()
-        started = time.monotonic()
         try:
-            status = await self._run_with_guards(spec, lease, observer)
-        except LeaseLost as exc:
-            log.warning("lost the lease of %s mid-run", spec.job_id)
-            return GuardedResult(spec.job_id, "lease_lost", lease.attempt, error=exc.to_dict())
-        except WorkerError as exc:
-            # The stream could not be settled. Releasing would drop the job from the
-            # reaper's index and leave it `running` for good: the lease is left to
-            # expire instead, and a reaper settles the job `lost`.
-            log.error("job %s could not settle, lease left to expire: %s", spec.job_id, exc.message)
-            return GuardedResult(spec.job_id, "unsettled", lease.attempt, error=exc.to_dict())
-        await self._release(lease)
-        metrics.job_settled(status, time.monotonic() - started)
-        metrics.observe_phases(observer.completed.get("timings_ms"))
-        return GuardedResult(
-            spec.job_id, "ran", lease.attempt, status, observer.completed.get("error")
-        )
+            async with owning(
+                self.client, Claim(job_id), settings=self.settings, cancel=asyncio.Event()
+            ) as owned:
+                with contextlib.suppress(LeaseLost):
+                    await _settle_invalid(owned, exc)
+        except LeaseRefusedError as refused:
+            return await self._refused(refused.refusal)
+        metrics.job_settled("failed", None)
+        return GuardedResult(job_id, "invalid", owned.lease.attempt, "failed", exc.to_dict())
 
-    async def _run_with_guards(self, spec: JobSpec, lease: Lease, observer: _Observer) -> str:
-        cancel = asyncio.Event()
-        async with lease_guards(self.client, lease, self.settings, cancel):
-            sink = FencedStreamSink(
-                self.client,
-                lease,
-                policy=sink_policy(self.settings),
-                on_broken=cancel.set,
-                on_written=metrics.events_written,
-            )
-            outcome = await run_job(
-                spec,
-                settings=self.settings,
-                backend=get_backend(backend_config(self.settings)),
-                sinks=[observer, sink],
-                environ=self.environ,
-                attempt=lease.attempt,
-                cancel=cancel,
-                labels={LABEL_TOKEN: str(lease.token)},
-                control=self.client,
-            )
+    async def _run_owned(
+        self, spec: JobSpec, owned: Owned, observer: _Observer, cancel: asyncio.Event
+    ) -> str:
+        outcome = await run_job(
+            spec,
+            settings=self.settings,
+            backend=get_backend(backend_config(self.settings)),
+            sinks=[observer, owned.sink],
+            environ=self.environ,
+            attempt=owned.lease.attempt,
+            cancel=cancel,
+            labels=owned.labels,
+            control=self.client,
+        )
         return outcome.status
 
-    async def _release(self, lease: Lease) -> None:
-        await release_lease(self.client, lease)
+
+async def _settle_invalid(owned: Owned, exc: InvalidJobSpec) -> None:
+    """Settle the job at once with one ``job.completed`` ``failed`` carrying ``exc``."""
+    lease = owned.lease
+    emitter = EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[owned.sink])
+    await emitter.emit(
+        TERMINAL_TYPE,
+        {"status": "failed", "stop_reason": None, "error": exc.to_dict(), "duration_ms": 0.0},
+    )
+    await emitter.close()
+
+
+def _attempt(owned: Owned | None) -> int | None:
+    return None if owned is None else owned.lease.attempt
 
 
 def _as_job(payload: object) -> str | bytes | dict[str, Any]:

@@ -5,8 +5,8 @@ time and concurrently with other reapers (``reap_pass`` also serializes the pass
 one host on a lock file next to ``work_dir``):
 
 1. jobs in ``acpw:leases`` whose lease expired and that never settled get exactly one
-   ``job.completed`` ``lost`` (``scripts.MARK_LOST`` refuses a job that settled, whose
-   lease is alive, or that moved to another attempt);
+   ``job.completed`` ``lost`` (``worker.store.lease.settle_lost`` refuses a job that
+   settled, whose lease is alive, or that moved to another attempt);
 2. every sandbox of every configured backend whose job is over is destroyed (its job,
    if this Redis holds it with an expired lease, is settled as in 1). Over means:
 
@@ -55,15 +55,14 @@ from worker.packs.cache import open_lock
 from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
 from worker.settings import Settings
-from worker.store import keys, scripts
-from worker.store.lease import job_keys, redis_client
+from worker.store.lease import expired_leases, forget_lease, redis_client, settle_lost
 from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
+from worker.store.state import JobState, issued_fence, lease_holder
 from worker.workspace.prepare import read_labels
 from worker.workspace.stage import remove_staged
 
 log = logging.getLogger(__name__)
 
-_MARK_TRIES = 5
 NO_FENCE = "0"  # the token label of sandboxes made outside the service (`acp-worker run`)
 
 
@@ -113,7 +112,7 @@ async def reap_once(
 ) -> ReapReport:
     """One pass over expired leases, every backend's sandboxes and the work directories."""
     sweep = _Sweep()
-    for job in await _expired(client):
+    for job in await expired_leases(client):
         if await _settle_expired(client, job, settings):
             sweep.lost.append(job)
     for name, backend in backends.items():
@@ -289,15 +288,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _expired(client: aioredis.Redis) -> list[str]:
-    ids = await client.zrangebyscore(keys.LEASES, "-inf", time.time())
-    return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-
-
 async def _settle_expired(client: aioredis.Redis, job_id: str, settings: Settings) -> bool:
     result = await mark_lost(client, job_id, settings)
     if result != "alive":
-        await client.zrem(keys.LEASES, job_id)
+        await forget_lease(client, job_id)
     return result == "lost"
 
 
@@ -311,11 +305,10 @@ async def _lease_lost(client: aioredis.Redis, labels: Mapping[str, str]) -> bool
     job_id = labels.get(LABEL_JOB)
     if not fence.isdigit() or not job_id:
         return False
-    issued = _str(await client.hget(keys.state(job_id), "fence"))
-    if issued is None or int(fence) > int(issued):
+    issued = await issued_fence(client, job_id)
+    if issued is None or int(fence) > issued:
         return False
-    holder = _str(await client.get(keys.lease(job_id)))
-    return holder != fence
+    return await lease_holder(client, job_id) != fence
 
 
 async def _destroy(backend: SandboxBackend, info: SandboxInfo) -> bool:
@@ -334,44 +327,18 @@ async def mark_lost(client: aioredis.Redis, job_id: str, settings: Settings) -> 
     Returns the script's verdict: ``lost``, ``alive``, ``settled``, ``moved`` (or
     ``retry`` when events kept landing, which means the owner is alive after all).
     """
-    verdict = "retry"
-    for _ in range(_MARK_TRIES):
-        state = await client.hmget(
-            keys.state(job_id), ["attempt", "status", "ev_attempt", "ev_seq", "started_at"]
-        )
-        attempt, status, ev_attempt, ev_seq, started = (_str(v) for v in state)
-        if status != "running" or attempt is None:
-            return "settled"
-        last = int(ev_seq or 0) if ev_attempt == attempt else 0
-        line = _lost_line(job_id, int(attempt), last + 1, started)
-        verdict = await _run_mark(
-            client, job_id, attempt=attempt, last=last, line=line, settings=settings
-        )
-        if verdict != "retry":
-            break
-    if verdict == "lost":
+    verdict, state = await settle_lost(
+        client, job_id, line=_lost_line, ttl_s=settings.events_ttl, maxlen=settings.events_maxlen
+    )
+    if verdict == "lost" and state is not None:
         metrics.job_settled("lost", None)
-        log.warning("job %s attempt %s settled as lost", job_id, attempt)
+        log.warning("job %s attempt %s settled as lost", job_id, state.attempt)
     return verdict
 
 
-async def _run_mark(
-    client: aioredis.Redis, job_id: str, *, attempt: str, last: int, line: str, settings: Settings
-) -> str:
-    reply = await client.eval(
-        scripts.MARK_LOST,
-        4,
-        *job_keys(job_id),
-        attempt,
-        last,
-        line,
-        settings.events_ttl,
-        settings.events_maxlen,
-    )
-    return _str(reply) or ""
-
-
-def _lost_line(job_id: str, attempt: int, seq: int, started_ms: str | None) -> str:
+def _lost_line(state: JobState) -> str:
+    """The ``job.completed`` ``lost`` that follows the last event of ``state``'s attempt."""
+    job_id, started_ms = state.job_id, state.started_at_ms
     error = LeaseLost(
         "the worker running this job stopped renewing its lease; the job was reaped",
         job_id=job_id,
@@ -380,8 +347,8 @@ def _lost_line(job_id: str, attempt: int, seq: int, started_ms: str | None) -> s
     event = {
         "v": EVENT_VERSION,
         "job_id": job_id,
-        "attempt": attempt,
-        "seq": seq,
+        "attempt": state.attempt,
+        "seq": state.last_seq + 1,
         "ts": utc_timestamp(),
         "type": TERMINAL_TYPE,
         "data": {
@@ -393,12 +360,6 @@ def _lost_line(job_id: str, attempt: int, seq: int, started_ms: str | None) -> s
         },
     }
     return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-
-
-def _str(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def reap_pass(settings: Settings) -> ReapReport:

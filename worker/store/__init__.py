@@ -1,2 +1,10 @@
-"""Every read and write of a job's Redis keys: key names, leases and their owner, the Lua
-programs, the fenced event sink, the control stream and interaction records."""
+"""Every read and write of a job's Redis keys: key names (``keys``), the state hash's
+field names (``fields``) and its typed view (``state``), leases and their owner
+(``lease``, ``owner``), the Lua programs (``scripts``, ``lua/``), the fenced event sink
+(``fenced``), the control stream (``control``), interaction records (``interactions``),
+the control plane's synchronous reads and writes (``jobs``) and the default Redis
+(``url``).
+
+The layer below the runner and the service: it imports nothing of ``worker`` but
+``errors``, ``settings``, ``jobs`` and ``events.models``.
+"""

@@ -17,15 +17,18 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Self
 
+import redis
 import redis.asyncio as aioredis
 
 from worker.store import keys
-from worker.store.lease import REDIS_ERRORS
+from worker.store.lease import REDIS_ERRORS, still_cancelling
 
 log = logging.getLogger(__name__)
 
 CANCEL = "cancel"
 BLOCK_MS = 500
+MAXLEN = 1000
+"""The control stream keeps about this many entries (the newest)."""
 
 Handler = Callable[[Mapping[str, str]], Awaitable[None]]
 
@@ -33,6 +36,13 @@ Handler = Callable[[Mapping[str, str]], Awaitable[None]]
 def control_fields(kind: str, attempt: int) -> dict[str, str]:
     """The fields of one control entry (what ``Client.cancel`` writes)."""
     return {"type": kind, "attempt": str(attempt)}
+
+
+def append_control(client: redis.Redis, job_id: str, entry: Mapping[str, str]) -> str:
+    """Append one entry (cancel, answer) to the job's control stream; returns its id."""
+    fields: Any = dict(entry)
+    entry_id = client.xadd(keys.control(job_id), fields, maxlen=MAXLEN, approximate=True)
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
 def _decode(fields: Mapping[bytes, bytes]) -> dict[str, str]:
@@ -58,9 +68,11 @@ class ControlStream:
     async def run(self) -> None:
         """Follow the stream until cancelled; a Redis hiccup is logged and retried."""
         while True:
+            still_cancelling()
             try:
                 reply: Any = await self._client.xread({self._key: self._last}, block=BLOCK_MS)
             except REDIS_ERRORS as exc:
+                still_cancelling()
                 log.warning("control stream unreadable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -72,6 +84,7 @@ class ControlStream:
         try:
             reply: Any = await self._client.xread({self._key: self._last})
         except REDIS_ERRORS as exc:
+            still_cancelling()
             log.warning("control stream unreadable (%s); following it later", exc)
             return
         await self._handle(reply)

@@ -1,6 +1,6 @@
 """A Redis Stream sink that only the lease holder can write through.
 
-Every batch goes through one Lua program (``leases.scripts.APPEND``) that compares the
+Every batch goes through one Lua program (``scripts.APPEND``) that compares the
 writer's fencing token with the job's lease before appending, so a worker that lost its
 lease cannot add a single event after the new owner started. The same program settles
 the job's state when ``job.completed`` passes and gives the job's keys their TTL.
@@ -74,7 +74,7 @@ class FencedStreamSink:
         self._client = client
         self._lease = lease
         self._policy = policy
-        self._script = client.register_script(scripts.APPEND)
+        self._script = scripts.bound(client, scripts.APPEND)
         self._keys = job_keys(lease.job_id)
         self._on_broken = on_broken
         self._on_written = on_written
@@ -85,6 +85,7 @@ class FencedStreamSink:
         self._flusher: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._fenced = False
+        self._settled = False
         self._closing = False
         self.dropped = 0
 
@@ -92,6 +93,11 @@ class FencedStreamSink:
     def fenced(self) -> bool:
         """True once the lease was found to belong to someone else."""
         return self._fenced
+
+    @property
+    def settled(self) -> bool:
+        """True once Redis took this attempt's ``job.completed`` (the state is settled)."""
+        return self._settled
 
     @property
     def broken(self) -> bool:
@@ -156,6 +162,7 @@ class FencedStreamSink:
             return
         for _ in batch:
             self._queue.popleft()
+        self._settled = self._settled or any(item.status for item in batch)
         self._on_written(written)
         await self._notify_space()
 

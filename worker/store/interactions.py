@@ -8,6 +8,9 @@ Every write is fenced like the job's events: ``scripts.PUT_INTERACTION`` compare
 writer's lease token with the job's lease in the same program that writes, so a worker
 that lost its lease cannot touch the records of the owner that took over. A job run
 outside the service (no lease, token ``None``) writes unfenced.
+
+The control plane reads the records synchronously (:func:`read_record`,
+:func:`read_records`) before it sends an answer.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 
 from worker.errors import LeaseLost, ServiceUnavailable
@@ -38,6 +42,7 @@ class InteractionStore:
         self._key = keys.interactions(job_id)
         self._ttl = ttl_s
         self._token = "" if token is None else str(token)
+        self._put = scripts.bound(client, scripts.PUT_INTERACTION)
 
     async def put(self, record: Mapping[str, Any]) -> None:
         """Write ``record`` under its ``interaction_id``, if this writer holds the lease.
@@ -49,7 +54,7 @@ class InteractionStore:
         text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         args = (self._token, record["interaction_id"], text, self._ttl)
         try:
-            written = await self._client.eval(scripts.PUT_INTERACTION, 2, *self._keys, *args)
+            written = await self._put(keys=self._keys, args=args)
         except REDIS_ERRORS as exc:
             raise ServiceUnavailable(f"could not persist an interaction: {exc}") from exc
         if not written:
@@ -63,3 +68,15 @@ class InteractionStore:
     async def get(self, interaction_id: str) -> dict[str, Any] | None:
         raw = await self._client.hget(self._key, interaction_id)
         return None if raw is None else dict(json.loads(raw))
+
+
+def read_record(client: redis.Redis, job_id: str, interaction_id: str) -> dict[str, Any] | None:
+    """One interaction record of the job, or None when it has no such interaction."""
+    raw: Any = client.hget(keys.interactions(job_id), interaction_id)
+    return None if raw is None else dict(json.loads(raw))
+
+
+def read_records(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
+    """Every interaction record of the job, in no particular order."""
+    raw: Any = client.hgetall(keys.interactions(job_id))
+    return [dict(json.loads(value)) for value in raw.values()]

@@ -4,7 +4,8 @@ A lease is ``acpw:{J}:lease`` holding the owner's fencing token, with a TTL rene
 heartbeat. Tokens come from a per-job counter (``fence`` in the state hash) and only
 grow, so a writer proves it is the current owner by presenting its token: every write
 script compares it with the lease (``scripts.APPEND``). A worker whose lease expired can
-never renew it again; it has lost the job for good.
+never renew it again; it has lost the job for good: :func:`settle_lost` then writes the
+job's last event for it.
 """
 
 from __future__ import annotations
@@ -15,17 +16,35 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from worker.errors import ServiceUnavailable
 from worker.store import keys, scripts
+from worker.store.state import JobState, read_state, text
 
 log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def still_cancelling() -> None:
+    """Raise the pending cancellation of the current task, if it has one.
+
+    redis-py (8.1 here) does not always let a cancel that lands mid-command through: it
+    closes the connection and the command is retried, or fails with a connection error,
+    and the task runs on with its cancel request pending. A loop that follows Redis (the
+    heartbeat, the control reader) calls this on every turn and after every Redis error,
+    so that cancelling it ends it; otherwise whoever awaits it after cancelling (every
+    job's exit) could wait forever.
+
+    Raises:
+        asyncio.CancelledError: the current task has a cancel request pending.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def redis_client(url: str | None) -> aioredis.Redis:
@@ -64,10 +83,6 @@ class Refusal:
     detail: str
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def acquire(
     client: aioredis.Redis,
     job_id: str,
@@ -78,16 +93,11 @@ async def acquire(
     job_json: str = "{}",
 ) -> Lease | Refusal:
     """Take the lease of ``job_id`` for ``attempt`` (default: the state's), or say why not."""
-    reply = await client.eval(
-        scripts.ACQUIRE,
-        4,
-        *job_keys(job_id),
-        int(ttl * 1000),
-        worker_id,
-        "" if attempt is None else str(attempt),
-        job_json,
+    reply = await scripts.bound(client, scripts.ACQUIRE)(
+        keys=job_keys(job_id),
+        args=[int(ttl * 1000), worker_id, "" if attempt is None else str(attempt), job_json],
     )
-    outcome, got_attempt, detail = (_text(part) for part in reply)
+    outcome, got_attempt, detail = (text(part) for part in reply)
     if outcome != "acquired":
         return Refusal(job_id, outcome, int(got_attempt), detail)
     lease = Lease(job_id, int(got_attempt), int(detail), worker_id)
@@ -102,7 +112,8 @@ async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
 
 async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
     """Extend the lease; False when it is not ours any more (expired or taken over)."""
-    ok = await client.eval(scripts.RENEW, 1, keys.lease(lease.job_id), lease.token, int(ttl * 1000))
+    renew_lease = scripts.bound(client, scripts.RENEW)
+    ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.token, int(ttl * 1000)])
     if ok:
         await _index(client, lease.job_id, ttl)
     return bool(ok)
@@ -111,10 +122,54 @@ async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
 async def release(client: aioredis.Redis, lease: Lease) -> bool:
     """Give the lease up; False when it was not ours any more (then the reaper's index
     entry stays: it may be another owner's, or the hint that settles an expired one)."""
-    ok = await client.eval(scripts.RELEASE, 1, keys.lease(lease.job_id), lease.token)
+    release_lease = scripts.bound(client, scripts.RELEASE)
+    ok = await release_lease(keys=[keys.lease(lease.job_id)], args=[lease.token])
     if ok:
         await client.zrem(keys.LEASES, lease.job_id)
     return bool(ok)
+
+
+async def expired_leases(client: aioredis.Redis, *, now: float | None = None) -> list[str]:
+    """Job ids whose lease, as the reaper's index hints, expired by ``now``."""
+    ids = await client.zrangebyscore(keys.LEASES, "-inf", time.time() if now is None else now)
+    return [text(i) for i in ids]
+
+
+async def forget_lease(client: aioredis.Redis, job_id: str) -> None:
+    """Drop ``job_id`` from the reaper's index (its lease is settled or gone)."""
+    await client.zrem(keys.LEASES, job_id)
+
+
+LostLine = Callable[[JobState], str]
+"""Builds the ``job.completed`` ``lost`` line for the attempt a state describes (its
+``seq`` is ``state.last_seq + 1``)."""
+
+_SETTLE_TRIES = 5
+
+
+async def settle_lost(
+    client: aioredis.Redis, job_id: str, *, line: LostLine, ttl_s: int, maxlen: int
+) -> tuple[str, JobState | None]:
+    """Append ``line`` and settle the job ``lost``, unless it settled or is alive.
+
+    Returns the program's verdict and the state it judged: ``lost``, ``alive`` (its
+    lease is held), ``settled`` (nothing to do), ``moved`` (another attempt began), or
+    ``retry`` when events kept landing meanwhile (the owner is alive after all).
+    """
+    verdict, state = "retry", None
+    mark = scripts.bound(client, scripts.MARK_LOST)
+    for _ in range(_SETTLE_TRIES):
+        state = await read_state(client, job_id)
+        if state is None or not state.running:
+            return "settled", state
+        reply = await mark(
+            keys=job_keys(job_id),
+            args=[str(state.attempt), state.last_seq, line(state), ttl_s, maxlen],
+        )
+        verdict = text(reply) if reply is not None else ""
+        if verdict != "retry":
+            break
+    return verdict, state
 
 
 class Heartbeat:
@@ -146,9 +201,11 @@ class Heartbeat:
         delay = self._every
         while not self.lost:
             await asyncio.sleep(delay)
+            still_cancelling()
             try:
                 alive = await renew(self._client, self._lease, ttl=self._ttl)
             except REDIS_ERRORS as exc:
+                still_cancelling()
                 log.warning("lease renew failed for %s: %s", self._lease.job_id, exc)
                 self._on_failure()
                 delay = min(1.0, self._every)

@@ -1,0 +1,87 @@
+"""``worker.service.ownership.owning`` against a real Redis: the lease is given back only
+once the stream settled, a refusal starts nothing, an orphaned attempt is settled lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from worker.events.emitter import EventEmitter
+from worker.service.ownership import Claim, LeaseRefusedError, owning
+from worker.settings import Settings
+from worker.store import keys
+from worker.store import lease as leases
+from worker.store.state import read_state
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = Settings(lease_ttl=30, lease_renew=10)
+DONE = {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0}
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client made as the worker makes its own (``redis_client``). These short blocks
+    exit while the control reader is mid-XREAD: before ``store.lease.still_cancelling``,
+    redis-py swallowed that cancel now and then and the exit waited forever."""
+    made = leases.redis_client(redis_url)
+    yield made
+    await made.aclose()
+
+
+async def _indexed(client: aioredis.Redis, job_id: str) -> bool:
+    return await client.zscore(keys.LEASES, job_id) is not None
+
+
+async def test_a_settled_job_gives_its_lease_back(client: aioredis.Redis) -> None:
+    async with owning(client, Claim("own-1"), settings=SETTINGS, cancel=asyncio.Event()) as owned:
+        assert await client.get(keys.lease("own-1")) == str(owned.lease.token).encode()
+        assert owned.labels == {"acpw.token": str(owned.lease.token)}
+        emitter = EventEmitter(job_id="own-1", attempt=owned.lease.attempt, sinks=[owned.sink])
+        await emitter.emit("job.completed", DONE)
+        await emitter.close()
+    assert await client.get(keys.lease("own-1")) is None
+    assert not await _indexed(client, "own-1")
+    state = await read_state(client, "own-1")
+    assert state is not None
+    assert state.status == "succeeded"
+
+
+async def test_a_job_that_never_settled_keeps_its_lease_for_the_reaper(
+    client: aioredis.Redis,
+) -> None:
+    with pytest.raises(RuntimeError, match="a bug"):
+        async with owning(client, Claim("own-2"), settings=SETTINGS, cancel=asyncio.Event()):
+            raise RuntimeError("a bug before job.completed")
+    # Released, the job would be `running` for good and out of the reaper's index.
+    assert await client.get(keys.lease("own-2")) is not None
+    assert await _indexed(client, "own-2")
+
+
+async def test_a_cancel_entry_sets_cancel_while_owned(client: aioredis.Redis) -> None:
+    cancel = asyncio.Event()
+    async with owning(client, Claim("own-3"), settings=SETTINGS, cancel=cancel):
+        await client.xadd(keys.control("own-3"), {"type": "cancel", "attempt": "1"})
+        await asyncio.wait_for(cancel.wait(), 5)
+
+
+async def test_a_held_lease_is_refused_and_an_orphan_is_settled_lost(
+    client: aioredis.Redis,
+) -> None:
+    first = await leases.acquire(client, "own-4", worker_id="w1", ttl=30)
+    assert isinstance(first, leases.Lease)
+    with pytest.raises(LeaseRefusedError) as held:
+        async with owning(client, Claim("own-4"), settings=SETTINGS, cancel=asyncio.Event()):
+            pytest.fail("a held lease was granted")
+    assert held.value.refusal.reason == "held"
+    await client.delete(keys.lease("own-4"))  # its owner died: the lease ran out
+    with pytest.raises(LeaseRefusedError) as orphan:
+        async with owning(client, Claim("own-4"), settings=SETTINGS, cancel=asyncio.Event()):
+            pytest.fail("an orphaned attempt was granted")
+    assert orphan.value.refusal.reason == "orphaned"
+    state = await read_state(client, "own-4")
+    assert state is not None
+    assert state.status == "lost"

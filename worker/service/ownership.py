@@ -1,0 +1,165 @@
+"""Owning a job's lease while it runs: one context manager for every way a job is owned.
+
+Both the service (``worker.service.guarded``, a Celery delivery) and
+``acp-worker run --redis`` run a job under :func:`owning`:
+
+    acquire the lease (an attempt whose last owner vanished is settled ``lost`` first, as
+    a reaper would, and refused) → renew it on a heartbeat and follow the job's control
+    stream (a lost lease or a ``cancel`` entry sets ``cancel``) → the body runs the job
+    with the fenced sink → on the way out, release the lease once the sink settled the
+    stream; otherwise leave it to expire, so the reaper's index keeps the job and a
+    reaper settles it ``lost`` (releasing would drop it from the index and leave it
+    ``running`` for good).
+
+What differs between the two is only what a broken sink does: the service cancels the
+job (``on_broken``); ``run`` has the sink raise, so the job fails with the typed error
+while its other sinks (stdout, ``--events-out``) still get its ``job.completed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from worker import metrics
+from worker.sandbox.base import LABEL_TOKEN
+from worker.service.reaper import mark_lost
+from worker.settings import Settings
+from worker.store import lease as leases
+from worker.store.control import ControlWatcher
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.lease import Heartbeat, Lease, Refusal
+
+log = logging.getLogger(__name__)
+
+
+class LeaseRefusedError(Exception):
+    """The job's lease was not granted; ``refusal`` says why. Nothing was started."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.job_id}: {refusal.reason} ({refusal.detail})")
+        self.refusal = refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What to own: the job, its spec as the state records it for a job never submitted,
+    and the attempt (None: the state's current one)."""
+
+    job_id: str
+    job_json: str = "{}"
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """A job owned for the duration of an :func:`owning` block."""
+
+    client: aioredis.Redis
+    lease: Lease
+    sink: FencedStreamSink
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels for what the job creates: the token the reaper judges it by."""
+        return {LABEL_TOKEN: str(self.lease.token)}
+
+
+def sink_policy(settings: Settings) -> SinkPolicy:
+    return SinkPolicy(
+        maxlen=settings.events_maxlen,
+        ttl_s=settings.events_ttl,
+        buffer_events=settings.sink_buffer_events,
+        retry_for=settings.sink_retry_s,
+    )
+
+
+@contextlib.asynccontextmanager
+async def owning(
+    client: aioredis.Redis,
+    claim: Claim,
+    *,
+    settings: Settings,
+    cancel: asyncio.Event,
+    raise_when_broken: bool = False,
+) -> AsyncIterator[Owned]:
+    """Own ``claim``'s job while the block runs (see the module docstring).
+
+    Raises:
+        LeaseRefusedError: the lease was not granted (held, settled, stale, orphaned).
+    """
+    lease = await claim_lease(client, claim, settings=settings)
+    sink = FencedStreamSink(
+        client,
+        lease,
+        policy=sink_policy(settings),
+        on_broken=(lambda: None) if raise_when_broken else cancel.set,
+        on_written=metrics.events_written,
+        raise_when_broken=raise_when_broken,
+    )
+    try:
+        async with _guards(client, lease, settings, cancel):
+            yield Owned(client, lease, sink)
+    finally:
+        await _give_back(client, lease, sink)
+
+
+async def claim_lease(client: aioredis.Redis, claim: Claim, *, settings: Settings) -> Lease:
+    """The lease of ``claim``'s attempt.
+
+    Raises:
+        LeaseRefusedError: not granted. An ``orphaned`` attempt (its owner's lease expired
+            before it settled) has been settled ``lost`` meanwhile.
+    """
+    got = await leases.acquire(
+        client,
+        claim.job_id,
+        worker_id=settings.worker_id,
+        ttl=settings.lease_ttl,
+        attempt=claim.attempt,
+        job_json=claim.job_json,
+    )
+    if isinstance(got, Refusal):
+        if got.reason == "orphaned":
+            await mark_lost(client, got.job_id, settings)
+        raise LeaseRefusedError(got)
+    return got
+
+
+@contextlib.asynccontextmanager
+async def _guards(
+    client: aioredis.Redis, lease: Lease, settings: Settings, cancel: asyncio.Event
+) -> AsyncIterator[None]:
+    """While the body runs, renew ``lease`` and follow the job's control stream; a lost
+    lease or a ``cancel`` entry sets ``cancel``."""
+    heartbeat = Heartbeat(
+        client,
+        lease,
+        ttl=settings.lease_ttl,
+        every=settings.lease_renew,
+        on_lost=cancel.set,
+        on_failure=metrics.lease_renew_failed,
+    )
+    watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
+    async with heartbeat.running(), watcher.running():
+        yield
+
+
+async def _give_back(client: aioredis.Redis, lease: Lease, sink: FencedStreamSink) -> None:
+    """Release the lease once the stream is settled; otherwise let it expire for a reaper."""
+    if not sink.settled:
+        log.warning(
+            "the events of %s could not be settled in Redis: its lease is left to "
+            "expire, then a reaper settles it lost",
+            lease.job_id,
+        )
+        return
+    try:
+        await leases.release(client, lease)
+    except leases.REDIS_ERRORS as exc:
+        log.warning("could not release the lease of %s: %s", lease.job_id, exc)

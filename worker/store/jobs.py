@@ -1,0 +1,85 @@
+"""The control plane's reads and writes of a job's keys (synchronous, for ``Client``).
+
+A control plane is often a plain web service, so these take a synchronous
+``redis.Redis``; the worker's side of the same keys is asyncio (:mod:`.lease`,
+:mod:`.fenced`, :mod:`.control`, :mod:`.state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.store import fields, keys, scripts
+from worker.store.lease import job_keys
+from worker.store.state import JobState, text, text_or_none
+
+EVENT_FIELD = "event"
+"""The one field of an events stream entry: the event's JSON line."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitReply:
+    """What ``SUBMIT`` did: ``created``, ``retried``, ``exists`` or ``conflict``, and the
+    spec digest the state holds ('' for a state recorded before digests were)."""
+
+    outcome: str
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventsPage:
+    """Entries after a cursor as ``(stream id, event line)``, and the trim watermark read
+    in the same transaction (None: nothing was ever trimmed)."""
+
+    entries: list[tuple[str, str]]
+    trimmed_until: str | None
+
+
+def submit(
+    client: redis.Redis, job_id: str, *, job_json: str, new_attempt: bool, digest: str
+) -> SubmitReply:
+    """Record a job (or a new attempt of a settled one) as ``queued``; see ``submit.lua``."""
+    reply: Any = scripts.bound_sync(client, scripts.SUBMIT)(
+        keys=job_keys(job_id), args=[job_json, int(new_attempt), digest]
+    )
+    return SubmitReply(text(reply[0]), text(reply[3]))
+
+
+def read_state(client: redis.Redis, job_id: str) -> JobState | None:
+    """The job's state, or None when Redis holds none."""
+    raw: Any = client.hgetall(keys.state(job_id))
+    return JobState.from_hash(job_id, raw) if raw else None
+
+
+def mark_enqueued(client: redis.Redis, job_id: str) -> None:
+    """Record that the current attempt's message was queued (a resubmit will not again)."""
+    client.hset(keys.state(job_id), fields.ENQUEUED, "1")
+
+
+def events_page(client: redis.Redis, job_id: str, *, after: str, count: int) -> EventsPage:
+    """Up to ``count`` events after stream id ``after``, with the trim watermark.
+
+    Both are read in one MULTI/EXEC, so they describe the same instant: a trim removes a
+    prefix of the stream and raises the watermark to the id of its last entry atomically,
+    hence entries after ``after`` are missing from the page exactly when the watermark is
+    above ``after``.
+    """
+    pipe = client.pipeline(transaction=True)
+    pipe.xrange(keys.events(job_id), min=f"({after}", count=count)
+    pipe.hget(keys.state(job_id), fields.TRIMMED_UNTIL)
+    entries, trimmed = pipe.execute()
+    return EventsPage(
+        [(text(entry_id), _line(values)) for entry_id, values in entries], text_or_none(trimmed)
+    )
+
+
+def wait_for_events(client: redis.Redis, job_id: str, *, after: str, block_ms: int) -> None:
+    """Block until the stream has an entry after ``after`` (or ``block_ms`` passed)."""
+    client.xread({keys.events(job_id): after}, count=1, block=block_ms)
+
+
+def _line(values: Any) -> str:
+    return text(values.get(EVENT_FIELD.encode()) or values.get(EVENT_FIELD) or "{}")

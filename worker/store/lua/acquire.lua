@@ -1,0 +1,22 @@
+-- ARGV: ttl_ms, worker_id, attempt ('' = the state's), job JSON for a job never submitted
+local st = redis.call('HMGET', KEYS[2], 'attempt', 'status')
+local current = tonumber(st[1])
+local attempt = tonumber(ARGV[3]) or current or 1
+if current ~= nil then
+  if attempt < current then return {'stale', tostring(current), st[2] or ''} end
+  if attempt == current and TERMINAL[st[2]] then
+    return {'settled', tostring(attempt), st[2]}
+  end
+end
+local holder = redis.call('GET', KEYS[1])
+if holder then return {'held', tostring(attempt), holder} end
+if attempt == current and st[2] == 'running' then
+  return {'orphaned', tostring(attempt), 'running'}
+end
+local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+redis.call('HSET', KEYS[2], 'attempt', attempt, 'status', 'running', 'token', token,
+  'worker', ARGV[2], 'started_at', now_ms())
+if redis.call('HEXISTS', KEYS[2], 'job') == 0 then redis.call('HSET', KEYS[2], 'job', ARGV[4]) end
+for i = 2, 4 do redis.call('PERSIST', KEYS[i]) end
+return {'acquired', tostring(attempt), tostring(token)}
