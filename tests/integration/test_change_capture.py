@@ -250,9 +250,11 @@ def test_a_patch_over_its_bound_lists_what_it_left_out(tmp_path: Path) -> None:
     assert f3["sha256"] == hashlib.sha256((staged.path / "f3.txt").read_bytes()).hexdigest()
     notice = incomplete_notice(captured)
     assert notice is not None
-    assert (notice["level"], notice["code"]) == ("warning", "patch_incomplete")
-    assert notice["details"]["reasons"] == {"patch_full": 7}
-    assert notice["details"]["patch_bytes"] == 35_000
+    assert (notice.level, notice.code) == ("warning", "patch_incomplete")
+    assert notice.details is not None
+    assert notice.details["reasons"] == {"patch_full": 7}
+    assert notice.details["omitted_total"] == 7
+    assert notice.details["patch_bytes"] == 35_000
     omitted = [f"f{i}.txt" for i in range(3, 10)]
     _apply(tmp_path, source, Path(patch["path"]), staged, omitted=omitted)
 
@@ -278,8 +280,9 @@ def test_capture_stops_at_its_time_budget_and_says_so(tmp_path: Path) -> None:
     assert set(reasons.values()) == {"time_budget"}
     notice = incomplete_notice(captured)
     assert notice is not None
-    assert "ran out of its 0.5 s budget" in notice["message"]
-    assert notice["details"]["reasons"] == {"time_budget": 5}
+    assert "ran out of its 0.5 s budget" in notice.message
+    assert notice.details is not None
+    assert notice.details["reasons"] == {"time_budget": 5}
     data = _written(tmp_path, captured)
     assert data["patch"]["complete"] is False
     assert data["patch"]["omitted_reasons"] == {"time_budget": 5}

@@ -642,9 +642,9 @@ def test_prepare_pack_verifies_and_plans_launch(cfg: Settings, pack: Pack) -> No
     prepared = prepare_pack(cfg, declared, None)
     assert prepared.closure == materialize(pack, cfg.cache_dir)
     assert prepared.stats.files == len(FILES)
-    data = prepared.event_data()
-    assert data["closure_digest"] == pack.for_platform().pin.closure.digest
-    assert (data["name"], data["platform"], data["files"]) == ("demo", "any", len(FILES))
+    ready = prepared.event_data()
+    assert ready.closure_digest == pack.for_platform().pin.closure.digest
+    assert (ready.name, ready.platform, ready.files) == ("demo", "any", len(FILES))
     plan = prepared.launch_plan({"CURSOR_API_KEY": "k"})
     assert plan.argv == ("/opt/acp-pack/bin/agent", "acp")
     assert plan.env["CURSOR_API_KEY"] == "k"

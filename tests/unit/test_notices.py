@@ -10,7 +10,7 @@ import pytest
 from worker.errors import LeaseLost, ResultUploadFailed, SandboxError
 from worker.events import notices
 from worker.events.completed import job_completed
-from worker.events.models import JobCompleted, Notice
+from worker.events.models import JobCompleted, Notice, WorkspaceChanged
 
 
 @pytest.mark.parametrize(
@@ -63,6 +63,85 @@ def test_each_notice_has_its_code_and_details(
     assert (notice.code, notice.details) == (code, details)
     assert notice.message
     assert set(notice.wire()) == {"level", "code", "message", "details"}
+
+
+_UPLOAD = ResultUploadFailed("access denied", bucket="b", key="k")
+
+
+@pytest.mark.parametrize(
+    ("notice", "level", "code", "details"),
+    [
+        (notices.not_launched("cancelled", "turn"), "info", "cancelled_before_launch",
+         {"next_phase": "turn"}),
+        (notices.not_launched("timed_out", "workspace"), "info", "timed_out_before_launch",
+         {"next_phase": "workspace"}),
+        (notices.workspace_special_files_skipped([f"p{i}" for i in range(60)]), "warning",
+         "workspace_special_files_skipped", {"paths": [f"p{i}" for i in range(50)]}),
+        (notices.workspace_disk_unbounded(512), "warning", "workspace_disk_unbounded",
+         {"disk_mb": 512}),
+        (notices.network_denied(message="refused", reason="not_allowed",
+                                target="example.com:443", seq=3),
+         "warning", "network_denied",
+         {"reason": "not_allowed", "target": "example.com:443", "seq": 3}),
+        (notices.acp_malformed_line("{oops", "not JSON"), "warning", "acp_malformed_line",
+         {"preview": "{oops"}),
+        (notices.sandbox_not_destroyed("sb-1"), "error", "sandbox_not_destroyed",
+         {"sandbox_id": "sb-1"}),
+        (notices.workspace_kept("/w/j", "2026-01-01T00:00:00.000Z"), "info", "workspace_kept",
+         {"path": "/w/j", "until": "2026-01-01T00:00:00.000Z"}),
+        (notices.capture_failed(PermissionError(13, "Permission denied", "/w/x")), "error",
+         "capture_failed", {"path": "/w/x"}),
+        (notices.capture_failed(ValueError("agent text")), "error", "capture_failed",
+         {"path": ""}),
+        (notices.result_upload_failed(_UPLOAD), "error", "result_upload_failed",
+         {"bucket": "b", "key": "k"}),
+        (notices.patch_incomplete(reasons={"patch_full": 2, "too_large": 1}, file_bytes=10,
+                                  patch_bytes=20, time_s=1.5),
+         "warning", "patch_incomplete",
+         {"omitted_total": 3, "reasons": {"patch_full": 2, "too_large": 1}, "file_bytes": 10,
+          "patch_bytes": 20, "time_s": 1.5}),
+        (notices.session_not_saved("s1", reason="too_large", why="it holds too much"),
+         "warning", "session_not_saved", {"session_id": "s1", "reason": "too_large"}),
+        (notices.session_entries_skipped("s1", count=2, entries=[{"path": "l", "kind": "symlink"}]),
+         "warning", "session_entries_skipped",
+         {"session_id": "s1", "count": 2, "entries": [{"path": "l", "kind": "symlink"}]}),
+    ],
+)  # fmt: skip
+def test_the_job_s_notices_keep_their_level_code_and_details(
+    notice: Notice, level: str, code: str, details: dict[str, Any]
+) -> None:
+    assert (notice.level, notice.code, notice.details) == (level, code, details)
+    assert notice.message
+    assert list(notice.wire()) == ["level", "code", "message", "details"]  # the wire order
+
+
+def test_the_job_s_notice_messages_say_what_happened() -> None:
+    assert notices.not_launched("timed_out", "turn").message == (
+        "the job was out of time (limits.timeout_s) before turn; its agent was never started"
+    )
+    assert notices.network_denied(message="m", reason="r", target="t", seq=1).message == "m"
+    assert (
+        "Permission denied"
+        in notices.capture_failed(PermissionError(13, "Permission denied")).message
+    )
+    assert "agent text" not in notices.capture_failed(ValueError("agent text")).message
+    assert notices.result_upload_failed(_UPLOAD).message.endswith(": access denied")
+    full = notices.patch_incomplete(
+        reasons={"patch_full": 2}, file_bytes=1, patch_bytes=1, time_s=1
+    )
+    assert full.message.startswith("the patch leaves out 2 changed file(s) (2 patch_full)")
+    late = notices.patch_incomplete(
+        reasons={"time_budget": 1}, file_bytes=1, patch_bytes=1, time_s=0.5
+    )
+    assert late.message.startswith("change capture ran out of its 0.5 s budget: ")
+
+
+def test_workspace_changed_goes_out_in_the_order_of_its_fields() -> None:
+    changed = WorkspaceChanged(
+        base={"kind": "local"}, paths=[], patch=None, truncated=False, total=0,
+        counts={"added": 0},
+    )  # fmt: skip
+    assert list(changed.wire()) == ["counts", "total", "truncated", "paths", "patch", "base"]
 
 
 def test_interaction_unavailable_says_the_cause_when_there_is_one() -> None:

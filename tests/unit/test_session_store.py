@@ -227,8 +227,12 @@ def test_a_resume_gets_exactly_its_session_and_saves_it_back(tmp_path: Path) -> 
     (mount.source / SID / "blobs" / "history.json").write_text("mine, turn 2")
     (mount.source / SID / "link").symlink_to("/etc/passwd")
     notices = sessions.save(SID)
-    assert [n["code"] for n in notices] == ["session_entries_skipped"]
-    assert notices[0]["details"]["entries"] == [{"path": "link", "kind": "symlink"}]
+    assert [n.code for n in notices] == ["session_entries_skipped"]
+    assert notices[0].details == {
+        "session_id": SID,
+        "count": 1,
+        "entries": [{"path": "link", "kind": "symlink"}],
+    }
     kept = store.path("cursor-emulator", SID)
     assert (kept / "blobs" / "history.json").read_text() == "mine, turn 2"
     assert not os.path.lexists(kept / "link")
@@ -245,17 +249,21 @@ def test_save_reports_instead_of_raising(tmp_path: Path) -> None:
     assert sessions.save(None) == []  # no session started
     assert sessions.save(SID) == []  # the agent recorded nothing
     bad = sessions.save("../../etc")
-    assert [(n["code"], n["details"]["reason"]) for n in bad] == [
-        ("session_not_saved", "invalid_session_id")
+    assert [(n.code, n.details) for n in bad] == [
+        ("session_not_saved", {"session_id": "../../etc", "reason": "invalid_session_id"})
     ]
     (mount.source / SID).symlink_to(tmp_path)
     linked = sessions.save(SID)
-    assert [n["details"]["reason"] for n in linked] == ["unreadable"]
+    assert [(n.code, (n.details or {})["reason"]) for n in linked] == [
+        ("session_not_saved", "unreadable")
+    ]
     (mount.source / SID).unlink()
     _session(mount.source / SID, "x" * 100)
     large = sessions.save(SID)
-    assert [n["details"]["reason"] for n in large] == ["too_large"]
-    assert "more than 64 bytes" in large[0]["message"]
+    assert [(n.code, (n.details or {})["reason"]) for n in large] == [
+        ("session_not_saved", "too_large")
+    ]
+    assert "more than 64 bytes" in large[0].message
     assert not (tmp_path / "sessions" / "cursor-emulator" / SID).exists()
 
 

@@ -182,7 +182,7 @@ async def run_probe(
     prepared, hold = await hold_pack(settings, pack, platform=platform)
     try:
         report: dict[str, Any] = {
-            "pack": prepared.event_data(),
+            "pack": prepared.event_data().wire(),
             "credentials": sorted(credentials),
         }
         report.update(

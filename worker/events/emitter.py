@@ -131,9 +131,9 @@ class EventEmitter:
         """Emit one event and return it as sent (after redaction).
 
         ``event`` is the event's model; its class names the type. Transitional (issue 12,
-        part 2): ``emit(type, data)`` with a plain dict is still accepted for the callers
-        not yet converted (the job phases, the guarded run, ``acp-worker run``); it goes
-        once they emit models.
+        part 2): ``emit(type, data)`` with a plain dict is still accepted for the one
+        caller not yet converted (the guarded run settling an invalid spec); it goes
+        once that emits a model.
 
         Raises:
             RuntimeError: an event after ``job.completed`` (a bug, not an input error).

@@ -409,10 +409,18 @@ class SessionTitled(Attributed):
 
 
 class WorkspaceChanged(EventData):
-    TYPE = "workspace.changed"
-    model_config = ConfigDict(extra="allow")  # its producers are still growing
+    """What the agent changed, captured once its sandbox was destroyed (the fields in
+    the order they are sent; ``worker.workspace.changes`` bounds the lists)."""
 
+    TYPE = "workspace.changed"
+
+    counts: dict[str, int] = Field(description="Changed paths by status.")
+    total: int = Field(ge=0, description="Every changed path, listed or not.")
+    truncated: bool = Field(description="`paths` lists fewer than `total`.")
     paths: list[dict[str, Any]]
+    patch: dict[str, Any] | None = Field(
+        description="The patch file's reference and what it left out; null: no change."
+    )
     base: dict[str, Any] | None = Field(
         default=None,
         description="What the changes are against: {kind: local}, {kind: git, commit} (the "

@@ -159,18 +159,6 @@ class Normalizer:
         """What the agent said that no canonical event holds, kept (bounded)."""
         return ProviderUnmapped(kind=kind, raw=bound_json(raw, self._limit))
 
-    # -- transitional (issue 12, part 2): the (type, data) pairs the job phases still
-    # emit; they go once the job emits the models of session_update / provider_unmapped.
-
-    def normalize(self, params: Any) -> list[tuple[str, dict[str, Any]]]:
-        """:meth:`session_update` as ``(type, data)`` pairs (transitional)."""
-        return [(event.TYPE, event.wire()) for event in self.session_update(params)]
-
-    def unmapped(self, kind: str, raw: Any) -> tuple[str, dict[str, Any]]:
-        """:meth:`provider_unmapped` as a ``(type, data)`` pair (transitional)."""
-        event = self.provider_unmapped(kind, raw)
-        return event.TYPE, event.wire()
-
     def _partial(self, kind: str, update: Mapping[str, Any], known: frozenset[str]) -> Out:
         extra = {key: value for key, value in update.items() if key not in known}
         if not extra:

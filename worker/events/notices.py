@@ -8,10 +8,15 @@ is bounded before it goes into a notice.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
+from worker.errors import ResultUploadFailed
 from worker.events.bounded import bounded
 from worker.events.models import Notice
+
+#: How many paths a notice lists at most (its ``details`` must stay well under the cap).
+LISTED_PATHS = 50
 
 
 def event_too_large(type_: str, size: int, limit: int) -> Notice:
@@ -114,3 +119,161 @@ def interaction_too_large(kind: str, size: int, limit: int) -> Notice:
 
 def _interaction(code: str, message: str, kind: str) -> Notice:
     return Notice(level="warning", code=code, message=message, details={"kind": kind})
+
+
+# -- the job's phases -------------------------------------------------------------------
+
+
+def not_launched(status: Literal["cancelled", "timed_out"], next_phase: str) -> Notice:
+    """A cancel (or a lost lease) or the deadline came before the agent was started."""
+    what = "cancelled" if status == "cancelled" else "out of time (limits.timeout_s)"
+    return Notice(
+        level="info",
+        code=f"{status}_before_launch",
+        message=f"the job was {what} before {next_phase}; its agent was never started",
+        details={"next_phase": next_phase},
+    )
+
+
+def workspace_special_files_skipped(paths: Sequence[str]) -> Notice:
+    """Staging copies no socket, FIFO or device; the first ``LISTED_PATHS`` are named."""
+    return Notice(
+        level="warning",
+        code="workspace_special_files_skipped",
+        message=f"{len(paths)} socket/FIFO/device entries of the workspace were not copied",
+        details={"paths": list(paths[:LISTED_PATHS])},
+    )
+
+
+def workspace_disk_unbounded(disk_mb: int) -> Notice:
+    """``limits.disk_mb`` asked for a bound this worker is configured not to enforce."""
+    return Notice(
+        level="warning",
+        code="workspace_disk_unbounded",
+        message=f"limits.disk_mb ({disk_mb} MiB) is not enforced: this worker runs with "
+        "ACPW_WORKSPACE_DISK=off, so the workspace shares the host's disk",
+        details={"disk_mb": disk_mb},
+    )
+
+
+def network_denied(*, message: str, reason: str, target: str, seq: int) -> Notice:
+    """One request the job's egress proxy refused (its fields, so that this module
+    needs nothing of the proxy: ``message`` never contains relayed data)."""
+    return Notice(
+        level="warning",
+        code="network_denied",
+        message=message,
+        details={"reason": reason, "target": target, "seq": seq},
+    )
+
+
+def acp_malformed_line(preview: str, reason: str) -> Notice:
+    """A line from the agent that is not JSON-RPC; ``preview`` is already bounded."""
+    return Notice(
+        level="warning",
+        code="acp_malformed_line",
+        message=f"the agent wrote a non-JSON-RPC line ({reason}); it was skipped",
+        details={"preview": preview},
+    )
+
+
+def sandbox_not_destroyed(sandbox_id: str | None) -> Notice:
+    """The sandbox survived its destroy: what the teardown left undone, and who finishes."""
+    return Notice(
+        level="error",
+        code="sandbox_not_destroyed",
+        message="the sandbox could not be destroyed: the workspace changes were not "
+        "captured, the session was not saved, and the reaper removes the sandbox and the "
+        "job's directory later",
+        details={"sandbox_id": sandbox_id},
+    )
+
+
+def workspace_kept(path: str, until: str) -> Notice:
+    """The job asked to keep its workspace: where, and until when (``until``: RFC 3339
+    UTC, as the emitter stamps events)."""
+    return Notice(
+        level="info",
+        code="workspace_kept",
+        message=f"the job's workspace is kept at {path} until the reaper removes it",
+        details={"path": path, "until": until},
+    )
+
+
+def capture_failed(exc: Exception) -> Notice:
+    """The workspace changes could not be captured; the job settles all the same."""
+    if isinstance(exc, OSError):
+        reason, path = exc.strerror, str(exc.filename or "")
+    else:  # no message: an exception's text may quote what the agent wrote
+        reason, path = f"internal error ({type(exc).__name__})", ""
+    return Notice(
+        level="error",
+        code="capture_failed",
+        message=f"the workspace changes could not be captured: {reason}",
+        details={"path": path},
+    )
+
+
+def result_upload_failed(exc: ResultUploadFailed) -> Notice:
+    """The result bundle was not uploaded (said again in ``job.completed``)."""
+    return Notice(
+        level="error",
+        code=exc.code,
+        message=f"the result bundle was not uploaded: {exc.message}",
+        details=dict(exc.details),
+    )
+
+
+def patch_incomplete(
+    *,
+    reasons: Mapping[str, int],
+    file_bytes: int,
+    patch_bytes: int,
+    time_s: float,
+) -> Notice:
+    """The patch leaves changed files out; ``reasons`` counts them by reason (every
+    file is still listed in ``workspace.changed``)."""
+    total = sum(reasons.values())
+    why = ", ".join(f"{count} {reason}" for reason, count in reasons.items())
+    message = (
+        f"the patch leaves out {total} changed file(s) ({why}); "
+        "workspace.changed lists them (files with their size and sha256)"
+    )
+    if "time_budget" in reasons:
+        message = f"change capture ran out of its {time_s:g} s budget: {message}"
+    return Notice(
+        level="warning",
+        code="patch_incomplete",
+        message=message,
+        details={
+            "omitted_total": total,
+            "reasons": dict(reasons),
+            "file_bytes": file_bytes,
+            "patch_bytes": patch_bytes,
+            "time_s": time_s,
+        },
+    )
+
+
+def session_not_saved(session_id: str, *, reason: str, why: str) -> Notice:
+    """The agent's session could not be kept for a resume; the previous one stays."""
+    return Notice(
+        level="warning",
+        code="session_not_saved",
+        message=f"session {session_id!r} was not kept for resume: {why}",
+        details={"session_id": session_id, "reason": reason},
+    )
+
+
+def session_entries_skipped(
+    session_id: str, *, count: int, entries: Sequence[Mapping[str, str]]
+) -> Notice:
+    """Entries of a kept session that a session copy does not keep (``entries``: the
+    first of them, ``{path, kind}``)."""
+    return Notice(
+        level="warning",
+        code="session_entries_skipped",
+        message=f"{count} entries of session {session_id!r} were not kept "
+        "(only directories and single-link regular files are)",
+        details={"session_id": session_id, "count": count, "entries": [dict(e) for e in entries]},
+    )

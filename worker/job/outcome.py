@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from worker.errors import (
     EXIT_CANCELLED,
@@ -17,6 +18,10 @@ from worker.errors import (
     SandboxError,
     WorkerError,
 )
+from worker.events.completed import Status
+
+#: How a stop from outside the agent settles the job.
+StopStatus = Literal["cancelled", "timed_out"]
 
 #: The agent's stop reasons that mean its turn succeeded.
 SUCCESS_STOPS = frozenset({"end_turn", "max_tokens", "max_turn_requests"})
@@ -24,7 +29,7 @@ SUCCESS_STOPS = frozenset({"end_turn", "max_tokens", "max_turn_requests"})
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
-    status: str
+    status: Status
     stop_reason: str | None
     error: WorkerError | None
     exit_code: int
@@ -52,7 +57,7 @@ class Stopped(Exception):
     """The job was stopped by a cancel (or a lost lease) or its deadline; carries the
     status it settles with and the agent's own stop reason, if it gave one."""
 
-    def __init__(self, status: str, stop_reason: str | None) -> None:
+    def __init__(self, status: StopStatus, stop_reason: str | None) -> None:
         super().__init__(status)
         self.status = status
         self.stop_reason = stop_reason

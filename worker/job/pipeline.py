@@ -12,16 +12,19 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.credentials.redact import Redactor
 from worker.errors import AgentError, WorkerError
+from worker.events import notices
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
+from worker.events.models import JobAccepted, JobStarted, UsageReported
 from worker.events.sinks import EventSink
-from worker.job import notices
 from worker.job.outcome import (
     JobOutcome,
     Stopped,
+    StopStatus,
     after_teardown,
     after_upload,
     interrupted,
@@ -111,15 +114,14 @@ class Job:
     async def _accepted(self) -> None:
         ctx = self._ctx
         await ctx.emitter.emit(
-            "job.accepted",
-            {
-                "pack": ctx.spec.pack.name,
-                "platform": ctx.spec.pack.platform,
-                "backend": ctx.backend.name,
-                "labels": dict(ctx.spec.labels),
-            },
+            JobAccepted(
+                pack=ctx.spec.pack.name,
+                platform=ctx.spec.pack.platform,
+                backend=ctx.backend.name,
+                labels=dict(ctx.spec.labels),
+            )
         )
-        await ctx.emitter.emit("job.started", {"worker_id": ctx.settings.worker_id})
+        await ctx.emitter.emit(JobStarted(worker_id=ctx.settings.worker_id))
 
     async def _execute(self, cancel: asyncio.Event) -> str:
         # limits.timeout_s bounds the whole job from here: preparation is checked at each
@@ -153,6 +155,7 @@ class Job:
         """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or
         the job's deadline passed; before the launch, a notice says that the agent was
         never started."""
+        status: StopStatus
         if cancel.is_set():
             status = "cancelled"
         elif time.monotonic() >= self._state.deadline:
@@ -160,7 +163,7 @@ class Job:
         else:
             return
         if self._state.agent is None:
-            await self._ctx.emitter.emit("notice", notices.not_launched(status, next_phase))
+            await self._ctx.emitter.emit(notices.not_launched(status, next_phase))
         raise Stopped(status, None)
 
     def _with_stderr(self, exc: WorkerError) -> WorkerError:
@@ -170,22 +173,20 @@ class Job:
         return exc
 
     async def _complete(self, outcome: JobOutcome) -> None:
-        state = self._state
+        """``usage.reported`` unavailable if the agent never reported usage, then
+        ``job.completed``: with ``timings_ms`` and ``result`` (``null`` when no bundle was
+        uploaded) always, ``result_error`` / ``teardown_error`` when that step failed."""
+        state, emitter = self._state, self._ctx.emitter
         if not state.normalizer.usage_seen:
-            await self._ctx.emitter.emit("usage.reported", {"available": False})
-        error = None
-        if outcome.error is not None:
-            error = outcome.error.to_dict()
-        data: dict[str, Any] = {
-            "status": outcome.status,
-            "stop_reason": outcome.stop_reason,
-            "error": error,
-            "duration_ms": state.timings.total_ms(),
-            "timings_ms": dict(state.timings.marks),
-            "result": state.result,
-        }
-        if state.upload_error is not None:  # `result` is null: the bundle is not there
-            data["result_error"] = state.upload_error.to_dict()
-        if state.teardown_error is not None:
-            data["teardown_error"] = state.teardown_error.to_dict()
-        await self._ctx.emitter.emit("job.completed", data)
+            await emitter.emit(UsageReported(available=False))
+        completed = job_completed(
+            status=outcome.status,
+            stop_reason=outcome.stop_reason,
+            error=outcome.error,
+            duration_ms=state.timings.total_ms(),
+            timings_ms=state.timings.marks,
+            result=state.result,
+            result_error=state.upload_error,
+            teardown_error=state.teardown_error,
+        )
+        await emitter.emit(completed)

@@ -19,7 +19,8 @@ from secrets import token_hex
 from worker.acp.paths import WorkspacePaths
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import SandboxError
-from worker.job import notices
+from worker.events import notices
+from worker.events.models import SandboxReady
 from worker.job.state import JobContext, JobState
 from worker.jobs.spec import JobSpec
 from worker.network import NetworkDenial
@@ -125,7 +126,7 @@ class Preparation:
             ctx.settings, declaration, platform=ctx.spec.pack.platform
         )
         state.timings.mark("pack_verify")
-        await ctx.emitter.emit("pack.ready", pack.event_data())
+        await ctx.emitter.emit(pack.event_data())
         state.provider = declaration.manifest.provider
         return pack
 
@@ -153,9 +154,9 @@ class Preparation:
         )
         state.timings.mark("workspace")
         if staged.skipped:
-            await ctx.emitter.emit("notice", notices.skipped(staged.skipped))
+            await ctx.emitter.emit(notices.workspace_special_files_skipped(staged.skipped))
         if state.prepared.disk is None:
-            await ctx.emitter.emit("notice", notices.unbounded(spec.limits.disk_mb))
+            await ctx.emitter.emit(notices.workspace_disk_unbounded(spec.limits.disk_mb))
         if ctx.backend.capabilities.shares_host_workspace:
             # The agent's /workspace is this host directory: artifacts and fs/* are
             # checked and served against it.
@@ -183,9 +184,8 @@ class Preparation:
         )
         state.sandbox = await ctx.backend.create(spec)
         state.timings.mark("sandbox_create")
-        await ctx.emitter.emit(
-            "sandbox.ready", {"backend": ctx.backend.name, "sandbox_id": state.sandbox.sandbox_id}
-        )
+        ready = SandboxReady(backend=ctx.backend.name, sandbox_id=state.sandbox.sandbox_id)
+        await ctx.emitter.emit(ready)
 
     def _sessions(self, home_path: str | None) -> None:
         spec = self._ctx.spec
@@ -204,7 +204,10 @@ class Preparation:
         return (await asyncio.to_thread(sessions.prepare, job_dir, owner),)
 
     async def _network_denied(self, denial: NetworkDenial) -> None:
-        await self._ctx.emitter.emit("notice", notices.network_denied(denial))
+        notice = notices.network_denied(
+            message=denial.message, reason=denial.reason, target=denial.target, seq=denial.seq
+        )
+        await self._ctx.emitter.emit(notice)
 
     def _labels(self) -> dict[str, str]:
         ctx = self._ctx

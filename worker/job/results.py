@@ -9,7 +9,8 @@ import logging
 from typing import Any
 
 from worker.errors import ResultUploadFailed
-from worker.job import notices
+from worker.events import notices
+from worker.events.models import WorkspaceChanged
 from worker.job.state import JobContext, JobState
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import (
@@ -37,15 +38,15 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
             ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
     except Exception as exc:  # any failure (a bug, a pathological tree) still settles the job
         log.exception("change capture failed for job %s", ctx.spec.job_id)
-        await ctx.emitter.emit("notice", notices.capture_failed(exc))
+        await ctx.emitter.emit(notices.capture_failed(exc))
         return
     state.timings.mark("capture")
     data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
-    data["base"] = {"kind": ctx.spec.workspace.kind, **state.prepared.source_info}
-    await ctx.emitter.emit("workspace.changed", data)
+    base = {"kind": ctx.spec.workspace.kind, **state.prepared.source_info}
+    await ctx.emitter.emit(WorkspaceChanged(**data, base=base))
     notice = incomplete_notice(captured)
     if notice is not None:
-        await ctx.emitter.emit("notice", notice)
+        await ctx.emitter.emit(notice)
     target = bundle_target(ctx)
     if target is not None and captured.changes:
         state.result = await _upload(ctx, state, target, captured, workspace)
@@ -80,7 +81,7 @@ async def _upload(
     except ResultUploadFailed as exc:
         # Whatever the job's status: said now, and again in job.completed.
         state.upload_error = exc
-        await ctx.emitter.emit("notice", notices.upload_failed(exc))
+        await ctx.emitter.emit(notices.result_upload_failed(exc))
         return None
     state.timings.mark("bundle_upload")
     return ref

@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from worker.job import notices
+from worker.events import notices
+from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
 from worker.job.results import capture_changes
 from worker.job.state import JobContext, JobState
@@ -79,7 +80,7 @@ class Teardown:
         state = self._state
         state.timings.mark("teardown")
         sandbox_id = state.sandbox.sandbox_id if state.sandbox is not None else None
-        await self._ctx.emitter.emit("notice", notices.not_destroyed(sandbox_id))
+        await self._ctx.emitter.emit(notices.sandbox_not_destroyed(sandbox_id))
 
     async def _dismantle(self) -> None:
         """Everything after the sandbox is destroyed."""
@@ -106,10 +107,11 @@ class Teardown:
         with contextlib.suppress(OSError):  # the job dir's removal retries it
             await asyncio.to_thread(state.sessions.remove)
         for notice in saved:
-            await self._ctx.emitter.emit("notice", notice)
+            await self._ctx.emitter.emit(notice)
 
     async def _keep(self, job_dir: Path) -> None:
         until = time.time() + self._ctx.settings.keep_workspace_s
         kept = await self._state.prepared.keep(job_dir, until=until)
         if kept is not None:
-            await self._ctx.emitter.emit("notice", notices.workspace_kept(kept, until))
+            notice = notices.workspace_kept(str(kept), utc_timestamp(until))
+            await self._ctx.emitter.emit(notice)

@@ -16,9 +16,9 @@ from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
 from worker.acp.session import AcpSession, SessionWiring
 from worker.errors import WorkerError
+from worker.events import notices
 from worker.interactions import AnswerReader
-from worker.job import notices
-from worker.job.outcome import Stopped
+from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
 from worker.packs.runtime import LaunchPlan
 from worker.rpc.connection import MalformedHandler, NotificationHandler
@@ -159,7 +159,7 @@ class Turn:
                 stop = prompt.result()
                 self._state.timings.mark("turn")
                 return stop
-            status = "cancelled" if cancel.is_set() else "timed_out"
+            status: StopStatus = "cancelled" if cancel.is_set() else "timed_out"
             # Open questions are answered `cancelled` first, so nothing waits on them.
             await self._state.broker.end_turn(status)
             raise Stopped(status, await self._interrupt(client, session_id, prompt))
@@ -181,12 +181,14 @@ class Turn:
             return None
 
     async def _notification(self, method: str, params: Any) -> None:
+        """A ``session/update`` as its events; any other notification is kept as
+        ``provider.unmapped`` (nothing the agent says is dropped)."""
         emitter, normalizer = self._ctx.emitter, self._state.normalizer
         if method != "session/update":
-            await emitter.emit("provider.unmapped", normalizer.unmapped(method, params)[1])
+            await emitter.emit(normalizer.provider_unmapped(method, params))
             return
-        for type_, data in normalizer.normalize(params):
-            await emitter.emit(type_, data)
+        for event in normalizer.session_update(params):
+            await emitter.emit(event)
 
     async def _malformed(self, preview: str, reason: str) -> None:
-        await self._ctx.emitter.emit("notice", notices.malformed_line(preview, reason))
+        await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))

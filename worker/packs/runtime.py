@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from worker.events.models import PackReady
 from worker.launch import LaunchPlan, launch_plan
 from worker.packs.cache import materialize
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
@@ -48,18 +48,18 @@ class PreparedPack:
             credentials=credentials, authenticate=launch.authenticate,
         )  # fmt: skip
 
-    def event_data(self) -> dict[str, Any]:
-        """The ``pack.ready`` event's data."""
-        return {
-            "name": self.pack.name,
-            "version": self.pack.manifest.version,
-            "provider": self.pack.manifest.provider,
-            "platform": self.target.platform,
-            "closure_digest": self.target.pin.closure.digest,
-            "files": self.stats.files,
-            "bytes": self.stats.bytes,
-            "verify_ms": round(self.stats.seconds * 1000, 1),
-        }
+    def event_data(self) -> PackReady:
+        """The ``pack.ready`` event: what was verified, and how long it took."""
+        return PackReady(
+            name=self.pack.name,
+            version=self.pack.manifest.version,
+            provider=self.pack.manifest.provider,
+            platform=self.target.platform,
+            closure_digest=self.target.pin.closure.digest,
+            files=self.stats.files,
+            bytes=self.stats.bytes,
+            verify_ms=round(self.stats.seconds * 1000, 1),
+        )
 
 
 def load_declaration(settings: Settings, name: str) -> Pack:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from worker.errors import SandboxError, SessionNotFound
+from worker.events import notices
+from worker.events.models import Notice
 from worker.jobs.spec import SESSION_ID as SESSION_ID_PATTERN
 from worker.packs.names import check_pack_name
 from worker.safetree import Bounds, CopyReport, OverBound, copy_tree, remove_tree
@@ -235,7 +237,7 @@ class JobSessions:
                 raise self._not_found("could not be restored", "unreadable") from exc
         return WritableMount(host, self.target)
 
-    def save(self, session_id: str | None) -> list[dict[str, Any]]:
+    def save(self, session_id: str | None) -> list[Notice]:
         """Keep what the agent recorded of ``session_id``; the notices to emit.
 
         Call only once nothing in the sandbox runs. Never raises: a session that cannot
@@ -244,16 +246,26 @@ class JobSessions:
         if session_id is None or self.host_dir is None:
             return []
         if not SESSION_ID.fullmatch(session_id):
-            return [_not_saved(session_id, "invalid_session_id", "it is not a safe name")]
+            return [
+                notices.session_not_saved(
+                    session_id, reason="invalid_session_id", why="it is not a safe name"
+                )
+            ]
         source = self.host_dir / session_id
         if not os.path.lexists(source):
             return []  # the agent recorded nothing (e.g. no turn was taken)
         try:
             report = self.store.save(self.pack, session_id, source)
         except OverBound as exc:
-            return [_not_saved(session_id, "too_large", f"it holds {exc}")]
+            return [
+                notices.session_not_saved(session_id, reason="too_large", why=f"it holds {exc}")
+            ]
         except OSError as exc:
-            return [_not_saved(session_id, "unreadable", exc.strerror or str(exc))]
+            return [
+                notices.session_not_saved(
+                    session_id, reason="unreadable", why=exc.strerror or str(exc)
+                )
+            ]
         return _skipped(session_id, report)
 
     def remove(self) -> None:
@@ -262,25 +274,8 @@ class JobSessions:
             remove_staged(self.host_dir)
 
 
-def _not_saved(session_id: str, reason: str, why: str) -> dict[str, Any]:
-    return {
-        "level": "warning",
-        "code": "session_not_saved",
-        "message": f"session {session_id!r} was not kept for resume: {why}",
-        "details": {"session_id": session_id, "reason": reason},
-    }
-
-
-def _skipped(session_id: str, report: CopyReport) -> list[dict[str, Any]]:
+def _skipped(session_id: str, report: CopyReport) -> list[Notice]:
     if not report.skipped:
         return []
     listed = [{"path": s.path, "kind": s.kind} for s in report.skipped[:_SKIPPED_LISTED]]
-    return [
-        {
-            "level": "warning",
-            "code": "session_entries_skipped",
-            "message": f"{len(report.skipped)} entries of session {session_id!r} were not kept "
-            "(only directories and single-link regular files are)",
-            "details": {"session_id": session_id, "count": len(report.skipped), "entries": listed},
-        }
-    ]
+    return [notices.session_entries_skipped(session_id, count=len(report.skipped), entries=listed)]

@@ -19,6 +19,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from worker.events import notices
+from worker.events.models import Notice
 from worker.settings import Settings
 from worker.workspace.capture import Change, Entry, compare, snapshot
 from worker.workspace.patch import Patch, PatchLimits, build_patch
@@ -147,31 +149,18 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
-def incomplete_notice(captured: Captured) -> dict[str, Any] | None:
-    """The ``notice`` saying what the patch left out and why (None when it has all)."""
+def incomplete_notice(captured: Captured) -> Notice | None:
+    """The ``patch_incomplete`` notice: what the patch left out and why (None when it
+    has all)."""
     patch, limits = captured.patch, captured.limits
     if patch.complete:
         return None
-    reasons = dict(sorted(Counter(o.reason for o in patch.omitted).items()))
-    why = ", ".join(f"{count} {reason}" for reason, count in reasons.items())
-    message = (
-        f"the patch leaves out {len(patch.omitted)} changed file(s) ({why}); "
-        "workspace.changed lists them (files with their size and sha256)"
+    return notices.patch_incomplete(
+        reasons=dict(sorted(Counter(o.reason for o in patch.omitted).items())),
+        file_bytes=limits.file_bytes,
+        patch_bytes=limits.patch_bytes,
+        time_s=limits.time_s,
     )
-    if "time_budget" in reasons:
-        message = f"change capture ran out of its {limits.time_s:g} s budget: {message}"
-    return {
-        "level": "warning",
-        "code": "patch_incomplete",
-        "message": message,
-        "details": {
-            "omitted_total": len(patch.omitted),
-            "reasons": reasons,
-            "file_bytes": limits.file_bytes,
-            "patch_bytes": limits.patch_bytes,
-            "time_s": limits.time_s,
-        },
-    }
 
 
 def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
