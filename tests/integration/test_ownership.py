@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.service.ownership import Claim, LeaseRefusedError, owning
 from worker.settings import Settings
@@ -19,7 +20,7 @@ from worker.store.state import read_state
 pytestmark = pytest.mark.integration
 
 SETTINGS = Settings(lease_ttl=30, lease_renew=10)
-DONE = {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0}
+DONE = job_completed(status="succeeded", stop_reason="end_turn", error=None, duration_ms=1.0)
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ async def test_a_settled_job_gives_its_lease_back(client: aioredis.Redis) -> Non
         assert await client.get(keys.lease("own-1")) == str(owned.lease.token).encode()
         assert owned.labels == {"acpw.token": str(owned.lease.token)}
         emitter = EventEmitter(job_id="own-1", attempt=owned.lease.attempt, sinks=[owned.sink])
-        await emitter.emit("job.completed", DONE)
+        await emitter.emit(DONE)
         await emitter.close()
     assert await client.get(keys.lease("own-1")) is None
     assert not await _indexed(client, "own-1")

@@ -26,8 +26,8 @@ import redis.asyncio as aioredis
 from tests.integration.test_workspace_disk import _loops_under
 from tests.procs import finish
 from worker.errors import SandboxError
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
-from worker.events.models import TERMINAL_TYPE
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceLimits, SandboxSpec
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
@@ -340,8 +340,7 @@ async def _settled(client: aioredis.Redis, job_id: str) -> int:
     sink = FencedStreamSink(client, lease, policy=SinkPolicy())
     emitter = EventEmitter(job_id=job_id, attempt=lease.attempt, sinks=[sink])
     await emitter.emit(
-        TERMINAL_TYPE,
-        {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1.0},
+        job_completed(status="succeeded", stop_reason="end_turn", error=None, duration_ms=1.0)
     )
     await emitter.close()
     assert await leases.release(client, lease)

@@ -164,15 +164,6 @@ async def test_the_type_comes_from_the_model_and_only_the_fields_set_go_out() ->
     assert event["data"] == {"tool_call_id": "t", "status": None}
 
 
-async def test_a_type_and_dict_are_still_accepted_while_callers_convert() -> None:
-    typed, plain = MemorySink(), MemorySink()
-    data = {"level": "info", "code": "c", "message": "m", "details": {"n": 1, "x": 1.5}}
-    await _emitter(typed).emit(Notice(**data))
-    await _emitter(plain).emit("notice", data)
-    assert [{**e, "ts": ""} for e in typed.events] == [{**e, "ts": ""} for e in plain.events]
-    assert json.loads(typed.lines[0])["data"] == json.loads(plain.lines[0])["data"]
-
-
 @pytest.mark.parametrize(
     ("job_id", "data"),
     [

@@ -20,7 +20,7 @@ enforced by ``tests/unit/test_acp_schema.py`` instead (see :mod:`worker.rpc.wire
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,6 @@ from worker.rpc.connection import (
 from worker.rpc.wire import JsonObject, JsonValue
 
 PROTOCOL_VERSION = 1
-Emit = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)

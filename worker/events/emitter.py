@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, overload
+from typing import Any
 
 from worker.credentials.redact import Redactor
 from worker.errors import SinkUnavailable, WorkerError
@@ -119,21 +119,8 @@ class EventEmitter:
         """The first sink failure, if a sink failed."""
         return self._failures[0] if self._failures else None
 
-    @overload
-    async def emit(self, event: EventData, /) -> Mapping[str, Any]: ...
-
-    @overload
-    async def emit(self, event: str, data: Mapping[str, Any], /) -> Mapping[str, Any]: ...
-
-    async def emit(
-        self, event: EventData | str, data: Mapping[str, Any] | None = None, /
-    ) -> Mapping[str, Any]:
-        """Emit one event and return it as sent (after redaction).
-
-        ``event`` is the event's model; its class names the type. Transitional (issue 12,
-        part 2): ``emit(type, data)`` with a plain dict is still accepted for the one
-        caller not yet converted (the guarded run settling an invalid spec); it goes
-        once that emits a model.
+    async def emit(self, event: EventData, /) -> Mapping[str, Any]:
+        """Emit one event and return it as sent (after redaction); its class names its type.
 
         Raises:
             RuntimeError: an event after ``job.completed`` (a bug, not an input error).
@@ -141,13 +128,7 @@ class EventEmitter:
                 own error such as ``LeaseLost``). The other sinks got the event; the failed
                 one gets nothing more. Never raised for ``job.completed``: ``close`` does.
         """
-        if isinstance(event, EventData):
-            type_, data = event.TYPE, event.wire()
-        elif data is not None:  # transitional (type, data): see above
-            type_ = event
-        else:
-            raise TypeError("emit takes an event model (or, transitionally, a type and data)")
-        return await self._emit(type_, data)
+        return await self._emit(event.TYPE, event.wire())
 
     async def _emit(self, type_: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
         if self.completed is not None:

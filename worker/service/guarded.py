@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 
 from worker import metrics
 from worker.errors import InvalidJobSpec, LeaseLost, WorkerError
+from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
 from worker.job import run_job
@@ -179,10 +180,7 @@ async def _settle_invalid(owned: Owned, exc: InvalidJobSpec) -> None:
     """Settle the job at once with one ``job.completed`` ``failed`` carrying ``exc``."""
     lease = owned.lease
     emitter = EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[owned.sink])
-    await emitter.emit(
-        TERMINAL_TYPE,
-        {"status": "failed", "stop_reason": None, "error": exc.to_dict(), "duration_ms": 0.0},
-    )
+    await emitter.emit(job_completed(status="failed", error=exc, duration_ms=0.0))
     await emitter.close()
 
 

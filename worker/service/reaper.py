@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -49,8 +48,8 @@ import redis.exceptions
 
 from worker import metrics
 from worker.errors import LeaseLost, ServiceUnavailable, WorkerError
-from worker.events.emitter import utc_timestamp
-from worker.events.models import EVENT_VERSION, TERMINAL_TYPE
+from worker.events.completed import job_completed
+from worker.events.emitter import serialize, utc_timestamp
 from worker.packs.cache import open_lock
 from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
@@ -344,22 +343,10 @@ def _lost_line(state: JobState) -> str:
         job_id=job_id,
     )
     duration = max(0.0, time.time() * 1000 - float(started_ms)) if started_ms else 0.0
-    event = {
-        "v": EVENT_VERSION,
-        "job_id": job_id,
-        "attempt": state.attempt,
-        "seq": state.last_seq + 1,
-        "ts": utc_timestamp(),
-        "type": TERMINAL_TYPE,
-        "data": {
-            "status": "lost",
-            "stop_reason": None,
-            "error": error.to_dict(),
-            "duration_ms": round(duration, 2),
-            "timings_ms": {},
-        },
-    }
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    data = job_completed(status="lost", error=error, duration_ms=round(duration, 2), timings_ms={})
+    return serialize(
+        job_id=job_id, attempt=state.attempt, seq=state.last_seq + 1, ts=utc_timestamp(), data=data
+    )
 
 
 async def reap_pass(settings: Settings) -> ReapReport:
