@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.sandbox_owner import chown_to_sandbox
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend
 from worker.sandbox.local import LocalBackend
-from worker.sandbox.owner import chown_to_sandbox
 
 RUNS = 20
 ARGV = ["/bin/sh", "-c", "echo x; exec cat"]

@@ -21,10 +21,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from tests.sandbox_owner import chown_to_sandbox
 from worker.sandbox.base import ResourceLimits, SandboxSpec
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalSandbox
-from worker.sandbox.owner import chown_to_sandbox
 
 ARGV = ["/bin/echo", "x"]
 ENV = {"PATH": "/usr/bin:/bin"}

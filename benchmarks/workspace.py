@@ -27,7 +27,6 @@ from pathlib import Path
 
 from worker.jobs.spec import GitWorkspace, Limits
 from worker.sandbox.config import LocalConfig
-from worker.sandbox.owner import sandbox_owner
 from worker.settings import Settings
 from worker.workspace.changes import capture, capture_limits, write_patch
 from worker.workspace.prepare import Prepared, prepare_workspace
@@ -71,7 +70,7 @@ async def _prepare(origin: Path, settings: Settings, job_dir: Path, prepared: Pr
     spec = GitWorkspace(kind="git", url=f"file://{origin}", ref="main")
     staged = await prepare_workspace(
         spec, prepared, settings=settings, job_dir=job_dir, base_dir=None, provider="cursor",
-        owner=sandbox_owner(LocalConfig.from_settings(settings)), secrets={}, disk_mb=DISK_MB,
+        owner=LocalConfig.from_settings(settings).host_owner(), secrets={}, disk_mb=DISK_MB,
     )  # fmt: skip
     return staged.path
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
 from worker.sandbox.base import ResourceLimits, SandboxSpec
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
-from worker.sandbox.owner import chown_to_sandbox
 
 PY = "/usr/bin/python3"
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}

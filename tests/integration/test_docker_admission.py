@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.docker_engine import REPO, base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import AdmissionRefused, SandboxError
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
@@ -25,7 +26,6 @@ from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import LABEL_SANDBOX, DockerBackend, DockerSandbox
-from worker.sandbox.owner import chown_to_sandbox
 from worker.sandbox.view import container_admission
 from worker.settings import Settings
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import (
@@ -33,7 +34,6 @@ from worker.sandbox.base import (
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox, exit_status, launch_header
 from worker.sandbox.local import LocalBackend
-from worker.sandbox.owner import chown_to_sandbox
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 

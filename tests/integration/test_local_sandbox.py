@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
 from worker.sandbox import cgroups
 from worker.sandbox.base import (
@@ -30,7 +31,6 @@ from worker.sandbox.base import (
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
-from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
@@ -202,7 +202,7 @@ async def test_spawned_tree_is_in_the_cgroups(local_box: tuple[LocalBackend, Loc
     creds = dict(
         line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
     )
-    uid, gid = sandbox_owner(LocalConfig())
+    uid, gid = LocalConfig().host_owner()
     assert creds["Uid"].split() == [str(uid)] * 4
     assert creds["Gid"].split() == [str(gid)] * 4
     assert creds["Groups"].strip() == ""

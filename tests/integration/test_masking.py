@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import AdmissionRefused, SandboxError
 from worker.sandbox.base import (
     SANDBOX_GID,
@@ -34,7 +35,6 @@ from worker.sandbox.base import (
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox
 from worker.sandbox.local import LocalBackend, LocalSandbox
-from worker.sandbox.owner import chown_to_sandbox, sandbox_owner
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
@@ -139,7 +139,7 @@ def _owner(backend: SandboxBackend) -> tuple[int, int]:
     """The host (uid, gid) that what the agent writes belongs to."""
     if isinstance(backend, DockerBackend):
         return SANDBOX_UID, SANDBOX_GID
-    return sandbox_owner(LocalConfig())
+    return LocalConfig().host_owner()
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
 from worker.network import AllowlistProxy, NetworkDenial
 from worker.sandbox.base import ResourceLimits, Sandbox, SandboxBackend, SandboxSpec
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend
 from worker.sandbox.local import LocalBackend
-from worker.sandbox.owner import chown_to_sandbox
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
@@ -236,11 +236,11 @@ async def test_destroy_tears_the_proxy_down(
     spec = _spec(tmp_path, network="allowlist", network_allow=[f"127.0.0.1:{port}"])
     box = await backend.create(spec)
     assert isinstance(backend, LocalBackend | DockerBackend)
-    proxy = backend.network_proxy(box.sandbox_id)
+    proxy = backend._proxies.get(box.sandbox_id)
     assert proxy is not None
     assert proxy.socket_path.is_socket()
     await backend.destroy(box.sandbox_id)
-    assert backend.network_proxy(box.sandbox_id) is None
+    assert backend._proxies.get(box.sandbox_id) is None
     assert not proxy.socket_path.parent.exists()  # socket and its directory are gone
     await backend.destroy(box.sandbox_id)  # idempotent
 

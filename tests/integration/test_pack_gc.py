@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.sandbox_owner import chown_to_sandbox
 from worker.cli import main
 from worker.packs.cache import hold_closure
 from worker.packs.gc import MountTable
 from worker.sandbox.base import ResourceLimits, SandboxSpec
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
-from worker.sandbox.owner import chown_to_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 EMULATOR = REPO / "provider_packs" / "cursor-emulator"

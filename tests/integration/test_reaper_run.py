@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.test_workspace_disk import _loops_under
 from tests.procs import finish
+from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -32,7 +33,6 @@ from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, ResourceL
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import DEFAULT_STAGE_DIR, LocalBackend, SandboxRecord
-from worker.sandbox.owner import chown_to_sandbox
 from worker.service.reaper import reap_once, reap_pass
 from worker.settings import Settings
 from worker.store import keys

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.cli import _build_parser
+from worker.cli import _build_parser, main
 from worker.cli.service import EXIT_BY_STATUS, _pause, _render, reaper_argv, serve_argv
 from worker.client import JobState, StreamEvent
 from worker.client.client import _completes, spec_digest
@@ -98,12 +98,19 @@ def test_exit_codes_follow_the_run_contract() -> None:
     }
 
 
-def test_serve_passes_concurrency_and_beat_through(settings: Settings) -> None:
-    args = argparse.Namespace(concurrency=3, beat=True, loglevel="INFO")
+def test_serve_passes_concurrency_through_and_runs_no_beat(settings: Settings) -> None:
+    args = argparse.Namespace(concurrency=3, loglevel="INFO")
     argv = serve_argv(args, settings)
     assert argv[argv.index("--concurrency") + 1] == "3"
     assert argv[argv.index("-Q") + 1] == "runs"
-    assert "--beat" in argv
+    assert "--beat" not in argv  # serve reaps its host itself; the 0.1 flag is gone
+
+
+def test_serve_refuses_the_removed_beat_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--beat"])
+    assert info.value.code == 2
+    assert "--beat" in capsys.readouterr().err
 
 
 async def test_an_error_while_rendering_ends_the_streamed_line_first(

@@ -79,11 +79,6 @@ def _register_worker_side(sub: SubParsers) -> None:
         action="store_false",
         help="do not reap on this host (run `acp-worker reap --loop` instead)",
     )
-    serve.add_argument(
-        "--beat",
-        action="store_true",
-        help="deprecated: also run Celery beat, which queues tasks.reap for any one worker",
-    )
     serve.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     serve.add_argument("--loglevel", default="INFO", help="Celery log level")
     _redis_flag(serve)
@@ -155,9 +150,6 @@ def serve_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
     argv += ["-O", "fair", "--loglevel", args.loglevel]
     if args.concurrency:
         argv += ["--concurrency", str(args.concurrency)]
-    if args.beat:
-        schedule = Path(tempfile.gettempdir()) / f"acpw-beat-{os.getpid()}"
-        argv += ["--beat", "--schedule", str(schedule)]
     return argv
 
 
@@ -173,8 +165,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.metrics_port is not None:
         env["ACPW_METRICS_PORT"] = str(args.metrics_port)
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acpw-metrics-")
-    if args.beat:
-        print(BEAT_DEPRECATED, file=sys.stderr, flush=True)
     argv = serve_argv(args, settings)
     if args.reaper:  # kept referenced until the exec, so nothing collects it meanwhile
         _reaper = subprocess.Popen(
@@ -182,14 +172,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         )
     os.execve(sys.executable, argv, env)  # noqa: S606 - fixed argv, our own interpreter
     return 0  # pragma: no cover - execve does not return
-
-
-BEAT_DEPRECATED = (
-    "acp-worker serve: --beat is deprecated: serve reaps this host by itself every "
-    "ACPW_REAPER_INTERVAL seconds (--no-reaper turns that off); --beat still runs Celery "
-    "beat, which queues tasks.reap for whichever worker takes it, sweeping only that "
-    "worker's host"
-)
 
 
 def reaper_argv(args: argparse.Namespace, parent: int) -> list[str]:

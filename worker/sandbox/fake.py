@@ -31,7 +31,6 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.config import FakeConfig
-from worker.sandbox.owner import sandbox_owner
 
 
 class FakeProcess(PipedProcess):
@@ -130,7 +129,7 @@ class FakeBackend:
         self._ids = itertools.count(1)
 
     def stage_owner(self) -> tuple[int, int]:
-        return sandbox_owner(self.config)
+        return self.config.host_owner()
 
     async def create(self, spec: SandboxSpec) -> FakeSandbox:
         sandbox_id = f"fake-{spec.job_id}-{spec.attempt}-{next(self._ids)}"

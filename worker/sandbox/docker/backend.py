@@ -15,7 +15,6 @@ from worker.errors import SandboxError
 from worker.images.engine import EngineConfig
 from worker.images.identity import ImageIdentity
 from worker.network import (
-    AllowlistProxy,
     forwarder_argv,
     proxy_env,
 )
@@ -42,7 +41,6 @@ from worker.sandbox.docker.containers import (
 )
 from worker.sandbox.docker.engine import ContainerEngine, list_sandboxes, sandbox_status
 from worker.sandbox.docker.process import DockerProcess
-from worker.sandbox.owner import sandbox_owner
 from worker.sandbox.shared import (
     ProxyRegistry,
     check_command,
@@ -200,7 +198,7 @@ class DockerBackend:
         return self.engine.client
 
     def stage_owner(self) -> tuple[int, int]:
-        return sandbox_owner(self.config)
+        return self.config.host_owner()
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         """Resolve the image (building the pack image if missing) and pre-create the
@@ -283,10 +281,6 @@ class DockerBackend:
             await asyncio.to_thread(remove_mask_points, labels)
             await self._close_proxy(sandbox_id, labels)
         await asyncio.to_thread(self.engine.remove_all, found)
-
-    def network_proxy(self, sandbox_id: str) -> AllowlistProxy | None:
-        """This process's proxy of a sandbox with network ``allowlist`` (else None)."""
-        return self._proxies.get(sandbox_id)
 
     async def _close_proxy(self, sandbox_id: str, labels: Mapping[str, str]) -> None:
         await self._proxies.close(sandbox_id)

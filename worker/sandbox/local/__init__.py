@@ -28,7 +28,7 @@ and the sandboxed child also waits on a gate (``--block-fd``) until it is in, so
 program never runs a single instruction outside them (see ``process``). Files the
 agent writes are owned by that uid on the host, and a host file it cannot read as that
 uid stays unreadable. The workspace must therefore be owned by that uid (``create``
-refuses otherwise; ``sandbox_owner`` tells a runner whom to stage it for). A non-root
+refuses otherwise; ``stage_owner()`` tells a runner whom to stage it for). A non-root
 worker runs bubblewrap as itself. The seccomp program still refuses set-id mode bits.
 
 Agent config paths (``worker.admission.mask_plan``) are masked for the whole run: the

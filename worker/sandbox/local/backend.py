@@ -12,7 +12,7 @@ from pathlib import Path
 
 from worker.admission import AdmissionResult, MaskEntry, check_workspace, mask_plan
 from worker.errors import SandboxError
-from worker.network import AllowlistProxy, forwarder_argv, proxy_env
+from worker.network import forwarder_argv, proxy_env
 from worker.sandbox import cgroups, mountpoints, netpolicy, staging
 from worker.sandbox.base import WORKSPACE, Capabilities, SandboxInfo, SandboxSpec
 from worker.sandbox.config import LocalConfig
@@ -36,7 +36,6 @@ from worker.sandbox.local.records import (
     staged_names,
     translate_oserror,
 )
-from worker.sandbox.owner import sandbox_owner
 from worker.sandbox.shared import ProxyRegistry, check_command, check_spec, make_sandbox_id
 
 # Staged bind sources (root worker only). Not under the state dir: every uid must be able
@@ -190,7 +189,7 @@ class LocalBackend:
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
         self.privileged = os.geteuid() == 0
-        self.owner = sandbox_owner(config)
+        self.owner = config.host_owner()
         self.tools = HostTools(bwrap=config.bwrap, owner=self.owner)
 
     def stage_owner(self) -> tuple[int, int]:
@@ -287,10 +286,6 @@ class LocalBackend:
             raise
         return record
 
-    def network_proxy(self, sandbox_id: str) -> AllowlistProxy | None:
-        """This process's proxy of a sandbox with network ``allowlist`` (else None)."""
-        return self._proxies.get(sandbox_id)
-
     async def _start_network(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         if spec.network != "allowlist":
             return record
@@ -364,7 +359,7 @@ def _check_owner(workspace: Path, owner: tuple[int, int], *, what: str = "worksp
         raise SandboxError(
             f"{what} {workspace} is owned by uid {found}, not by the sandbox host uid "
             f"{uid}: the worker runs as root, so the sandbox runs as uid {uid} and could "
-            f"not write it; stage the {what} owned by {uid}:{gid} (sandbox_owner)",
+            f"not write it; stage the {what} owned by {uid}:{gid} (stage_owner)",
             workspace=str(workspace),
             owner_uid=found,
             sandbox_uid=uid,
