@@ -89,9 +89,11 @@ async def paced(client: aioredis.Redis, lease: Lease, n: int, rate: float) -> No
 def follow_lags(out: list[float], ready: threading.Event) -> None:
     with Client(URL) as client:
         ready.set()
-        for item in client.events("bench-lag", follow=True):
-            if item.event["type"] == "notice":
-                out.append((time.time() - float(item.event["data"]["message"])) * 1000)
+        out.extend(
+            (time.time() - float(item.event["data"]["message"])) * 1000
+            for item in client.events("bench-lag", follow=True)
+            if item.event["type"] == "notice"
+        )
 
 
 async def lag_run(client: aioredis.Redis, n: int, rate: float) -> list[float]:

@@ -118,8 +118,8 @@ def _handler(ready: ReadyCheck) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("metrics http: " + format, *args)
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("metrics http: %s", fmt % args)
 
     return Handler
 

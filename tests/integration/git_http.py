@@ -71,7 +71,7 @@ def serve(
 class _Handler(BaseHTTPRequestHandler):
     state: GitHttpServer
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, fmt: str, *args: Any) -> None:
         pass  # the test reads `state.seen`, not stderr
 
     def do_GET(self) -> None:

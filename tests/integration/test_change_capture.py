@@ -345,7 +345,7 @@ def test_a_job_past_its_capture_budget_says_so(tmp_path: Path) -> None:
 def test_names_git_quotes_and_names_not_utf8_apply(tmp_path: Path) -> None:
     names = ["tab\there.txt", "new\nline.txt", 'quote".txt', "back\\slash.txt", "ünï.txt",
              os.fsdecode(b"not-utf8-\xff.txt"), "sp ace.txt"]  # fmt: skip
-    source, staged = _staged(tmp_path, {name: b"old\n" for name in names})
+    source, staged = _staged(tmp_path, dict.fromkeys(names, b"old\n"))
     (source / "mode\tonly.sh").write_text("#!/bin/sh\n")
     staged = stage_local(source, tmp_path / "ws2", owner=OWNER)
     for name in names:

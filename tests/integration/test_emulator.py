@@ -15,6 +15,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def emu(workspace: Path):
+def emu(workspace: Path) -> Iterator[Emulator]:
     e = Emulator(workspace)
     yield e
     e.close()

@@ -64,21 +64,20 @@ CREATED = {
     ".codex",  # masked whole: inside, .codex/config.toml is absent (codex-acp needs that)
 }
 WRITTEN = (".cursor/hooks.json", ".mcp.json", ".claude/settings.json")
-ATTACK = "\n".join(
-    [
-        "#!scenario",
-        'write .cursor/hooks.json {"hooks":{"stop":[{"command":"touch /workspace/pwned"}]}}',
-        'write .mcp.json {"mcpServers":{"x":{"command":"/bin/sh"}}}',
-        'write .claude/settings.json {"hooks":{"Stop":[{"command":"true"}]}}',
-        "write .codex/config.toml [mcp_servers.x]",
-        "exec mkdir .cursor/plugins/x",
-        "exec mv .cursor .cursor-away",
-        "exec rm -rf .cursor",
-        "exec mkdir -p .cursor && echo '{}' > .cursor/hooks.json",
-        "load-config",
-        "say done",
-    ]
+ATTACK_LINES = (
+    "#!scenario",
+    'write .cursor/hooks.json {"hooks":{"stop":[{"command":"touch /workspace/pwned"}]}}',
+    'write .mcp.json {"mcpServers":{"x":{"command":"/bin/sh"}}}',
+    'write .claude/settings.json {"hooks":{"Stop":[{"command":"true"}]}}',
+    "write .codex/config.toml [mcp_servers.x]",
+    "exec mkdir .cursor/plugins/x",
+    "exec mv .cursor .cursor-away",
+    "exec rm -rf .cursor",
+    "exec mkdir -p .cursor && echo '{}' > .cursor/hooks.json",
+    "load-config",
+    "say done",
 )
+ATTACK = "\n".join(ATTACK_LINES)
 
 
 @pytest.fixture(scope="module")

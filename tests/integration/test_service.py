@@ -242,7 +242,7 @@ def test_idempotent_submit_and_new_attempts(client: Client) -> None:
     assert client.submit(job("idem-1")).outcome == "exists"  # settled: not re-run
     retry = client.submit(job("idem-1"), new_attempt=True)
     assert (retry.outcome, retry.state.attempt) == ("retried", 2)
-    events = list(e.event for e in client.events("idem-1", follow=True, timeout=60))
+    events = [e.event for e in client.events("idem-1", follow=True, timeout=60)]
     assert [(e["attempt"], e["data"]["status"]) for e in completed(events)] == [
         (1, "succeeded"),
         (2, "succeeded"),

@@ -158,7 +158,7 @@ def test_a_factory_that_cannot_load_is_source_unavailable() -> None:
 
 
 def test_each_source_is_built_once_per_job() -> None:
-    registry, made = _registry(**{"a": "value-a-1234", "b": "value-b-1234"})
+    registry, made = _registry(a="value-a-1234", b="value-b-1234")
     refs = {"CURSOR_API_KEY": "vault:a", "CURSOR_AUTH_TOKEN": "vault:b"}
     values, _ = _resolve(refs, registry, ("vault",))
     assert values == {"CURSOR_API_KEY": "value-a-1234", "CURSOR_AUTH_TOKEN": "value-b-1234"}

@@ -31,8 +31,8 @@ def variant_params(model_id: str) -> dict[str, str]:
     if not model_id.endswith("]") or "[" not in model_id:
         return {}
     inner = model_id[model_id.index("[") + 1 : -1]
-    pairs = [part.split("=", 1) for part in inner.split(",") if "=" in part]
-    return {key: value for key, value in pairs}
+    parts = (part.partition("=") for part in inner.split(",") if "=" in part)
+    return {key: value for key, _, value in parts}
 
 
 #: A config option (or any object) as the agent sent it.

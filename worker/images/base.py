@@ -202,7 +202,7 @@ def ensure_base(
         os.link(tarball, Path(context) / "rootfs.tar")
         (Path(context) / "Containerfile").write_text(recipe.containerfile)
         progress(f"building {recipe.tag}")
-        image_id = build_image(
+        return build_image(
             client,
             path=context,
             tag=recipe.tag,
@@ -210,7 +210,6 @@ def ensure_base(
             buildargs={},
             progress=progress,
         )
-    return image_id
 
 
 def build_image(

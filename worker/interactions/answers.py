@@ -109,7 +109,7 @@ def _check_selections(request: Mapping[str, Any], answers: list[Selection]) -> N
         raise AnswerInvalid("invalid_answer", "a question is answered twice")
     unknown = set(seen) - questions.keys()
     if unknown:
-        raise AnswerInvalid("invalid_answer", f"no such question: {sorted(unknown)[0]!r}")
+        raise AnswerInvalid("invalid_answer", f"no such question: {min(unknown)!r}")
     missing = questions.keys() - set(seen)
     if missing:
         raise AnswerInvalid("invalid_answer", f"every question is required: {sorted(missing)}")

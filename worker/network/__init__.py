@@ -36,7 +36,7 @@ def proxy_env() -> Mapping[str, str]:
     """What the agent's environment gains under ``allowlist`` (both spellings: tools
     differ on which they read)."""
     names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-    env = {name: PROXY_URL for name in names}
+    env = dict.fromkeys(names, PROXY_URL)
     env |= {name.lower(): PROXY_URL for name in names}
     # The sandbox's own loopback is not the proxy's business.
     env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"

@@ -47,7 +47,7 @@ def detect_format(path: Path) -> ArchiveFormat:
     name = path.name.lower()
     for suffix, fmt in ((".tar.gz", "tar.gz"), (".tgz", "tgz"), (".tar", "tar")):
         if name.endswith(suffix):
-            return cast(ArchiveFormat, fmt)
+            return cast("ArchiveFormat", fmt)
     with _open_archive(path) as src:
         return "tar.gz" if src.read(2) == b"\x1f\x8b" else "tar"
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from worker.safetree.bounds import UNBOUNDED, Bounds, Tally
 from worker.safetree.kinds import Kind, Policy, kind_of
@@ -97,7 +98,7 @@ class Walk:
         self._changed = changed
         self._fd: int | None = None
 
-    def __enter__(self) -> Walk:
+    def __enter__(self) -> Self:
         """Open the root (counted as an entry).
 
         Raises:

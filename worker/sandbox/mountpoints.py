@@ -53,8 +53,9 @@ def ensure(root: Path, plan: Sequence[MaskEntry], owner: tuple[int, int] | None)
     made: list[str] = []
     try:
         for entry in plan:
+            # One at a time: on a failure, `made` must hold exactly what was made so far.
             if _ensure_one(root, entry, owner):
-                made.append(str(entry.path))
+                made.append(str(entry.path))  # noqa: PERF401
     except BaseException:
         remove(root, made)
         raise

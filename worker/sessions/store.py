@@ -134,10 +134,11 @@ def _replace_dir(new: Path, target: Path) -> None:
     """Move ``new`` to ``target``; an existing ``target`` ends up at ``new``'s name."""
     try:
         os.rename(new, target)  # no recording yet (or an empty directory)
-        return
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
+    else:
+        return
     try:
         _exchange(new, target)
     except OSError as exc:

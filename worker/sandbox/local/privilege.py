@@ -56,9 +56,10 @@ def needs_thorough_drop(bwrap: str, status: Path = Path("/proc/self/status")) ->
         return True
     try:
         os.getxattr(bwrap, "security.capability")
-        return True
     except OSError:
         pass
+    else:
+        return True
     for line in status.read_text().splitlines():
         key, _, value = line.partition(":")
         if key == "CapInh":
