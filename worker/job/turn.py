@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from asyncio import FIRST_COMPLETED
 from typing import Any
 
 from worker.acp.agent import AgentProcess
@@ -110,20 +111,12 @@ class Turn:
         """
         assert self._state.acp is not None
         opening = asyncio.create_task(self._state.acp.open(self._state.timings.mark))
-        cancelled = asyncio.create_task(cancel.wait())
         try:
-            remaining = max(0.0, deadline - time.monotonic())
-            await asyncio.wait(
-                {opening, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            if opening.done():
+            if await _done_first(opening, cancel, deadline):
                 return opening.result()
             raise Stopped("cancelled" if cancel.is_set() else "timed_out", None)
         finally:
-            cancelled.cancel()
-            if not opening.done():
-                opening.cancel()
-            await asyncio.gather(opening, cancelled, return_exceptions=True)
+            await _end(opening)
 
     async def prompt(
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
@@ -149,13 +142,8 @@ class Turn:
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
     ) -> str:
         prompt = asyncio.create_task(client.prompt(session_id, self._ctx.spec.prompt_blocks()))
-        cancelled = asyncio.create_task(cancel.wait())
         try:
-            remaining = max(0.0, deadline - time.monotonic())
-            await asyncio.wait(
-                {prompt, cancelled}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            if prompt.done():
+            if await _done_first(prompt, cancel, deadline):
                 stop = prompt.result()
                 self._state.timings.mark("turn")
                 return stop
@@ -164,10 +152,7 @@ class Turn:
             await self._state.broker.end_turn(status)
             raise Stopped(status, await self._interrupt(client, session_id, prompt))
         finally:
-            cancelled.cancel()
-            if not prompt.done():
-                prompt.cancel()
-            await asyncio.gather(prompt, cancelled, return_exceptions=True)
+            await _end(prompt)
 
     async def _interrupt(
         self, client: AcpClient, session_id: str, prompt: asyncio.Task[str]
@@ -192,3 +177,23 @@ class Turn:
 
     async def _malformed(self, preview: str, reason: str) -> None:
         await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))
+
+
+async def _done_first(work: asyncio.Task[str], cancel: asyncio.Event, deadline: float) -> bool:
+    """Wait until ``work`` is done, ``cancel`` is set or ``deadline`` (monotonic) passes;
+    whether ``work`` finished first."""
+    cancelled = asyncio.create_task(cancel.wait())
+    try:
+        remaining = max(0.0, deadline - time.monotonic())
+        await asyncio.wait({work, cancelled}, timeout=remaining, return_when=FIRST_COMPLETED)
+    finally:
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+    return work.done()
+
+
+async def _end(work: asyncio.Task[str]) -> None:
+    """Cancel ``work`` unless it is done, and collect it (its error, if any, is not ours)."""
+    if not work.done():
+        work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
