@@ -21,7 +21,7 @@ import redis
 import redis.asyncio as aioredis
 
 from worker.store import keys
-from worker.store.lease import REDIS_ERRORS, still_cancelling
+from worker.store.lease import REDIS_ERRORS, in_background, still_cancelling
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,8 @@ class ControlStream:
     async def running(self) -> AsyncIterator[Self]:
         """Catch up with the stream, then follow it in a task for as long as the block."""
         await self.catch_up()
-        task = asyncio.create_task(self.run(), name=f"control-{self._key}")
-        try:
+        async with in_background(self.run(), name=f"control-{self._key}"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 class ControlWatcher(ControlStream):

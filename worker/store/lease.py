@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -217,10 +218,17 @@ class Heartbeat:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Heartbeat]:
-        task = asyncio.create_task(self.run(), name=f"lease-{self._lease.job_id}")
-        try:
+        async with in_background(self.run(), name=f"lease-{self._lease.job_id}"):
             yield self
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None], *, name: str) -> AsyncIterator[None]:
+    """Run ``work`` in a task for as long as the block, then cancel and collect it."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
