@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -209,3 +212,21 @@ def test_only_the_completion_of_the_followed_attempt_or_a_later_one_ends_a_follo
     assert _completes(event("job.completed", 3), 2)  # 2's was before the cursor
     assert not _completes(event("notice", 2), 2)
     assert _completes(event("job.completed", 1), None)  # a job without state
+
+
+def test_a_closed_stdout_ends_the_cli_quietly() -> None:
+    """`acp-worker schema | head -c 10`: the reader is gone; exit 141, no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: the first write fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "schema"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141

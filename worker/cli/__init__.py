@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -74,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`acp-worker events J | head`): stop quietly, as `cat`
+        # does; stdout now points nowhere so the interpreter's final flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except ValueError as exc:  # pydantic-settings: a bad ACPW_* variable
         print(f"acp-worker: invalid settings: {exc}", file=sys.stderr)
         return EXIT_INVALID
