@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from worker.errors import InvalidInput
+from worker.errors import InvalidInput, SandboxError
 from worker.sandbox import (
     BACKENDS,
     BackendConfig,
@@ -16,6 +17,7 @@ from worker.sandbox import (
     LocalConfig,
     backend_config,
     get_backend,
+    registry,
 )
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import LocalBackend
@@ -91,3 +93,15 @@ def test_get_backend_builds_the_configured_backend() -> None:
     assert isinstance(local, LocalBackend)
     assert local.config.worker_id == "w-1"
     assert isinstance(get_backend(FakeConfig()), FakeBackend)
+
+
+def test_a_backend_whose_module_is_missing_is_a_sandbox_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entry = registry.REGISTRY["fake"]
+    missing = dataclasses.replace(entry, backend="acpw_no_such_sdk.backend:Backend")
+    monkeypatch.setitem(registry.REGISTRY, "fake", missing)
+    with pytest.raises(SandboxError) as info:
+        get_backend(FakeConfig())
+    assert info.value.details["missing"] == "acpw_no_such_sdk"
+    assert "acp-worker[fake]" in info.value.message

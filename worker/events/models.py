@@ -3,7 +3,7 @@
 These models are the public contract the control plane reads. Producers build them and
 hand them to :meth:`worker.events.emitter.EventEmitter.emit`; the event's ``type`` is the
 class's ``TYPE``, and :data:`EVENT_TYPES` (the one type → class registry) also drives the
-JSON Schema export (``acp-worker events schema``). Extend types, never rename.
+JSON Schema export (``acp-worker schema``). Extend types, never rename.
 
 What goes on the wire is :meth:`EventData.wire`: the fields the producer set, so a key a
 producer leaves out stays absent (never a default filled in) and an explicit ``None``

@@ -1,5 +1,5 @@
 """Durable interactions: questions, plans and permission decisions answered by the
-control plane through Redis (see README, "Interaction protocol")."""
+control plane through Redis (see docs/contracts.md, "Interaction protocol")."""
 
 from worker.interactions.broker import AnswerMessage, InteractionBroker
 from worker.interactions.control import AnswerReader, answer_fields

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from worker.errors import InvalidInput
+from worker.errors import InvalidInput, SandboxError
 from worker.sandbox.config import DockerConfig, FakeConfig, LocalConfig
 
 if TYPE_CHECKING:
@@ -55,7 +55,19 @@ def backend_config(settings: Settings, name: str | None = None) -> BackendConfig
 
 
 def get_backend(config: BackendConfig) -> SandboxBackend:
-    """The backend ``config`` describes (its module imported now, not before)."""
+    """The backend ``config`` describes (its module imported now, not before).
+
+    Raises:
+        SandboxError: the backend's module (or the SDK it needs) is not installed.
+    """
     module, _, name = REGISTRY[config.type].backend.partition(":")
-    backend_class = getattr(importlib.import_module(module), name)
+    try:
+        backend_class = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise SandboxError(
+            f"the {config.type} backend is not installed here ({exc.name} is missing): "
+            f"install acp-worker with its extra, e.g. pip install 'acp-worker[{config.type}]'",
+            backend=config.type,
+            missing=exc.name,
+        ) from exc
     return cast("SandboxBackend", backend_class(config))
