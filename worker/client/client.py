@@ -72,6 +72,7 @@ class Client:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
         self._redis = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
         self._celery = queue.make_celery(self._settings, name="acp-worker-client")
+        self._events = _EventReader(self._redis)
 
     def close(self) -> None:
         self._redis.close()
@@ -213,6 +214,31 @@ class Client:
             InvalidInput: ``after`` is not a stream id.
             ServiceUnavailable: Redis did not answer.
         """
+        yield from self._events.read(
+            job_id, after=after, follow=follow, timeout=timeout, attempt=attempt
+        )
+
+
+class _EventReader:
+    """Reads a job's bounded event stream page by page, never past a silent gap.
+
+    Split from :class:`Client` because following a stream (cursor, trim watermark, the
+    end of an attempt) is its own protocol; the client only submits and asks.
+    """
+
+    def __init__(self, redis_client: redis.Redis) -> None:
+        self._redis = redis_client
+
+    def read(
+        self,
+        job_id: str,
+        *,
+        after: str | None,
+        follow: bool,
+        timeout: float | None,
+        attempt: int | None,
+    ) -> Iterator[StreamEvent]:
+        """See :meth:`Client.events`."""
         state = self._state_or_none(job_id) if follow or attempt is not None else None
         last = _cursor(after or _attempt_start(state, attempt))
         until = attempt if attempt is not None else (state.attempt if state else None)
@@ -246,10 +272,8 @@ class Client:
         return state.attempt > attempt or (state.attempt == attempt and state.settled)
 
     def _state_or_none(self, job_id: str) -> JobState | None:
-        try:
-            return self.get(job_id)
-        except JobNotFound:
-            return None
+        with _translated():
+            return store.read_state(self._redis, job_id)
 
     def _read(self, job_id: str, last: str) -> list[StreamEvent]:
         """The next page after ``last``, or ``EventsTrimmed`` if part of it is gone.

@@ -92,8 +92,155 @@ class PinStore:
         self._path(identity).unlink(missing_ok=True)
 
 
+class _EngineImages:
+    """The engine and registry calls on images: inspect, tag, build, push, pull."""
+
+    def __init__(
+        self, client: docker.DockerClient, config: EngineConfig, progress: Progress
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._progress = progress
+
+    def inspect(self, ref: str) -> dict[str, Any] | None:
+        import docker.errors
+
+        with translate("inspect image", image=ref):
+            try:
+                attrs: dict[str, Any] = low_level_api(self._client).inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return None
+        return attrs
+
+    def build(self, context: IO[bytes], identity: ImageIdentity, labels: dict[str, str]) -> str:
+        image_id: str | None = None
+
+        with translate("build pack image", tag=identity.tag):
+            for chunk in self._client.api.build(
+                fileobj=context,
+                custom_context=True,
+                dockerfile="Containerfile",
+                tag=identity.tag,
+                labels=labels,
+                buildargs={"BASE": identity.base_id.removeprefix("sha256:")},
+                rm=True,
+                forcerm=True,
+                decode=True,
+            ):
+                image_id = build_chunk(chunk, self._progress) or image_id
+        if image_id is None:
+            raise SandboxError("the engine's build reported no image id", tag=identity.tag)
+        return image_id
+
+    def _repository(self) -> str:
+        return f"{(self._config.registry or '').rstrip('/')}/{PACK_REPO_NAME}"
+
+    def tag(self, image_id: str, tag: str) -> None:
+        repository, _, name = tag.rpartition(":")
+        with translate("tag image", image=image_id, tag=tag):
+            self._client.api.tag(image_id, repository, name)
+
+    def push(self, pin: PinnedImage) -> PushedImage:
+        """Push ``<registry>/acpw-pack:<identity hex>``; the manifest digest it got.
+
+        Raises:
+            SandboxError: the push failed or reported no digest.
+        """
+        repository = self._repository()
+        tag = pin.identity.digest.removeprefix("sha256:")
+        self._progress(f"pushing {repository}:{tag}")
+        self.tag(pin.image_id, f"{repository}:{tag}")
+        digest: str | None = None
+        with translate("push pack image", repository=repository):
+            for chunk in self._client.api.push(repository, tag=tag, stream=True, decode=True):
+                digest = push_chunk(chunk, self._progress) or digest
+        if digest is None:
+            raise SandboxError("the engine's push reported no digest", repository=repository)
+        return PushedImage(repository, tag, digest)
+
+    def pull(self, identity: ImageIdentity, recorded: PinnedImage | None) -> str | None:
+        """Pull the identity's image from the registry: by the digest recorded at push,
+        else by the identity tag. The pulled reference; None without a registry or when
+        the registry has no such manifest.
+
+        Raises:
+            SandboxError: the registry or the engine failed otherwise.
+        """
+        import docker.errors
+
+        if not self._config.registry:
+            return None
+        pushed = recorded.pushed if recorded else None
+        tag = identity.digest.removeprefix("sha256:")
+        ref = pushed.reference if pushed else f"{self._repository()}:{tag}"
+        self._progress(f"pulling {ref}")
+        with translate("pull pack image", reference=ref):
+            try:
+                chunks = list(self._client.api.pull(ref, stream=True, decode=True))
+            except docker.errors.NotFound:  # Docker answers 404; Podman streams an error
+                return None
+        for chunk in chunks:
+            if "error" in chunk:
+                _raise_unless_missing(ref, str(chunk["error"]))
+                return None
+        return ref
+
+
+class _Verify:
+    """What makes an image the one an identity names: its id, labels and layers."""
+
+    def __init__(self, engine: _EngineImages) -> None:
+        self._engine = engine
+
+    def pinned(self, pin: PinnedImage) -> None:
+        """See :meth:`PackImages.check`."""
+        attrs = self._engine.inspect(pin.image_id)
+        if attrs is None:
+            raise ImageMismatch(
+                f"pinned image {pin.image_id} is no longer on the engine",
+                image_id=pin.image_id,
+                identity=pin.identity.digest,
+            )
+        if str(attrs["Id"]) != pin.image_id:
+            raise ImageMismatch(
+                "the engine returned another image for the pinned id",
+                expected=pin.image_id,
+                actual=str(attrs["Id"]),
+            )
+        self.labels(pin, attrs)
+
+    @staticmethod
+    def labels(pin: PinnedImage, attrs: Mapping[str, Any]) -> None:
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        wrong = pin.identity.mismatches(labels)
+        if wrong:
+            raise ImageMismatch(
+                f"image {attrs.get('Id')} does not carry the labels of {pin.identity.digest}",
+                image_id=str(attrs.get("Id")),
+                labels={k: {"expected": e, "actual": a} for k, (e, a) in wrong.items()},
+            )
+
+    def layers(self, pin: PinnedImage, attrs: Mapping[str, Any]) -> None:
+        # A pack image is its base plus exactly one layer: an image derived from it
+        # (same inherited labels, re-tagged) has more and is refused.
+        base = self._engine.inspect(pin.identity.base_id)
+        layers = _layers(attrs)
+        base_layers = _layers(base) if base is not None else None
+        if base_layers is None or layers[:-1] != base_layers or len(layers) != len(base_layers) + 1:
+            raise ImageMismatch(
+                f"{pin.identity.tag} is not its base image plus one pack layer",
+                image_id=pin.image_id,
+                layers=len(layers),
+                base_layers=None if base_layers is None else len(base_layers),
+            )
+
+
 class PackImages:
-    """Resolve, build and check pack images on one engine."""
+    """Resolve, build and check pack images on one engine.
+
+    The engine and registry calls (:class:`_EngineImages`), the checks that an image is
+    its identity's (:class:`_Verify`) and the pins (:class:`PinStore`) are its parts.
+    """
 
     def __init__(
         self,
@@ -109,6 +256,8 @@ class PackImages:
         self.recipe = BaseRecipe.from_config(config, images_src)
         self.pins = PinStore(config.images_dir / "pins")
         self.progress = progress
+        self._engine = _EngineImages(client, config, progress)
+        self._verify = _Verify(self._engine)
 
     # --- base ---------------------------------------------------------------------------
 
@@ -143,15 +292,15 @@ class PackImages:
             SandboxError: the engine or the registry failed.
         """
         recorded = self.pins.read(identity)
-        attrs = self._inspect(identity.tag)
+        attrs = self._engine.inspect(identity.tag)
         pulled = None
         if attrs is None:
-            pulled = self._pull(identity, recorded)
-            attrs = None if pulled is None else self._inspect(pulled)
+            pulled = self._engine.pull(identity, recorded)
+            attrs = None if pulled is None else self._engine.inspect(pulled)
             if attrs is None:
                 return None
         pin = PinnedImage(identity, str(attrs["Id"]), recorded.pushed if recorded else None)
-        self._check_attrs(pin, attrs)
+        self._verify.labels(pin, attrs)
         if recorded is not None and recorded.image_id != pin.image_id:
             raise ImageMismatch(
                 f"{identity.tag} is image {pin.image_id}, but {recorded.image_id} was pinned",
@@ -159,9 +308,9 @@ class PackImages:
                 expected=recorded.image_id,
                 actual=pin.image_id,
             )
-        self._check_layers(pin, attrs)
+        self._verify.layers(pin, attrs)
         if pulled is not None:  # only now that it passed: under the identity's own tag
-            self._tag(pin.image_id, identity.tag)
+            self._engine.tag(pin.image_id, identity.tag)
         if recorded is None:
             self.pins.write(pin)
         return pin
@@ -183,7 +332,7 @@ class PackImages:
         pin = self.resolve(identity) or self._build_new(closure, identity, pack_labels)
         if not self.config.registry:
             return pin
-        pushed = self._push(pin)
+        pushed = self._engine.push(pin)
         pin = dataclasses.replace(pin, pushed=pushed)
         self.pins.write(pin)
         self.progress(f"pushed {pushed.reference}")
@@ -197,7 +346,7 @@ class PackImages:
         with tempfile.TemporaryFile() as context:
             _write_context(context, self._containerfile(), closure)
             context.seek(0)
-            image_id = self._build(context, identity, labels)
+            image_id = self._engine.build(context, identity, labels)
         pin = PinnedImage(identity, image_id)
         self.check(pin)
         self.pins.write(pin)
@@ -209,57 +358,7 @@ class PackImages:
         Raises:
             ImageMismatch: it is gone or its labels differ.
         """
-        attrs = self._inspect(pin.image_id)
-        if attrs is None:
-            raise ImageMismatch(
-                f"pinned image {pin.image_id} is no longer on the engine",
-                image_id=pin.image_id,
-                identity=pin.identity.digest,
-            )
-        if str(attrs["Id"]) != pin.image_id:
-            raise ImageMismatch(
-                "the engine returned another image for the pinned id",
-                expected=pin.image_id,
-                actual=str(attrs["Id"]),
-            )
-        self._check_attrs(pin, attrs)
-
-    # --- internals ----------------------------------------------------------------------
-
-    def _inspect(self, ref: str) -> dict[str, Any] | None:
-        import docker.errors
-
-        with translate("inspect image", image=ref):
-            try:
-                attrs: dict[str, Any] = low_level_api(self.client).inspect_image(ref)
-            except docker.errors.ImageNotFound:
-                return None
-        return attrs
-
-    @staticmethod
-    def _check_attrs(pin: PinnedImage, attrs: Mapping[str, Any]) -> None:
-        labels = (attrs.get("Config") or {}).get("Labels") or {}
-        wrong = pin.identity.mismatches(labels)
-        if wrong:
-            raise ImageMismatch(
-                f"image {attrs.get('Id')} does not carry the labels of {pin.identity.digest}",
-                image_id=str(attrs.get("Id")),
-                labels={k: {"expected": e, "actual": a} for k, (e, a) in wrong.items()},
-            )
-
-    def _check_layers(self, pin: PinnedImage, attrs: Mapping[str, Any]) -> None:
-        # A pack image is its base plus exactly one layer: an image derived from it
-        # (same inherited labels, re-tagged) has more and is refused.
-        base = self._inspect(pin.identity.base_id)
-        layers = _layers(attrs)
-        base_layers = _layers(base) if base is not None else None
-        if base_layers is None or layers[:-1] != base_layers or len(layers) != len(base_layers) + 1:
-            raise ImageMismatch(
-                f"{pin.identity.tag} is not its base image plus one pack layer",
-                image_id=pin.image_id,
-                layers=len(layers),
-                base_layers=None if base_layers is None else len(base_layers),
-            )
+        self._verify.pinned(pin)
 
     def _containerfile(self) -> str:
         path = self.images_src / "pack.Containerfile"
@@ -267,79 +366,6 @@ class PackImages:
             return path.read_text()
         except OSError as exc:
             raise SandboxError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
-
-    def _build(self, context: IO[bytes], identity: ImageIdentity, labels: dict[str, str]) -> str:
-        image_id: str | None = None
-
-        with translate("build pack image", tag=identity.tag):
-            for chunk in self.client.api.build(
-                fileobj=context,
-                custom_context=True,
-                dockerfile="Containerfile",
-                tag=identity.tag,
-                labels=labels,
-                buildargs={"BASE": identity.base_id.removeprefix("sha256:")},
-                rm=True,
-                forcerm=True,
-                decode=True,
-            ):
-                image_id = build_chunk(chunk, self.progress) or image_id
-        if image_id is None:
-            raise SandboxError("the engine's build reported no image id", tag=identity.tag)
-        return image_id
-
-    def _repository(self) -> str:
-        return f"{(self.config.registry or '').rstrip('/')}/{PACK_REPO_NAME}"
-
-    def _tag(self, image_id: str, tag: str) -> None:
-        repository, _, name = tag.rpartition(":")
-        with translate("tag image", image=image_id, tag=tag):
-            self.client.api.tag(image_id, repository, name)
-
-    def _push(self, pin: PinnedImage) -> PushedImage:
-        """Push ``<registry>/acpw-pack:<identity hex>``; the manifest digest it got.
-
-        Raises:
-            SandboxError: the push failed or reported no digest.
-        """
-        repository = self._repository()
-        tag = pin.identity.digest.removeprefix("sha256:")
-        self.progress(f"pushing {repository}:{tag}")
-        self._tag(pin.image_id, f"{repository}:{tag}")
-        digest: str | None = None
-        with translate("push pack image", repository=repository):
-            for chunk in self.client.api.push(repository, tag=tag, stream=True, decode=True):
-                digest = push_chunk(chunk, self.progress) or digest
-        if digest is None:
-            raise SandboxError("the engine's push reported no digest", repository=repository)
-        return PushedImage(repository, tag, digest)
-
-    def _pull(self, identity: ImageIdentity, recorded: PinnedImage | None) -> str | None:
-        """Pull the identity's image from the registry: by the digest recorded at push,
-        else by the identity tag. The pulled reference; None without a registry or when
-        the registry has no such manifest.
-
-        Raises:
-            SandboxError: the registry or the engine failed otherwise.
-        """
-        import docker.errors
-
-        if not self.config.registry:
-            return None
-        pushed = recorded.pushed if recorded else None
-        tag = identity.digest.removeprefix("sha256:")
-        ref = pushed.reference if pushed else f"{self._repository()}:{tag}"
-        self.progress(f"pulling {ref}")
-        with translate("pull pack image", reference=ref):
-            try:
-                chunks = list(self.client.api.pull(ref, stream=True, decode=True))
-            except docker.errors.NotFound:  # Docker answers 404; Podman streams an error
-                return None
-        for chunk in chunks:
-            if "error" in chunk:
-                _raise_unless_missing(ref, str(chunk["error"]))
-                return None
-        return ref
 
 
 def push_chunk(chunk: Mapping[str, Any], progress: Progress) -> str | None:

@@ -114,8 +114,155 @@ _STATUS_TEXT = {
 _CHUNK = 64 * 1024
 
 
+class _Destination:
+    """The policy: which ``CONNECT`` is allowed, and the checked address it reaches."""
+
+    def __init__(self, allow: frozenset[Endpoint], limits: ProxyLimits) -> None:
+        self._allow = allow
+        self._limits = limits
+
+    def check(self, line: tuple[str, str]) -> Endpoint:
+        """The endpoint of an allowed request line.
+
+        Raises:
+            _Denied: not ``CONNECT``, a malformed authority, or not in the allowlist.
+        """
+        method, authority = line
+        if method != "CONNECT":
+            raise _Denied(
+                405, "method_not_allowed", authority[:300], f"Method {method[:20]!r} refused."
+            )
+        try:
+            endpoint = parse_endpoint(authority)
+        except ValueError as exc:
+            raise _Denied(400, "bad_request", authority[:300], str(exc)) from exc
+        if endpoint not in self._allow:
+            raise _Denied(403, "not_allowed", str(endpoint), f"{endpoint} is not allowed.")
+        return endpoint
+
+    async def open(self, endpoint: Endpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the address checked for ``endpoint`` (no second lookup).
+
+        Raises:
+            _Denied: unresolvable, only private addresses, or the connection failed.
+        """
+        address = await self._address(endpoint)
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(str(address), endpoint.port, limit=_CHUNK),
+                timeout=self._limits.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _Denied(
+                502, "unreachable", str(endpoint), f"Connecting to {endpoint} failed: {exc}."
+            ) from exc
+
+    async def _address(self, endpoint: Endpoint) -> _IPAddress:
+        if endpoint.literal:  # named literally in the allowlist: any address class
+            return ipaddress.ip_address(endpoint.host)
+        found = await self._resolve(endpoint)
+        usable = [a for a in found if _is_public(a)]
+        if not usable:
+            listed = ", ".join(sorted({str(a) for a in found}))
+            raise _Denied(
+                403,
+                "private_address",
+                str(endpoint),
+                f"{endpoint} resolves only to non-public addresses ({listed}).",
+            )
+        return usable[0]
+
+    async def _resolve(self, endpoint: Endpoint) -> list[_IPAddress]:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM),
+                timeout=self._limits.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _Denied(
+                502, "unresolvable", str(endpoint), f"{endpoint.host} did not resolve."
+            ) from exc
+        return [ipaddress.ip_address(info[4][0]) for info in infos]
+
+
+class _Denials:
+    """Answers a refused connection with its HTTP error and reports it (bounded)."""
+
+    def __init__(
+        self, stats: ProxyStats, limits: ProxyLimits, on_denial: DenialHandler | None
+    ) -> None:
+        self._stats = stats
+        self._limits = limits
+        self._on_denial = on_denial
+
+    async def refuse(self, writer: asyncio.StreamWriter, denied: _Denied) -> None:
+        self._stats.denied += 1
+        seq = self._stats.denied
+        status = f"{denied.status} {_STATUS_TEXT[denied.status]}"
+        body = f"acp-worker proxy: {denied.reason}\n".encode()
+        with contextlib.suppress(OSError):
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        if self._on_denial is None or seq > self._limits.max_reported_denials:
+            return
+        denial = NetworkDenial(denied.reason, denied.target, denied.message, seq)
+        try:
+            await self._on_denial(denial)
+        except Exception:
+            log.exception("network denial handler failed")
+
+
+class _Relay:
+    """Bytes both ways between the sandbox and the destination, idle- and byte-bounded."""
+
+    def __init__(self, stats: ProxyStats, limits: ProxyLimits) -> None:
+        self._stats = stats
+        self._limits = limits
+
+    async def run(
+        self,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        up_r: asyncio.StreamReader,
+        up_w: asyncio.StreamWriter,
+    ) -> None:
+        budget = [self._limits.max_connection_bytes]
+        try:
+            await asyncio.gather(
+                self._pump(client_r, up_w, budget), self._pump(up_r, client_w, budget)
+            )
+        except (OSError, TimeoutError, _OverBudget):
+            pass
+        finally:
+            up_w.close()
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                await up_w.wait_closed()
+
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, budget: list[int]
+    ) -> None:
+        while chunk := await asyncio.wait_for(src.read(_CHUNK), self._limits.idle_timeout):
+            budget[0] -= len(chunk)
+            self._stats.bytes_relayed += len(chunk)
+            if budget[0] < 0 or self._stats.bytes_relayed > self._limits.max_total_bytes:
+                raise _OverBudget
+            dst.write(chunk)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()  # half-close: the other direction may still be talking
+
+
 class AllowlistProxy:
-    """One job's proxy: listens on ``socket_path`` between :meth:`start` and :meth:`close`."""
+    """One job's proxy: listens on ``socket_path`` between :meth:`start` and :meth:`close`.
+
+    It accepts and bounds connections; the policy (:class:`_Destination`), the refusals
+    (:class:`_Denials`) and the byte relay (:class:`_Relay`) are its parts.
+    """
 
     def __init__(
         self,
@@ -136,7 +283,9 @@ class AllowlistProxy:
         self.socket_path = socket_path
         self.limits = limits or ProxyLimits()
         self.stats = ProxyStats()
-        self._on_denial = on_denial
+        self._destination = _Destination(self.allow, self.limits)
+        self._denials = _Denials(self.stats, self.limits, on_denial)
+        self._relay = _Relay(self.stats, self.limits)
         self._owner = socket_owner
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -195,138 +344,24 @@ class AllowlistProxy:
                 raise _Denied(
                     503, "too_many_connections", "", "The job's proxy connection limit is reached."
                 )
-            endpoint = await self._read_connect(reader)
-            upstream = await self._open(endpoint)
+            endpoint = self._destination.check(await self._read_head(reader))
+            upstream = await self._destination.open(endpoint)
         except _Denied as denied:
-            await self._refuse(writer, denied)
+            await self._denials.refuse(writer, denied)
             return
         self.stats.allowed += 1
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
-        await self._relay(reader, writer, *upstream)
+        await self._relay.run(reader, writer, *upstream)
 
-    # --- the head -----------------------------------------------------------------------
-
-    async def _read_connect(self, reader: asyncio.StreamReader) -> Endpoint:
+    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[str, str]:
         try:
             head = await asyncio.wait_for(
                 reader.readuntil(b"\r\n\r\n"), timeout=self.limits.head_timeout
             )
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
             raise _Denied(400, "bad_request", "", "No complete request head arrived.") from exc
-        return self._check(_request_line(head))
-
-    def _check(self, line: tuple[str, str]) -> Endpoint:
-        method, authority = line
-        if method != "CONNECT":
-            raise _Denied(
-                405, "method_not_allowed", authority[:300], f"Method {method[:20]!r} refused."
-            )
-        try:
-            endpoint = parse_endpoint(authority)
-        except ValueError as exc:
-            raise _Denied(400, "bad_request", authority[:300], str(exc)) from exc
-        if endpoint not in self.allow:
-            raise _Denied(403, "not_allowed", str(endpoint), f"{endpoint} is not allowed.")
-        return endpoint
-
-    # --- the destination ----------------------------------------------------------------
-
-    async def _open(self, endpoint: Endpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        address = await self._address(endpoint)
-        try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(str(address), endpoint.port, limit=_CHUNK),
-                timeout=self.limits.connect_timeout,
-            )
-        except (OSError, TimeoutError) as exc:
-            raise _Denied(
-                502, "unreachable", str(endpoint), f"Connecting to {endpoint} failed: {exc}."
-            ) from exc
-
-    async def _address(self, endpoint: Endpoint) -> _IPAddress:
-        if endpoint.literal:  # named literally in the allowlist: any address class
-            return ipaddress.ip_address(endpoint.host)
-        found = await self._resolve(endpoint)
-        usable = [a for a in found if _is_public(a)]
-        if not usable:
-            listed = ", ".join(sorted({str(a) for a in found}))
-            raise _Denied(
-                403,
-                "private_address",
-                str(endpoint),
-                f"{endpoint} resolves only to non-public addresses ({listed}).",
-            )
-        return usable[0]
-
-    async def _resolve(self, endpoint: Endpoint) -> list[_IPAddress]:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM),
-                timeout=self.limits.connect_timeout,
-            )
-        except (OSError, TimeoutError) as exc:
-            raise _Denied(
-                502, "unresolvable", str(endpoint), f"{endpoint.host} did not resolve."
-            ) from exc
-        return [ipaddress.ip_address(info[4][0]) for info in infos]
-
-    # --- relaying -----------------------------------------------------------------------
-
-    async def _relay(
-        self,
-        client_r: asyncio.StreamReader,
-        client_w: asyncio.StreamWriter,
-        up_r: asyncio.StreamReader,
-        up_w: asyncio.StreamWriter,
-    ) -> None:
-        budget = [self.limits.max_connection_bytes]
-        try:
-            await asyncio.gather(
-                self._pump(client_r, up_w, budget), self._pump(up_r, client_w, budget)
-            )
-        except (OSError, TimeoutError, _OverBudget):
-            pass
-        finally:
-            up_w.close()
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                await up_w.wait_closed()
-
-    async def _pump(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, budget: list[int]
-    ) -> None:
-        while chunk := await asyncio.wait_for(src.read(_CHUNK), self.limits.idle_timeout):
-            budget[0] -= len(chunk)
-            self.stats.bytes_relayed += len(chunk)
-            if budget[0] < 0 or self.stats.bytes_relayed > self.limits.max_total_bytes:
-                raise _OverBudget
-            dst.write(chunk)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()  # half-close: the other direction may still be talking
-
-    # --- refusing -----------------------------------------------------------------------
-
-    async def _refuse(self, writer: asyncio.StreamWriter, denied: _Denied) -> None:
-        self.stats.denied += 1
-        seq = self.stats.denied
-        status = f"{denied.status} {_STATUS_TEXT[denied.status]}"
-        body = f"acp-worker proxy: {denied.reason}\n".encode()
-        with contextlib.suppress(OSError):
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-        if self._on_denial is None or seq > self.limits.max_reported_denials:
-            return
-        denial = NetworkDenial(denied.reason, denied.target, denied.message, seq)
-        try:
-            await self._on_denial(denial)
-        except Exception:
-            log.exception("network denial handler failed")
+        return _request_line(head)
 
 
 class _OverBudget(Exception):

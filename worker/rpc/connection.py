@@ -99,70 +99,57 @@ class Reply:
     after: Callable[[bool], Awaitable[None]]
 
 
-class Connection:
-    """One JSON-RPC peer reached through a reader/writer pair."""
+class _Outbox:
+    """The write side: one writer behind a lock, and why the connection closed.
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        line_limit: int = 8 * 1024 * 1024,
-        request_timeout: float = 60.0,
-        on_notification: NotificationHandler | None = None,
-        on_malformed: MalformedHandler | None = None,
-    ) -> None:
-        self._reader = reader
+    ``closed`` is shared by everything that must stop once the peer is gone: a send
+    after it raises the close reason instead of writing.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._line_limit = line_limit
-        self._request_timeout = request_timeout
-        self._on_notification = on_notification
-        self._on_malformed = on_malformed
-        self._handlers: dict[str, RequestHandler] = {}
-        self._inline: set[str] = set()
-        self._pending: dict[int, asyncio.Future[JsonValue]] = {}
-        self._next_id = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._reader_task: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
         self.closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
-    def route(self, method: str, handler: RequestHandler, *, inline: bool = False) -> None:
-        """Answer inbound requests for exactly ``method`` with ``handler(params)``.
+    async def send(self, message: Mapping[str, JsonValue]) -> None:
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        async with self._lock:
+            if self.closed.done() or self._writer.is_closing():
+                raise self.closed_error(str(message.get("method", "reply")))
+            try:
+                self._writer.write(data)
+                await self._writer.drain()
+            except (ConnectionError, RuntimeError) as exc:
+                self.close(AgentExited("agent stdin closed", error=str(exc)))
+                raise self.closed_error(str(message.get("method", "reply"))) from exc
 
-        ``inline`` handlers run before the next line is read, so what they emit keeps
-        its place in the stream; they must not wait on anything slow.
-        """
-        self._handlers[method] = handler
-        if inline:
-            self._inline.add(method)
-        else:
-            self._inline.discard(method)
+    def close(self, reason: BaseException) -> None:
+        if not self.closed.done():
+            self.closed.set_result(reason)
 
-    def start(self) -> None:
-        self._reader_task = asyncio.create_task(self._read_loop(), name="acp-reader")
+    def closed_error(self, method: str) -> BaseException:
+        reason = self.closed.result()
+        if isinstance(reason, WorkerError) and not isinstance(reason, AgentExited):
+            return reason  # a line too long, a protocol error, a failed handler
+        return AgentExited(f"agent closed the connection during {method}", method=method)
 
-    # -- outbound -----------------------------------------------------------------
 
-    async def request(
-        self, method: str, params: JsonValue, *, timeout: float | None = -1
-    ) -> JsonValue:
-        """Send a request and wait for its result.
+class _Requests:
+    """Outbound requests awaiting their replies, each with its own timeout."""
 
-        ``timeout=None`` waits as long as the connection lives; the default is the
-        connection's request timeout.
+    def __init__(self, outbox: _Outbox, *, request_timeout: float) -> None:
+        self._outbox = outbox
+        self._request_timeout = request_timeout
+        self._pending: dict[int, asyncio.Future[JsonValue]] = {}
+        self._next_id = 0
 
-        Raises:
-            RpcError: the peer answered with an error object.
-            AgentTimeout: no answer within the timeout.
-            AgentExited: the connection closed first (carries the close reason).
-        """
+    async def request(self, method: str, params: JsonValue, *, timeout: float | None) -> JsonValue:
         request_id = self._next_id
         self._next_id += 1
         future: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            await self._send(
+            await self._outbox.send(
                 {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
             )
             limit = self._request_timeout if timeout == -1 else timeout
@@ -173,7 +160,7 @@ class Connection:
     async def _await_reply(
         self, future: asyncio.Future[JsonValue], method: str, limit: float | None
     ) -> JsonValue:
-        closed = asyncio.ensure_future(asyncio.shield(self.closed))
+        closed = asyncio.ensure_future(asyncio.shield(self._outbox.closed))
         either: set[asyncio.Future[Any]] = {future, closed}  # two result types, one wait
         try:
             done, _ = await asyncio.wait(either, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
@@ -181,34 +168,54 @@ class Connection:
             closed.cancel()
         if future in done:
             return future.result()
-        if self.closed.done():
-            raise self._closed_error(method)
+        if self._outbox.closed.done():
+            raise self._outbox.closed_error(method)
         raise AgentTimeout(f"agent did not answer {method} within {limit:g} s", method=method)
 
-    def _closed_error(self, method: str) -> BaseException:
-        reason = self.closed.result()
-        if isinstance(reason, WorkerError) and not isinstance(reason, AgentExited):
-            return reason  # a line too long, a protocol error, a failed handler
-        return AgentExited(f"agent closed the connection during {method}", method=method)
+    def resolve(self, message: JsonObject) -> bool:
+        """Complete the request ``message`` answers; False when none is pending."""
+        request_id = message["id"]
+        future = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if future is None or future.done():
+            return False
+        error = message.get("error")
+        if error is not None:
+            future.set_exception(_rpc_error(error))
+        else:
+            future.set_result(message.get("result"))
+        return True
 
-    async def notify(self, method: str, params: JsonValue) -> None:
-        await self._send({"jsonrpc": "2.0", "method": method, "params": params})
 
-    async def _send(self, message: Mapping[str, JsonValue]) -> None:
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-        async with self._write_lock:
-            if self.closed.done() or self._writer.is_closing():
-                raise self._closed_error(str(message.get("method", "reply")))
-            try:
-                self._writer.write(data)
-                await self._writer.drain()
-            except (ConnectionError, RuntimeError) as exc:
-                self._close(AgentExited("agent stdin closed", error=str(exc)))
-                raise self._closed_error(str(message.get("method", "reply"))) from exc
+@dataclass(frozen=True, slots=True)
+class _Callbacks:
+    """What the reader reports besides requests: notifications and malformed lines."""
 
-    # -- inbound ------------------------------------------------------------------
+    on_notification: NotificationHandler | None
+    on_malformed: MalformedHandler | None
 
-    async def _read_loop(self) -> None:
+
+class _Reader:
+    """The read side: bounded lines → replies, notifications and inbound requests."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        *,
+        outbox: _Outbox,
+        requests: _Requests,
+        line_limit: int,
+        callbacks: _Callbacks,
+    ) -> None:
+        self._reader = reader
+        self._outbox = outbox
+        self._requests = requests
+        self._line_limit = line_limit
+        self._callbacks = callbacks
+        self.handlers: dict[str, RequestHandler] = {}
+        self.inline: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def read_loop(self) -> None:
         buffer = bytearray()
         try:
             while True:
@@ -222,13 +229,13 @@ class Connection:
                         f"agent sent a line over {self._line_limit} bytes",
                         limit=self._line_limit,
                     )
-            self._close(AgentExited("agent closed its stdout"))
+            self._outbox.close(AgentExited("agent closed its stdout"))
         except (LineTooLong, ProtocolError) as exc:
-            self._close(exc)
+            self._outbox.close(exc)
         except _HandlerFailed as exc:
-            self._close(exc.reason)
+            self._outbox.close(exc.reason)
         except (ConnectionError, OSError) as exc:
-            self._close(AgentExited("agent stdout failed", error=str(exc)))
+            self._outbox.close(AgentExited("agent stdout failed", error=str(exc)))
 
     async def _drain_lines(self, buffer: bytearray) -> bytearray:
         start = 0
@@ -257,80 +264,135 @@ class Connection:
         elif "method" in message and isinstance(message["method"], str):
             await self._inbound(message["method"], message)
         elif "id" in message and ("result" in message or "error" in message):
-            await self._reply(message, line)
+            if not self._requests.resolve(message):
+                await self._malformed(line, "response to no pending request")
         else:
             await self._malformed(line, "not a JSON-RPC request, notification or response")
 
     async def _inbound(self, method: str, message: JsonObject) -> None:
         params = message.get("params")
         if "id" not in message:
-            if self._on_notification is not None:
-                await _handled(method, self._on_notification(method, params))
+            on_notification = self._callbacks.on_notification
+            if on_notification is not None:
+                await _handled(method, on_notification(method, params))
             return
-        if method in self._inline:
+        if method in self.inline:
             await _handled(method, self._answer(message["id"], method, params))
             return
         task = asyncio.create_task(self._answer_apart(message["id"], method, params))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _answer_apart(self, request_id: JsonValue, method: str, params: JsonValue) -> None:
         """``_answer`` in a task of its own, where a failure would otherwise go unseen."""
         try:
             await self._answer(request_id, method, params)
         except Exception as exc:  # any handler failure ends the connection, typed
-            self._close(_handler_failure(method, exc))
+            self._outbox.close(_handler_failure(method, exc))
 
     async def _answer(self, request_id: JsonValue, method: str, params: JsonValue) -> None:
-        handler = self._handlers.get(method)
-        reply: JsonObject = {"jsonrpc": "2.0", "id": request_id}
-        after = None
-        if handler is None:
-            reply["error"] = RpcError(METHOD_NOT_FOUND, f'"Method not found": {method}').to_wire()
-        else:
-            try:
-                result = await handler(params)
-            except RpcError as exc:
-                reply["error"] = exc.to_wire()
-            else:
-                if isinstance(result, Reply):
-                    reply["result"], after = result.result, result.after
-                else:
-                    reply["result"] = result
+        reply, after = await self._reply(request_id, method, params)
         sent = False
         with contextlib.suppress(WorkerError):  # the connection is closed: nobody to tell
-            await self._send(reply)
+            await self._outbox.send(reply)
             sent = True
         if after is not None:
             await after(sent)
 
-    async def _reply(self, message: JsonObject, line: bytes) -> None:
-        request_id = message["id"]
-        future = self._pending.get(request_id) if isinstance(request_id, int) else None
-        if future is None or future.done():
-            await self._malformed(line, "response to no pending request")
-            return
-        error = message.get("error")
-        if error is not None:
-            future.set_exception(_rpc_error(error))
-        else:
-            future.set_result(message.get("result"))
+    async def _reply(
+        self, request_id: JsonValue, method: str, params: JsonValue
+    ) -> tuple[JsonObject, Callable[[bool], Awaitable[None]] | None]:
+        """The reply to an inbound request, and the handler's ``after`` if it gave one."""
+        handler = self.handlers.get(method)
+        reply: JsonObject = {"jsonrpc": "2.0", "id": request_id}
+        if handler is None:
+            reply["error"] = RpcError(METHOD_NOT_FOUND, f'"Method not found": {method}').to_wire()
+            return reply, None
+        try:
+            result = await handler(params)
+        except RpcError as exc:
+            reply["error"] = exc.to_wire()
+            return reply, None
+        if isinstance(result, Reply):
+            reply["result"] = result.result
+            return reply, result.after
+        reply["result"] = result
+        return reply, None
 
     async def _malformed(self, line: bytes, reason: str) -> None:
-        if self._on_malformed is not None:
+        on_malformed = self._callbacks.on_malformed
+        if on_malformed is not None:
             preview = line[:512].decode("utf-8", "replace")
-            await _handled("a malformed line", self._on_malformed(preview, reason))
+            await _handled("a malformed line", on_malformed(preview, reason))
 
-    # -- lifecycle ----------------------------------------------------------------
 
-    def _close(self, reason: BaseException) -> None:
-        if not self.closed.done():
-            self.closed.set_result(reason)
+class Connection:
+    """One JSON-RPC peer reached through a reader/writer pair.
+
+    The write side (:class:`_Outbox`), the requests awaiting replies
+    (:class:`_Requests`) and the reader with its dispatch (:class:`_Reader`) are its
+    parts; this is the surface the ACP client uses.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        line_limit: int = 8 * 1024 * 1024,
+        request_timeout: float = 60.0,
+        on_notification: NotificationHandler | None = None,
+        on_malformed: MalformedHandler | None = None,
+    ) -> None:
+        self._outbox = _Outbox(writer)
+        self._requests = _Requests(self._outbox, request_timeout=request_timeout)
+        self._reader = _Reader(
+            reader,
+            outbox=self._outbox,
+            requests=self._requests,
+            line_limit=line_limit,
+            callbacks=_Callbacks(on_notification, on_malformed),
+        )
+        self._reader_task: asyncio.Task[None] | None = None
+        self.closed: asyncio.Future[BaseException] = self._outbox.closed
+
+    def route(self, method: str, handler: RequestHandler, *, inline: bool = False) -> None:
+        """Answer inbound requests for exactly ``method`` with ``handler(params)``.
+
+        ``inline`` handlers run before the next line is read, so what they emit keeps
+        its place in the stream; they must not wait on anything slow.
+        """
+        self._reader.handlers[method] = handler
+        if inline:
+            self._reader.inline.add(method)
+        else:
+            self._reader.inline.discard(method)
+
+    def start(self) -> None:
+        self._reader_task = asyncio.create_task(self._reader.read_loop(), name="acp-reader")
+
+    async def request(
+        self, method: str, params: JsonValue, *, timeout: float | None = -1
+    ) -> JsonValue:
+        """Send a request and wait for its result.
+
+        ``timeout=None`` waits as long as the connection lives; the default is the
+        connection's request timeout.
+
+        Raises:
+            RpcError: the peer answered with an error object.
+            AgentTimeout: no answer within the timeout.
+            AgentExited: the connection closed first (carries the close reason).
+        """
+        return await self._requests.request(method, params, timeout=timeout)
+
+    async def notify(self, method: str, params: JsonValue) -> None:
+        await self._outbox.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     async def aclose(self) -> None:
         """Stop reading and cancel inbound handlers; the process is not touched here."""
-        self._close(AgentExited("connection closed by the client"))
-        tasks = [t for t in (self._reader_task, *self._tasks) if t is not None]
+        self._outbox.close(AgentExited("connection closed by the client"))
+        tasks = [t for t in (self._reader_task, *self._reader.tasks) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,195 @@
+"""The content of ACP updates → the fields of canonical events (pure, no state).
+
+Split from the normalizer so the routing and the tool-call lifecycle read apart from the
+shape of each field: message chunks, tool input and output, diffs and locations (made
+workspace-relative, or refused with a notice), plans, commands, modes, usage. Untrusted
+text is bounded (``limit``) and secret-looking keys of a tool's input are redacted.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from worker.events import notices
+from worker.events.bounded import bound, bound_json, bounded
+from worker.events.models import (
+    Bounded,
+    CommandsAvailable,
+    ConfigUpdated,
+    DiffBlock,
+    EventData,
+    Location,
+    MessageDelta,
+    ModeChanged,
+    PlanEntry,
+    UsageCost,
+)
+
+Out = list[EventData]
+Role = Literal["assistant", "thought", "user"]
+
+_SECRET_KEY = re.compile(r"(?i)(token|secret|passw|api[_-]?key|authorization|cookie|credential)")
+_TITLE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ContentMapper:
+    """Bounds text at ``limit`` bytes and resolves paths against ``root`` (the workspace)."""
+
+    root: str
+    limit: int
+
+    def chunk(self, update: Mapping[str, Any], role: Role) -> Out:
+        """A message, thought or user chunk: text as is, any other block kept (bounded)."""
+        content = update["content"]
+        if content.get("type") == "text":
+            return [MessageDelta(role=role, text=str(content["text"]))]
+        raw = bound_json(content, self.limit)
+        block = (
+            dict(content)
+            if not raw.truncated
+            else {"type": str(content.get("type")), "truncated": True, "bytes": raw.bytes}
+        )
+        return [MessageDelta(role=role, text="", content=block)]
+
+    def raw_input(self, raw_input: Any) -> Bounded | None:
+        """A tool's input, secrets redacted and bounded."""
+        if raw_input is None:
+            return None
+        return bound_json(redacted(raw_input), self.limit)
+
+    def output(self, update: Mapping[str, Any]) -> Bounded | None:
+        """A tool's output: its text content blocks joined, else its raw output."""
+        texts = [
+            str(block["content"]["text"])
+            for block in update.get("content") or []
+            if isinstance(block, Mapping)
+            and block.get("type") == "content"
+            and isinstance(block.get("content"), Mapping)
+            and block["content"].get("type") == "text"
+        ]
+        if texts:
+            return bound("\n".join(texts), self.limit)
+        if update.get("rawOutput") is not None:
+            return bound_json(update["rawOutput"], self.limit)
+        return None
+
+    def diffs(self, content: Any, refused: Out) -> list[DiffBlock]:
+        """The ``diff`` blocks of a tool's content inside the workspace."""
+        diffs = []
+        for block in content or []:
+            if not isinstance(block, Mapping) or block.get("type") != "diff":
+                continue
+            path = self.relative(str(block.get("path", "")), refused)
+            if path is None:
+                continue
+            old = block.get("oldText")
+            diffs.append(
+                DiffBlock(
+                    path=path,
+                    old_text=None if old is None else bound(str(old), self.limit),
+                    new_text=bound(str(block.get("newText", "")), self.limit),
+                )
+            )
+        return diffs
+
+    def locations(self, locations: Any, refused: Out) -> list[Location]:
+        """The locations of a tool call inside the workspace."""
+        out = []
+        for location in locations or []:
+            if not isinstance(location, Mapping):
+                continue
+            path = self.relative(str(location.get("path", "")), refused)
+            if path is not None:
+                line = location.get("line")
+                # A JSON true is no line number (and would be coerced to 1).
+                number = line if isinstance(line, int) and not isinstance(line, bool) else None
+                out.append(Location(path=path, line=number))
+        return out
+
+    def relative(self, path: str, refused: Out) -> str | None:
+        """Workspace-relative form of ``path``; ``None`` (plus a notice) when outside."""
+        if path.startswith("/"):
+            normalized = posixpath.normpath(path)
+            if normalized == self.root:
+                return "."
+            if normalized.startswith(self.root + "/"):
+                return normalized[len(self.root) + 1 :]
+        else:
+            normalized = posixpath.normpath(path)
+            if normalized != ".." and not normalized.startswith("../"):
+                return normalized
+        refused.append(notices.path_outside_workspace(path))
+        return None
+
+
+def plan_entries(update: Mapping[str, Any]) -> list[PlanEntry]:
+    return [
+        PlanEntry(
+            content=str(entry.get("content", "")),
+            priority=opt_str(entry.get("priority")),
+            status=str(entry.get("status", "pending")),
+        )
+        for entry in update["entries"]
+        if isinstance(entry, Mapping)
+    ]
+
+
+def commands(update: Mapping[str, Any], child: str | None) -> Out:
+    listed = [dict(c) for c in update["availableCommands"] if isinstance(c, Mapping)]
+    return [CommandsAvailable(commands=listed)]
+
+
+def mode(update: Mapping[str, Any], child: str | None) -> Out:
+    return [ModeChanged(mode=str(update["currentModeId"]))]
+
+
+def config(update: Mapping[str, Any], child: str | None) -> Out:
+    options = [dict(o) for o in update["configOptions"] if isinstance(o, Mapping)]
+    return [ConfigUpdated(config_options=options)]
+
+
+def usage_fields(update: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``usage.reported`` fields of a ``usage_update``, and its malformed fields."""
+    fields: dict[str, Any] = {"available": True, "source": "agent"}
+    for key in ("used", "size"):
+        if type(update.get(key)) is int:
+            fields[key] = update[key]
+    cost = update.get("cost")
+    if isinstance(cost, Mapping) and _is_cost(cost):
+        fields["cost"] = UsageCost(amount=float(cost["amount"]), currency=cost["currency"])
+    malformed = {k: update[k] for k in ("used", "size", "cost") if k in update and k not in fields}
+    return fields, malformed
+
+
+def _is_cost(cost: Any) -> bool:
+    return (
+        isinstance(cost, Mapping)
+        and isinstance(cost.get("amount"), int | float)
+        and not isinstance(cost.get("amount"), bool)
+        and isinstance(cost.get("currency"), str)
+    )
+
+
+def redacted(value: Any) -> Any:
+    """``value`` with the values of secret-looking keys replaced (the emitter also
+    scrubs every bound credential; this covers secrets the worker does not know)."""
+    if isinstance(value, Mapping):
+        return {
+            k: "[REDACTED]" if _SECRET_KEY.search(str(k)) else redacted(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redacted(v) for v in value]
+    return value
+
+
+def title(value: Any) -> str | None:
+    return None if value is None else bounded(str(value), _TITLE_LIMIT)["text"]
+
+
+def opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
