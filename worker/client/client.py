@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import kombu.exceptions
 import redis
@@ -78,7 +78,7 @@ class Client:
         self._redis.close()
         self._celery.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

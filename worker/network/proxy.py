@@ -340,10 +340,7 @@ class AllowlistProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            if self._active > self.limits.max_connections:
-                raise _Denied(
-                    503, "too_many_connections", "", "The job's proxy connection limit is reached."
-                )
+            self._check_capacity()
             endpoint = self._destination.check(await self._read_head(reader))
             upstream = await self._destination.open(endpoint)
         except _Denied as denied:
@@ -353,6 +350,15 @@ class AllowlistProxy:
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
         await self._relay.run(reader, writer, *upstream)
+
+    def _check_capacity(self) -> None:
+        """Raises:
+        _Denied: the job's connection limit is reached (503).
+        """
+        if self._active > self.limits.max_connections:
+            raise _Denied(
+                503, "too_many_connections", "", "The job's proxy connection limit is reached."
+            )
 
     async def _read_head(self, reader: asyncio.StreamReader) -> tuple[str, str]:
         try:

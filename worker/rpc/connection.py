@@ -224,11 +224,7 @@ class _Reader:
                     break
                 buffer += chunk
                 buffer = await self._drain_lines(buffer)
-                if len(buffer) > self._line_limit:
-                    raise LineTooLong(
-                        f"agent sent a line over {self._line_limit} bytes",
-                        limit=self._line_limit,
-                    )
+                self._check_partial(buffer)
             self._outbox.close(AgentExited("agent closed its stdout"))
         except (LineTooLong, ProtocolError) as exc:
             self._outbox.close(exc)
@@ -236,6 +232,18 @@ class _Reader:
             self._outbox.close(exc.reason)
         except (ConnectionError, OSError) as exc:
             self._outbox.close(AgentExited("agent stdout failed", error=str(exc)))
+
+    def _check_partial(self, buffer: bytearray) -> None:
+        """A line still without its newline may not outgrow the bound: memory stays
+        bounded whatever the agent writes.
+
+        Raises:
+            LineTooLong: it did.
+        """
+        if len(buffer) > self._line_limit:
+            raise LineTooLong(
+                f"agent sent a line over {self._line_limit} bytes", limit=self._line_limit
+            )
 
     async def _drain_lines(self, buffer: bytearray) -> bytearray:
         start = 0
@@ -411,7 +419,7 @@ def _handler_failure(what: str, exc: Exception) -> WorkerError:
     if isinstance(exc, WorkerError):
         log.error("the handler of %s failed: %s [%s]", what, exc.message, exc.code)
         return exc
-    log.exception("the handler of %s failed", what, exc_info=exc)
+    log.error("the handler of %s failed", what, exc_info=exc)  # with its traceback
     return WorkerError(f"the handler of {what} failed: {exc!r}", method=what)
 
 
