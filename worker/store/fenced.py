@@ -90,11 +90,6 @@ class FencedStreamSink:
         self.dropped = 0
 
     @property
-    def fenced(self) -> bool:
-        """True once the lease was found to belong to someone else."""
-        return self._fenced
-
-    @property
     def settled(self) -> bool:
         """True once Redis took this attempt's ``job.completed`` (the state is settled)."""
         return self._settled
