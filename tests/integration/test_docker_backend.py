@@ -25,6 +25,7 @@ from worker.sandbox.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
     LABEL_TOKEN,
+    ExitDiagnosis,
     ResourceLimits,
     Sandbox,
     SandboxBackend,
@@ -129,6 +130,32 @@ async def test_pack_is_read_only_and_root_is_frozen(box: Sandbox) -> None:
     rc, out, _ = await _output(box, ["/bin/sh", "-c", script.replace("$HOME", "/home/agent")])
     assert rc == 0
     assert out.splitlines() == ["pack-file", "tmp-ok", "1000"]
+
+
+async def _ended(box: Sandbox, code: str) -> ExitDiagnosis:
+    proc = await box.spawn([PY, "-c", code], env=ENV)
+    proc.stdin.close()
+    await asyncio.wait_for(asyncio.gather(proc.stdout.read(), proc.stderr.read()), 30)
+    await asyncio.wait_for(proc.wait(), 30)
+    return await proc.exit_diagnosis()
+
+
+async def test_an_ended_program_is_diagnosed(box: Sandbox) -> None:
+    assert await _ended(box, "raise SystemExit(3)") == ExitDiagnosis(3, None)
+    assert await _ended(box, "pass") == ExitDiagnosis(0, None)
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    assert await _ended(box, killed) == ExitDiagnosis(None, "SIGTERM")
+    # Past the memory bound (LIMITS: 200 MiB), the kernel's OOM killer ends it.
+    oom = await _ended(box, "b = bytearray(400 << 20); print('survived')")
+    assert oom == ExitDiagnosis(None, "SIGKILL", oom_killed=True)
+
+
+async def test_a_kill_of_ours_is_no_oom(box: Sandbox) -> None:
+    proc = await box.spawn(["/bin/sh", "-c", "echo up; exec sleep 60"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    proc.kill()
+    await asyncio.wait_for(proc.wait(), 30)
+    assert await proc.exit_diagnosis() == ExitDiagnosis(None, "SIGKILL")
 
 
 async def test_list_by_labels_and_destroy(backend: SandboxBackend, box: Sandbox) -> None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from worker.sandbox.base import ResourceLimits
-from worker.sandbox.cgroups import CgroupSet, CgroupV1, CgroupV2, v1_writes, v2_writes
+from worker.sandbox.cgroups import (
+    CgroupSet,
+    CgroupV1,
+    CgroupV2,
+    out_of_memory,
+    v1_writes,
+    v2_writes,
+)
 
 LIMITS = ResourceLimits(memory_bytes=512 << 20, cpus=1.5, pids=128)
 
@@ -53,3 +60,31 @@ def test_plans() -> None:
 def test_set_round_trips_through_json() -> None:
     cgs = CgroupV1(Path("/cg"), "acpw").plan("s1")
     assert CgroupSet.from_json(cgs.to_json()) == cgs
+
+
+def test_out_of_memory_reads_the_oom_kill_counter_of_either_version(tmp_path: Path) -> None:
+    v1 = CgroupV1(tmp_path / "cg1", "acpw").plan("s1")
+    v2 = CgroupV2(tmp_path / "cg2", "acpw").plan("s1")
+    assert not out_of_memory(v1)  # removed: no evidence
+    v1.oom_file.parent.mkdir(parents=True)
+    v1.oom_file.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (v1.oom_file.parent / "memory.failcnt").write_text("12\n")  # the counter wins
+    assert not out_of_memory(v1)
+    v1.oom_file.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert out_of_memory(v1)
+    v2.oom_file.parent.mkdir(parents=True)
+    v2.oom_file.write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 0\noom_group_kill 0\n")
+    assert not out_of_memory(v2)
+    v2.oom_file.write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 2\noom_group_kill 0\n")
+    assert out_of_memory(v2)
+
+
+def test_an_old_v1_kernel_without_the_counter_falls_back_to_limit_hits(tmp_path: Path) -> None:
+    v1 = CgroupV1(tmp_path, "acpw").plan("s1")
+    v1.oom_file.parent.mkdir(parents=True)
+    v1.oom_file.write_text("oom_kill_disable 0\nunder_oom 0\n")  # before Linux 4.13
+    assert not out_of_memory(v1)  # no failcnt either
+    (v1.oom_file.parent / "memory.failcnt").write_text("0\n")
+    assert not out_of_memory(v1)
+    (v1.oom_file.parent / "memory.failcnt").write_text("3\n")
+    assert out_of_memory(v1)

@@ -11,10 +11,11 @@ Paths inside every sandbox are fixed: the workspace is ``WORKSPACE``, the pack c
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from worker.errors import SandboxError
 
@@ -119,6 +120,44 @@ class SandboxInfo:
     labels: Mapping[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class ExitDiagnosis:
+    """Why a sandboxed process ended, as far as its sandbox can tell (``exit_diagnosis``).
+
+    Exactly one of ``exit_code`` and ``signal`` is set once the process has ended; both
+    are ``None`` while it runs.
+    """
+
+    #: Its exit status, when it exited by itself.
+    exit_code: int | None
+    #: The name of the signal that ended it (``SIGKILL``), when one did.
+    signal: str | None
+    #: The kernel's OOM killer ended it: its sandbox ran out of memory.
+    oom_killed: bool = False
+
+    def details(self) -> dict[str, Any]:
+        """``{"exit_code": N}`` or ``{"signal": "SIGKILL"}`` (empty while it runs)."""
+        if self.signal is not None:
+            return {"signal": self.signal}
+        return {} if self.exit_code is None else {"exit_code": self.exit_code}
+
+
+def ended(returncode: int | None, *, oom_killed: bool = False) -> ExitDiagnosis:
+    """The diagnosis of a process whose status is ``returncode``, as asyncio reports it
+    (``-N``: signal N) or as a sandbox's init reports a child that a signal ended
+    (``128 + N``: bubblewrap and a container's init exit so)."""
+    if returncode is None:
+        return ExitDiagnosis(None, None)
+    number = -returncode if returncode < 0 else returncode - 128
+    if 0 < number < signal.NSIG:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"SIG{number}"
+        return ExitDiagnosis(None, name, oom_killed=oom_killed)
+    return ExitDiagnosis(returncode, None, oom_killed=oom_killed)
+
+
 class SandboxProcess(Protocol):
     """A process running inside a sandbox, with piped stdio."""
 
@@ -144,6 +183,14 @@ class SandboxProcess(Protocol):
 
     def kill(self) -> None:
         """SIGKILL to the whole process group (idempotent)."""
+
+    async def exit_diagnosis(self) -> ExitDiagnosis:
+        """Why it ended: its exit status or signal, and whether the kernel OOM-killed it.
+
+        Ask once it has ended and before its sandbox is destroyed (the evidence goes
+        with the sandbox). Never raises: what cannot be read is not claimed.
+        """
+        ...
 
 
 class StdioProcess:
@@ -192,6 +239,11 @@ class PipedProcess(StdioProcess):
 
     async def wait(self) -> int:
         return await self._proc.wait()
+
+    async def exit_diagnosis(self) -> ExitDiagnosis:
+        """Its exit status or signal; no OOM evidence here (a backend with a memory
+        bound overrides this)."""
+        return ended(self._proc.returncode)
 
 
 class Sandbox(Protocol):

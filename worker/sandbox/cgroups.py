@@ -3,8 +3,8 @@
 A :class:`CgroupDriver` creates the cgroup(s) of one sandbox and writes its limits; what
 it returns is a plain :class:`CgroupSet` (paths + where the OOM counter lives) that can be
 saved as JSON and acted on by *another* process — the reaper — with the module functions
-``members``, ``signal_all``, ``remove`` and ``oom_kills``, which work the same on both
-versions.
+``members``, ``signal_all``, ``remove``, ``oom_kills`` and ``out_of_memory``, which work the
+same on both versions.
 
 No systemd here: we write cgroupfs directly. Limits go in before any process joins.
 """
@@ -237,3 +237,27 @@ def oom_kills(cgroups: CgroupSet) -> int:
         if key == cgroups.oom_key:
             return int(value)
     return 0
+
+
+def out_of_memory(cgroups: CgroupSet) -> bool:
+    """Whether the kernel OOM-killed a process of this sandbox (False once it is removed).
+
+    The ``oom_kill`` counter says so (v2 ``memory.events``; v1 ``memory.oom_control``
+    since Linux 4.13). A v1 kernel without that counter tells only how often usage hit
+    the limit (``memory.failcnt``): asked about a process that SIGKILL ended, that is
+    the best evidence it has, so a hit counts.
+    """
+    try:
+        text = cgroups.oom_file.read_text()
+    except FileNotFoundError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == cgroups.oom_key:
+            return int(value) > 0
+    if cgroups.version != 1:
+        return False
+    try:
+        return int((cgroups.oom_file.parent / "memory.failcnt").read_text()) > 0
+    except (FileNotFoundError, ValueError):
+        return False

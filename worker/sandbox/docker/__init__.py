@@ -24,7 +24,8 @@ memory (no swap) / CPU limits, network ``none``, an init process (so SIGTERM rea
 program with its default action), no log driver (output is not kept on disk), and the
 labels job, attempt, token, worker plus ``acpw.sandbox`` (the sandbox id), so
 ``list``/``destroy`` work from any process. Podman's ``OOMKilled`` is unreliable: an
-exit status 137 that this backend did not cause is reported as an OOM kill.
+exit status 137 that this backend did not cause is reported as an OOM kill (by
+``DockerProcess.exit_diagnosis`` too, which also asks the engine's ``OOMKilled``).
 
 Agent config paths (``worker.admission.mask_plan``) are masked as in the local backend:
 the ``.cursor``/``.claude`` directories bound onto themselves (a mount point cannot be

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from worker.admission import MaskEntry
-from worker.errors import ImageMismatch
+from worker.errors import ImageMismatch, SandboxError
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect, translate
 from worker.sandbox.base import (
@@ -204,6 +204,19 @@ class ContainerEngine:
 
         with translate("wait container", container=container):
             return await asyncio.to_thread(wait)
+
+    async def oom_killed(self, container: str) -> bool:
+        """The engine's ``State.OOMKilled`` of a container; False when it cannot say."""
+        import docker.errors
+
+        def inspect() -> bool:
+            try:
+                state = self.client.api.inspect_container(container)["State"]
+            except (docker.errors.DockerException, OSError, SandboxError, KeyError, TypeError):
+                return False  # gone, or the engine is unreachable: no evidence
+            return bool(state.get("OOMKilled"))
+
+        return await asyncio.to_thread(inspect)
 
     def kill_all(self, sandbox_id: str) -> builtins.list[dict[str, Any]]:
         api = self.client.api

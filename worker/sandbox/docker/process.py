@@ -10,7 +10,9 @@ import struct
 from typing import Protocol
 
 from worker.sandbox.base import (
+    ExitDiagnosis,
     StdioProcess,
+    ended,
 )
 
 
@@ -20,6 +22,8 @@ class ContainerControl(Protocol):
     async def wait_container(self, container: str) -> int: ...
 
     async def signal(self, container: str, sig: signal.Signals) -> None: ...
+
+    async def oom_killed(self, container: str) -> bool: ...
 
 
 STDOUT, STDERR = 1, 2
@@ -111,6 +115,16 @@ class DockerProcess(StdioProcess):
 
     async def wait(self) -> int:
         return await asyncio.shield(self._waiter)
+
+    async def exit_diagnosis(self) -> ExitDiagnosis:
+        """Its exit status or signal; an end by SIGKILL was the kernel's OOM killer when
+        the engine says so (``State.OOMKilled``) or, as that flag is unreliable on
+        Podman, when no signal of ours explains it (``oom_killed``)."""
+        diagnosis = ended(self._returncode)
+        if diagnosis.signal != "SIGKILL":
+            return diagnosis
+        oom = self.oom_killed or await self._engine.oom_killed(self.container_id)
+        return ended(self._returncode, oom_killed=oom)
 
     async def _watch(self) -> int:
         # The attach stream ends when the container's last process exits.

@@ -136,7 +136,7 @@ class LocalSandbox:
         self._record = replace(self._record, pids=(*self._record.pids, proc.pid))
         with translate_oserror("record", self.sandbox_id):
             self._backend.store.write(self._record)
-        return LocalProcess(proc)
+        return LocalProcess(proc, self._record.cgroups)
 
     async def _start(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str, limit: int

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from worker.errors import SandboxError
 from worker.sandbox import cgroups, seccomp
-from worker.sandbox.base import PipedProcess
+from worker.sandbox.base import ExitDiagnosis, PipedProcess, ended
 from worker.sandbox.local.bwrap import bwrap_command, nul_joined
 
 _KILL_ROUNDS = 200  # x 10 ms: bound on destroy's kill loop
@@ -151,8 +151,21 @@ def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
 class LocalProcess(PipedProcess):
     """A bwrap process; its pid is bwrap's (host pid), the program runs under it."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, cgs: cgroups.CgroupSet) -> None:
         super().__init__(proc, what="bwrap")
+        self._cgroups = cgs
+
+    async def exit_diagnosis(self) -> ExitDiagnosis:
+        """bwrap's exit status is the program's (``128 + N`` when signal N ended it); an
+        end by SIGKILL in a sandbox whose cgroup counted an OOM kill was the kernel's."""
+        diagnosis = ended(self._proc.returncode)
+        if diagnosis.signal != "SIGKILL":
+            return diagnosis
+        try:  # a small cgroupfs file: read inline
+            oom = cgroups.out_of_memory(self._cgroups)
+        except (OSError, ValueError):  # unreadable evidence is not claimed
+            return diagnosis
+        return ended(self._proc.returncode, oom_killed=oom)
 
     def terminate(self) -> None:
         """SIGTERM to every process of this spawn's tree inside the sandbox.
