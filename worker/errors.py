@@ -27,6 +27,7 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
+    │   │   └── OomKilled            oom_killed               1
     │   ├── AuthRequired             auth_required            1
     │   ├── AgentTimeout             agent_timeout            1
     │   ├── SessionNotFound          session_not_found        1
@@ -175,7 +176,18 @@ class AgentError(WorkerError):
 
 
 class AgentExited(AgentError):
+    """The agent ended (its connection closed) before the job was done with it.
+
+    ``details`` carry its ``exit_code`` or ``signal`` when its sandbox could tell.
+    """
+
     code = "agent_exited"
+
+
+class OomKilled(AgentExited):
+    """The kernel's OOM killer ended the agent: its sandbox hit ``limits.memory_mb``."""
+
+    code = "oom_killed"
 
 
 class AuthRequired(AgentError):

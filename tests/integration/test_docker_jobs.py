@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from tests.hungry_pack import hungry_packs
 from tests.integration.docker_engine import REPO, base_image, docker_host, engine_config
 from worker.events.sinks import MemorySink
 from worker.images.build import PackImages
@@ -40,8 +41,9 @@ __all__ = ["base_image", "docker_host", "engine_config"]
 SECRET = "emulator-docker-secret-41c7"
 
 
-def _settings(tmp_path: Path) -> Settings:
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
     return Settings(
+        **overrides,
         cache_dir=tmp_path / "cache",
         work_dir=tmp_path / "work",
         secrets_dir=tmp_path / "secrets",
@@ -74,9 +76,10 @@ async def _run(
     config: EngineConfig,
     prompt: str,
     cancel: asyncio.Event | None = None,
+    packs_dir: Path = REPO / "provider_packs",
     **kw: Any,
 ) -> tuple[JobOutcome, list[dict[str, Any]]]:
-    settings = _settings(tmp_path)
+    settings = _settings(tmp_path, packs_dir=packs_dir)
     sink = MemorySink()
     outcome = await run_job(
         _job(tmp_path, prompt, **kw),
@@ -129,6 +132,38 @@ async def test_cancel_settles_cancelled(tmp_path: Path, engine_config: EngineCon
     outcome, events = await _run(tmp_path, engine_config, "scenario: hang", cancel=cancel)
     assert outcome.status == "cancelled"
     assert events[-1]["type"] == "job.completed"
+
+
+@pytest.mark.usefixtures("base_image")
+async def test_agent_crash_carries_its_exit_status(
+    tmp_path: Path, engine_config: EngineConfig
+) -> None:
+    outcome, events = await _run(tmp_path, engine_config, "scenario: crash")
+    assert outcome.status == "failed"
+    error = events[-1]["data"]["error"]
+    assert error["code"] == "agent_exited"
+    assert error["details"]["exit_code"] == 3  # the scenario's `crash 3`
+    assert "signal" not in error["details"]
+
+
+@pytest.mark.usefixtures("base_image")
+async def test_agent_killed_for_memory_fails_oom_killed(
+    tmp_path: Path, engine_config: EngineConfig
+) -> None:
+    limits = {"timeout_s": 30, "memory_mb": 64, "pids": 128}
+    packs = hungry_packs(tmp_path)
+    outcome, events = await _run(
+        tmp_path, engine_config, "scenario: hello", packs_dir=packs, limits=limits
+    )
+    assert outcome.status == "failed"
+    error = events[-1]["data"]["error"]
+    assert error["code"] == "oom_killed"
+    assert "limits.memory_mb = 64" in error["message"]
+    assert error["details"]["signal"] == "SIGKILL"
+    assert error["details"]["memory_mb"] == 64
+    [notice] = [e["data"] for e in events if e["type"] == "notice"]
+    assert notice["code"] == "oom_killed"
+    assert notice["details"] == {"limit": "limits.memory_mb", "memory_mb": 64}
 
 
 _WORKER = """

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import redis
 
+from tests.hungry_pack import hungry_packs
 from tests.procs import finish
 from worker.events.schema import event_schema
 from worker.store import keys
@@ -192,7 +193,30 @@ def test_agent_crash_mid_turn_fails_with_agent_exited(tmp_path: Path) -> None:
     assert done["status"] == "failed"
     assert done["error"]["code"] == "agent_exited"
     assert "stderr_preview" in done["error"]["details"]
+    assert done["error"]["details"]["exit_code"] == 3  # the scenario's `crash 3`
+    assert "signal" not in done["error"]["details"]
     assert _no_process_left("cursor_emulator.py") == []
+
+
+def test_agent_killed_for_memory_fails_oom_killed(tmp_path: Path) -> None:
+    limits = {"timeout_s": 30, "memory_mb": 64, "pids": 128}
+    job = _job(tmp_path, "scenario: hello", limits=limits)
+    env = _env(tmp_path, ACPW_PACKS_DIR=str(hungry_packs(tmp_path)))
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet", env=env)
+    assert result.returncode == 1, result.stderr
+    events = _events(result.stdout)
+    done = _check_stream(events)
+    assert done["status"] == "failed"
+    assert done["error"]["code"] == "oom_killed"
+    assert "limits.memory_mb = 64" in done["error"]["message"]
+    details = done["error"]["details"]
+    assert details["signal"] == "SIGKILL"
+    assert details["memory_mb"] == 64
+    assert "exit_code" not in details
+    [notice] = [e["data"] for e in events if e["type"] == "notice"]
+    assert notice["code"] == "oom_killed"
+    assert notice["details"] == {"limit": "limits.memory_mb", "memory_mb": 64}
+    assert "survived" not in result.stdout + result.stderr
 
 
 def test_garbage_on_stdout_is_a_notice_not_a_crash(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ class AgentProcess:
             on_malformed=on_malformed,
         )
         self._stderr_task: asyncio.Task[None] | None = None
+        #: ``shutdown`` had to signal it: its exit status is then ours, not its own.
+        self.signalled = False
 
     def start(self) -> None:
         self.connection.start()
@@ -82,6 +84,7 @@ class AgentProcess:
             self.process.stdin.close()
         code = await self._wait(eof_grace)
         if code is None:
+            self.signalled = True
             self.process.terminate()
             code = await self._wait(term_grace)
         if code is None:

@@ -177,6 +177,17 @@ def acp_malformed_line(preview: str, reason: str) -> Notice:
     )
 
 
+def oom_killed(memory_mb: int) -> Notice:
+    """The kernel killed the agent for want of memory: the job's bound names the fix."""
+    return Notice(
+        level="error",
+        code="oom_killed",
+        message=f"the kernel killed the agent: its sandbox ran out of memory "
+        f"(limits.memory_mb = {memory_mb})",
+        details={"limit": "limits.memory_mb", "memory_mb": memory_mb},
+    )
+
+
 def sandbox_not_destroyed(sandbox_id: str | None) -> Notice:
     """The sandbox survived its destroy: what the teardown left undone, and who finishes."""
     return Notice(

@@ -15,10 +15,13 @@ from worker.errors import (
     EXIT_SUCCEEDED,
     EXIT_TIMED_OUT,
     AgentError,
+    AgentExited,
+    OomKilled,
     SandboxError,
     WorkerError,
 )
 from worker.events.completed import Status
+from worker.sandbox.base import ExitDiagnosis
 
 #: How a stop from outside the agent settles the job.
 StopStatus = Literal["cancelled", "timed_out"]
@@ -78,6 +81,28 @@ def interrupted(stop: Stopped) -> JobOutcome:
     """The outcome of a job stopped from outside (cancel, lost lease, deadline)."""
     code = EXIT_CANCELLED if stop.status == "cancelled" else EXIT_TIMED_OUT
     return JobOutcome(stop.status, stop.stop_reason, None, code)
+
+
+def after_agent_exit(
+    outcome: JobOutcome, exit_: ExitDiagnosis | None, *, memory_mb: int
+) -> JobOutcome:
+    """A job that failed because its agent ended (``agent_exited``) says why: the error
+    carries the agent's ``exit_code`` or ``signal``, and an end by the kernel's OOM
+    killer is the job's error ``oom_killed``, naming the bound it hit."""
+    error = outcome.error
+    if exit_ is None or not isinstance(error, AgentExited):
+        return outcome
+    details = {**error.details, **exit_.details()}
+    if not exit_.oom_killed:
+        error.details = details
+        return outcome
+    oom = OomKilled(
+        f"the kernel killed the agent: its sandbox ran out of memory "
+        f"(limits.memory_mb = {memory_mb})",
+        **details,
+        memory_mb=memory_mb,
+    )
+    return JobOutcome("failed", outcome.stop_reason, oom, oom.exit_code)
 
 
 def after_upload(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:

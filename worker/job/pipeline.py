@@ -25,6 +25,7 @@ from worker.job.outcome import (
     JobOutcome,
     Stopped,
     StopStatus,
+    after_agent_exit,
     after_teardown,
     after_upload,
     interrupted,
@@ -106,6 +107,8 @@ class Job:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
             await Teardown(self._ctx, state).run()
+        memory_mb = self._ctx.spec.limits.memory_mb
+        outcome = after_agent_exit(outcome, state.agent_exit, memory_mb=memory_mb)
         outcome = after_upload(outcome, state.upload_error)
         outcome = after_teardown(outcome, state.teardown_error)
         await self._complete(outcome)

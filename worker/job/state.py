@@ -21,7 +21,7 @@ from worker.interactions import InteractionBroker, InteractionStore
 from worker.job.outcome import Timings
 from worker.jobs.spec import JobSpec
 from worker.sandbox import base
-from worker.sandbox.base import Sandbox, SandboxBackend
+from worker.sandbox.base import ExitDiagnosis, Sandbox, SandboxBackend
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.workspace.prepare import Prepared
@@ -69,6 +69,8 @@ class JobState:
     host_workspace: Path | None = None
     sandbox: Sandbox | None = None
     agent: AgentProcess | None = None
+    #: Why the agent ended, when it ended on its own (the teardown did not signal it).
+    agent_exit: ExitDiagnosis | None = None
     acp: AcpSession | None = None
     result: dict[str, Any] | None = None
     upload_error: ResultUploadFailed | None = None

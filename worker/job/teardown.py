@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from worker.acp.agent import AgentProcess
 from worker.events import notices
 from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
@@ -70,6 +71,18 @@ class Teardown:
                     eof_grace=settings.shutdown_eof_grace,
                     term_grace=settings.shutdown_term_grace,
                 )
+                await self._diagnose(state.agent)
+
+    async def _diagnose(self, agent: AgentProcess) -> None:
+        """Why the agent ended, asked before its sandbox goes (the evidence goes with
+        it); only when it ended on its own: a status the shutdown caused says nothing."""
+        if agent.signalled:
+            return
+        diagnosis = await agent.process.exit_diagnosis()
+        self._state.agent_exit = diagnosis
+        if diagnosis.oom_killed:
+            memory_mb = self._ctx.spec.limits.memory_mb
+            await self._ctx.emitter.emit(notices.oom_killed(memory_mb))
 
     async def _destroy(self) -> None:
         if self._state.sandbox is not None:
