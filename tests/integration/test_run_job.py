@@ -89,16 +89,22 @@ def _check_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
     return terminal[0]["data"]
 
 
-def _no_process_left(marker: str) -> list[str]:
+def _no_process_left(marker: str, scope: Path) -> list[str]:
+    """Processes whose command line has ``marker`` and that belong to this test's job:
+    their mounts name ``scope`` (the pack closure is bound from the test's own cache), so
+    agents that other runs on this machine started are not counted."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if marker not in cmdline:
+                continue
+            mounts = (proc / "mountinfo").read_text()
         except OSError:
             continue
-        if marker in cmdline:
+        if str(scope) in mounts:
             found.append(f"{proc.name}: {cmdline}")
     return found
 
@@ -195,7 +201,7 @@ def test_agent_crash_mid_turn_fails_with_agent_exited(tmp_path: Path) -> None:
     assert "stderr_preview" in done["error"]["details"]
     assert done["error"]["details"]["exit_code"] == 3  # the scenario's `crash 3`
     assert "signal" not in done["error"]["details"]
-    assert _no_process_left("cursor_emulator.py") == []
+    assert _no_process_left("cursor_emulator.py", tmp_path) == []
 
 
 def test_agent_killed_for_memory_fails_oom_killed(tmp_path: Path) -> None:
@@ -280,7 +286,7 @@ def test_sigint_cancels_the_job(tmp_path: Path) -> None:
     assert proc.returncode == 4
     done = _events(out)[-1]["data"]
     assert done["status"] == "cancelled"
-    assert _no_process_left("cursor_emulator.py") == []
+    assert _no_process_left("cursor_emulator.py", tmp_path) == []
 
 
 def test_invalid_job_is_exit_2_with_one_line(tmp_path: Path) -> None:
