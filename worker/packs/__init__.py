@@ -7,7 +7,8 @@
     verify_closure(path, lock) -> VerifyStats   before every launch
     closure_digest(entries) -> "sha256:<hex>"   the one definition
 
-Errors: PackNotFound / InvalidInput (exit 2), DigestMismatch, ArchiveRefused,
+Errors: PackNotFound / InvalidInput (exit 2), DigestMismatch, ArchiveRefused (and its
+UnsupportedFormat),
 PlatformUnsupported (exit 3), all from ``worker.errors``.
 """
 
