@@ -29,6 +29,7 @@ from worker import safetree
 from worker.cli import packs as packs_cli
 from worker.errors import ArchiveRefused, DigestMismatch, UnsupportedFormat
 from worker.packs import cache
+from worker.packs.archive import extract_tar
 from worker.packs.cache import materialize
 from worker.packs.closure import ClosureLock, FileEntry
 from worker.packs.lock import lock_archive
@@ -439,3 +440,22 @@ def test_pack_lock_takes_the_operator_cap_and_ratio(
     assert not (folder / "lock").exists()
     assert _cli(cfg, *lock, "--max-bytes", "1M", "--max-ratio", "4") == 0
     assert "locked demo for any: 2 files, 150000 bytes" in capsys.readouterr().out
+
+
+def test_no_prefix_of_an_archive_is_taken_for_the_whole() -> None:
+    whole = good_tar()
+    end = whole.rindex(b"a" * 3000) + 3072 + 1024  # the last data, then two zero blocks
+    for cut in [*range(0, len(whole), 61), end - 1, end, len(whole) - 1]:
+        prefix = whole[:cut]
+        for fmt, data in (("tar", prefix), ("tar.gz", gzip.compress(prefix, mtime=0))):
+            try:
+                files = extract_tar(io.BytesIO(data), None, fmt=fmt)  # type: ignore[arg-type]
+            except ArchiveRefused:
+                assert cut < end, (cut, fmt)
+            else:
+                assert cut >= end, (cut, fmt)
+                assert sorted(f.path for f in files) == sorted(FILES)
+    gz = gzip.compress(whole, mtime=0)
+    for cut in range(len(gz)):  # a gzip stream cut anywhere is refused
+        with pytest.raises(ArchiveRefused):
+            extract_tar(io.BytesIO(gz[:cut]), None, fmt="tar.gz")
