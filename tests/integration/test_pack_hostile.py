@@ -438,6 +438,9 @@ def test_pack_lock_takes_the_operator_cap_and_ratio(
     with pytest.raises(ArchiveRefused, match="beyond"):
         _cli(cfg, *lock, "--max-ratio", "2")
     assert not (folder / "lock").exists()
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(SystemExit):
+            _cli(cfg, *lock, "--max-ratio", bad)
     assert _cli(cfg, *lock, "--max-bytes", "1M", "--max-ratio", "4") == 0
     assert "locked demo for any: 2 files, 150000 bytes" in capsys.readouterr().out
 

@@ -49,7 +49,7 @@ def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     lock.add_argument(
         "--max-ratio",
-        type=int,
+        type=_ratio,
         default=DEFAULT_LIMITS.max_ratio,
         metavar="N",
         help="refuse an archive that expands to more than N times its size "
@@ -123,6 +123,16 @@ def parse_size(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 0, 500M, 10G)")
     return int(float(match[1]) * _UNITS[match[2].lower()])
+
+
+def _ratio(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a ratio: {text!r} (a whole number, 1 or more)")
+    return value
 
 
 def human_size(count: int) -> str:
