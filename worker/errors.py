@@ -18,6 +18,7 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
+    │   │   └── UnsupportedFormat    unsupported_format       3
     │   ├── PlatformUnsupported      platform_unsupported     3
     │   ├── CredentialRefused        credential_refused       3
     │   ├── AdmissionRefused         admission_refused        3
@@ -136,6 +137,12 @@ class DigestMismatch(Refused):
 
 class ArchiveRefused(Refused):
     code = "archive_refused"
+
+
+class UnsupportedFormat(ArchiveRefused):
+    """An archive in a format that is not read (zip, xz, …): only tar and tar.gz are."""
+
+    code = "unsupported_format"
 
 
 class PlatformUnsupported(Refused):

@@ -339,7 +339,7 @@ def _extract(dest: Path, archive: io.BytesIO, **bounds: int) -> list[tuple[str, 
 
 
 def test_extraction_writes_files_and_their_parents(tmp_path: Path) -> None:
-    archive = _tar((_member("./a//b/c.txt", mode=0o4755), b"hi"), (_member("d.txt"), b""))
+    archive = _tar((_member("./a//b/c.txt", mode=0o775), b"hi"), (_member("d.txt"), b""))
     assert _extract(tmp_path, archive) == [("a/b/c.txt", 0o755), ("d.txt", 0o644)]
     assert (tmp_path / "a" / "b" / "c.txt").read_text() == "hi"
     assert (tmp_path / "a" / "b" / "c.txt").stat().st_mode & 0o7777 == 0o755
@@ -357,6 +357,10 @@ def test_extraction_writes_files_and_their_parents(tmp_path: Path) -> None:
         (_member("blk", tarfile.BLKTYPE), "device file"),
         (_member("fifo", tarfile.FIFOTYPE), "FIFO"),
         (_member("bad\nname"), "control character in name"),
+        (_member("suid", mode=0o4755), "setuid bit set"),
+        (_member("sgid", mode=0o2755), "setgid bit set"),
+        (_member("sticky-dir", tarfile.DIRTYPE, mode=0o1777), "sticky bit set"),
+        (_member("both", mode=0o6755), "setuid and setgid bit set"),
     ],
 )
 def test_extraction_refuses_unsafe_members(

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from worker.cli import add_json_flag
+from worker.packs.archive import DEFAULT_LIMITS
 from worker.packs.cache import materialize
 from worker.packs.gc import DEFAULT_BUDGET, GcResult, gc
 from worker.packs.lock import LockResult, lock_archive
@@ -38,6 +40,21 @@ def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     lock.add_argument("archive", type=Path, metavar="ARCHIVE", help="tar or tar.gz archive")
     lock.add_argument("--pack", required=True, metavar="NAME", help="pack name or folder")
     lock.add_argument("--platform", required=True, choices=PLATFORMS)
+    lock.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        default=DEFAULT_LIMITS.max_bytes,
+        metavar="SIZE",
+        help="refuse an archive whose files add up to more (default: 4G)",
+    )
+    lock.add_argument(
+        "--max-ratio",
+        type=_ratio,
+        default=DEFAULT_LIMITS.max_ratio,
+        metavar="N",
+        help="refuse an archive that expands to more than N times its size "
+        f"(default: {DEFAULT_LIMITS.max_ratio})",
+    )
     add_json_flag(lock)
     lock.set_defaults(handler=lock_command)
 
@@ -108,6 +125,16 @@ def parse_size(text: str) -> int:
     return int(float(match[1]) * _UNITS[match[2].lower()])
 
 
+def _ratio(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a ratio: {text!r} (a whole number, 1 or more)")
+    return value
+
+
 def human_size(count: int) -> str:
     """``1536`` → ``"1.5 KiB"``."""
     size = float(count)
@@ -152,8 +179,9 @@ def _lock_data(result: LockResult) -> dict[str, Any]:
 def lock_command(args: argparse.Namespace, settings: Settings) -> int:
     """``pack lock ARCHIVE --pack NAME --platform P``."""
     pack_dir = _pack_dir(args.pack, settings)
+    limits = replace(DEFAULT_LIMITS, max_bytes=args.max_bytes, max_ratio=args.max_ratio)
     result = lock_archive(
-        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform
+        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform, limits=limits
     )
     data = _lock_data(result)
     text = (

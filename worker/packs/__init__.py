@@ -7,8 +7,8 @@
     verify_closure(path, lock) -> VerifyStats   before every launch
     closure_digest(entries) -> "sha256:<hex>"   the one definition
 
-Errors: PackNotFound / InvalidInput (exit 2), DigestMismatch, ArchiveRefused,
-PlatformUnsupported (exit 3), all from ``worker.errors``.
+Errors: PackNotFound / InvalidInput (exit 2), DigestMismatch, ArchiveRefused (its
+UnsupportedFormat: zip, xz, …), PlatformUnsupported (exit 3), all from ``worker.errors``.
 """
 
 from worker.packs.archive import DEFAULT_LIMITS, ExtractLimits, extract_tar, extract_verified

@@ -3,10 +3,14 @@
 A closure appears at its final path only complete, verified and read-only: it is
 extracted into ``<cache_dir>/tmp/<hex>.<random>/``, checked file by file against the
 lock, sealed (files 0444/0555, directories 0555) and renamed into place in one
-``rename``. A crash leaves at most a stale temporary folder, removed by the next
-materialization of the same digest. A per-digest ``flock`` on
-``<cache_dir>/locks/<hex>.lock`` makes concurrent materializers extract once; the others
-wait, then verify and reuse the result.
+``rename``. Extraction is bounded by what the lock declares: its total is checked against
+the operator's cap, the compression-ratio bound and the free space before a byte is
+written; each file must be one the lock lists, with its size, before it is written; the
+expanded tar stream may exceed the declared bytes only by the tar format's overhead; and
+the files extracted must add up to the lock's count and bytes. A crash leaves at most a
+stale temporary folder, removed by the next materialization of the same digest. A
+per-digest ``flock`` on ``<cache_dir>/locks/<hex>.lock`` makes concurrent materializers
+extract once; the others wait, then verify and reuse the result.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.errors import DigestMismatch
-from worker.packs.archive import DEFAULT_LIMITS, ExtractLimits, extract_verified
+from worker.errors import ArchiveRefused, DigestMismatch
+from worker.packs.archive import DEFAULT_LIMITS, ArchiveFormat, ExtractLimits, extract_verified
 from worker.packs.closure import ClosureLock, FileEntry, closure_digest, sort_entries
 from worker.packs.manifest import LocalSource, Pack, PlatformTarget
 from worker.packs.sources import fetch, touch
@@ -33,6 +37,14 @@ from worker.safetree import remove_tree
 _SEALED_DIR = 0o555
 _SEALED_EXEC = 0o555
 _SEALED_FILE = 0o444
+# What a tar stream may hold beyond its files' bytes: per file a header, padding and
+# perhaps a long-name record (about 1 KiB in this repository's packs); plus the end
+# marker, record padding and directory entries.
+_TAR_OVERHEAD_PER_FILE = 16 * 1024
+_TAR_OVERHEAD = 1024 * 1024
+# Free space kept beyond the closure (blocks are counted at 4 KiB per file, dirs 4 KiB).
+_BLOCK = 4096
+_FREE_MARGIN = 64 * 1024 * 1024
 
 
 def closure_path(cache_dir: Path, digest: str) -> Path:
@@ -54,8 +66,10 @@ def materialize(
     verify it themselves) and reused; a tampered one is refused, not repaired.
 
     Raises InvalidInput (bad platform, missing or malformed lock, unreadable archive),
-    PlatformUnsupported, DigestMismatch (archive, lock or closure differs from the pins)
-    or ArchiveRefused (an entry the extractor refuses).
+    PlatformUnsupported, DigestMismatch (archive, lock or closure differs from the pins,
+    a file the lock does not list or of another size) or ArchiveRefused (an entry the
+    extractor refuses; an empty closure; a declared closure past *limits* or the free
+    space, refused before a byte is written).
     """
     target = pack.for_platform(platform)
     lock = pack.read_lock(target)
@@ -146,12 +160,16 @@ def _build(
     tmp_root.mkdir(parents=True, exist_ok=True)
     _remove_stale(tmp_root, final.name)
     final.parent.mkdir(parents=True, exist_ok=True)
+    archive = target.pin.archive
+    check_declared(lock, archive.size, archive.format, limits)
+    check_room(tmp_root, lock)
     tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=tmp_root))
     try:
-        archive = target.pin.archive
+        overhead = _TAR_OVERHEAD + _TAR_OVERHEAD_PER_FILE * len(lock.files)
         entries = extract_verified(
             _archive(pack, target, final.parent.parent), tmp,
             sha256=archive.sha256, size=archive.size, fmt=archive.format, limits=limits,
+            max_stream=lock.total_bytes + overhead, admit=_admit(tmp, lock),
         )  # fmt: skip
         check_inventory(tmp, entries, lock)
         _seal(tmp)
@@ -161,11 +179,87 @@ def _build(
             remove_tree(tmp)
 
 
+def check_declared(
+    lock: ClosureLock, archive_size: int, fmt: ArchiveFormat, limits: ExtractLimits
+) -> None:
+    """Refuse, before anything is written, a lock that declares no file, or more bytes
+    or files than *limits* allow for an archive of *archive_size* bytes."""
+    declared, files = lock.total_bytes, len(lock.files)
+    problem = None
+    if not files:
+        problem = "empty closure"
+    elif files > limits.max_entries:
+        problem = f"the lock declares {files} files, more than {limits.max_entries}"
+    elif declared > limits.max_bytes:
+        problem = f"the lock declares {declared} bytes, more than {limits.max_bytes}"
+    elif fmt != "tar" and declared > limits.max_ratio * archive_size:
+        problem = (
+            f"the lock declares {declared} bytes from an archive of {archive_size}: more "
+            f"than {limits.max_ratio} times its size"
+        )
+    elif fmt == "tar" and declared > archive_size:
+        problem = f"the lock declares {declared} bytes from a tar of {archive_size}"
+    if problem is not None:
+        raise ArchiveRefused(
+            f"closure of {lock.pack}/{lock.platform} refused: {problem}",
+            pack=lock.pack,
+            reason=problem,
+            files=files,
+            bytes=declared,
+        )
+
+
+def check_room(where: Path, lock: ClosureLock) -> None:
+    """Refuse, before anything is written, a closure the filesystem of *where* has no
+    room for (its blocks and inodes, with a margin)."""
+    fs = os.statvfs(where)
+    free = fs.f_bavail * fs.f_frsize
+    dirs = {entry.path.rpartition("/")[0] for entry in lock.files}
+    needed = sum(-(-entry.size // _BLOCK) * _BLOCK for entry in lock.files)
+    needed += _BLOCK * len(dirs) + _FREE_MARGIN
+    inodes = len(lock.files) + len(dirs)
+    if needed > free or (fs.f_files and inodes > fs.f_favail):
+        raise ArchiveRefused(
+            f"no room for the closure of {lock.pack}/{lock.platform} in {where}: it needs "
+            f"{needed} bytes and {inodes} inodes, {free} bytes and {fs.f_favail} are free",
+            path=str(where),
+            reason="not enough free space",
+            needed=needed,
+            free=free,
+        )
+
+
+def _admit(root: Path, lock: ClosureLock) -> Callable[[str, int], None]:
+    """Before a file is written: the lock must list it, with that size."""
+    listed = {entry.path: entry for entry in lock.files}
+
+    def admit(path: str, size: int) -> None:
+        expected = listed.get(path)
+        if expected is None or expected.size != size:
+            actual = FileEntry(path, expected.mode if expected else "0644", size, "unread")
+            _inventory_mismatch(root, path, expected, actual)
+
+    return admit
+
+
 def check_inventory(root: Path, entries: list[FileEntry], lock: ClosureLock) -> None:
-    """Compare what extraction wrote (hashed as written) with the lock.
+    """Compare what extraction wrote (hashed as written) with the lock: the file count
+    and bytes first, then file by file.
 
     Raises DigestMismatch naming the first missing, extra or differing file.
     """
+    count, total = len(entries), sum(entry.size for entry in entries)
+    if (count, total) != (len(lock.files), lock.total_bytes):
+        missing = sorted({e.path for e in lock.files} - {e.path for e in entries})
+        raise DigestMismatch(
+            f"archive does not match its lock: {count} files of {total} bytes extracted, "
+            f"the lock lists {len(lock.files)} of {lock.total_bytes}",
+            path=str(root),
+            problem="file count or bytes differ",
+            expected={"files": len(lock.files), "bytes": lock.total_bytes},
+            actual={"files": count, "bytes": total},
+            file=missing[0] if missing else None,
+        )
     written = {entry.path: entry for entry in entries}
     for expected in lock.files:
         actual = written.pop(expected.path, None)

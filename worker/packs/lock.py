@@ -7,12 +7,11 @@ as it was.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.errors import InvalidInput
+from worker.errors import ArchiveRefused, InvalidInput
 from worker.packs._io import read_json, write_json
 from worker.packs.archive import (
     DEFAULT_LIMITS,
@@ -62,12 +61,17 @@ def lock_archive(
 ) -> LockResult:
     """Inventory *archive_path* and pin it as *platform* of the pack in *pack_dir*.
 
-    The archive is extracted with the same refusals as materialization into a temporary
-    directory. Its ``source`` is recorded relative to *pack_dir* when the archive lives
-    under it; otherwise the platform's existing source is kept.
+    The archive is read once, with the same refusals as materialization, and every file
+    hashed as it streams by: nothing is written (materialization is the one extraction).
+    The expanded stream and the files' bytes are bounded by *limits*: ``max_bytes`` (the
+    operator's cap) and ``max_ratio`` times the archive's size. Its ``source`` is
+    recorded relative to *pack_dir* when the archive lives under it; otherwise the
+    platform's existing source is kept.
 
     Raises InvalidInput (bad name or platform, no or malformed ``pack.json``, unreadable
-    archive, no source to record) or ArchiveRefused (an entry the extractor refuses).
+    archive, no source to record), UnsupportedFormat (zip, xz, …) or ArchiveRefused (an
+    entry the extractor refuses, a bound exceeded, a truncated or corrupt archive, an
+    archive without a single file).
     """
     plat = check_platform(platform)
     manifest_path = pack_dir / MANIFEST
@@ -128,10 +132,16 @@ def _inventory(
         src = archive_path.open("rb")
     except OSError as exc:
         raise InvalidInput(f"cannot open archive {archive_path}: {exc}") from exc
-    with src, tempfile.TemporaryDirectory(prefix="acpw-lock-") as tmp:
+    with src:
         sha256, size = sha256_stream(src)
         src.seek(0)
-        files = extract_tar(src, Path(tmp), fmt=fmt, limits=limits)
+        files = extract_tar(src, None, fmt=fmt, limits=limits)
+    if not files:
+        raise ArchiveRefused(
+            f"archive {archive_path} holds no file: a closure cannot be empty",
+            path=str(archive_path),
+            reason="empty closure",
+        )
     lock = ClosureLock.build(pack=name, platform=platform, archive_sha256=sha256, files=files)
     return _Archive(sha256, size, fmt, source), lock
 

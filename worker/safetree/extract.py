@@ -6,15 +6,19 @@ was meant); every member's name must be a canonical relative path
 (:func:`~.names.path_problem`: no ``..``, not absolute); every path is created beneath
 the destination through directory descriptors with ``O_NOFOLLOW`` (no link is ever
 followed, even one already in the destination); files are created with ``O_EXCL``
-(nothing existing is overwritten); total size and entry count are bounded. Each file is
-hashed while it is written. Empty directories are not extracted: directory members are
-checked, and directories are made only as parents of files.
+(nothing existing is overwritten); setuid, setgid and sticky bits are refused, not
+dropped; total size and entry count are bounded, and so is the expanded stream. Each file
+is hashed while it is written. Empty directories are not extracted: directory members are
+checked, and directories are made only as parents of files. Only a proper end of archive
+ends one (:mod:`~.tarstream`): a truncated archive, an unreadable header or trailing data
+is refused, never read as the shorter archive it looks like; a format we do not read is
+refused as ``unsupported_format``. With no destination, members are checked and hashed
+but nothing is written (an inventory).
 """
 
 from __future__ import annotations
 
 import errno
-import gzip
 import hashlib
 import os
 import tarfile
@@ -22,16 +26,21 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final, Literal
+from typing import IO, Final
 
-from worker.errors import ArchiveRefused
+from worker.errors import ArchiveRefused, UnsupportedFormat
 from worker.safetree.bounds import Bounds, OverBound, Tally
 from worker.safetree.names import path_problem
+from worker.safetree.tarstream import Expanded, check_end, corrupt, foreign_format, open_reader
 from worker.safetree.walk import OPEN_DIR
 
 CHUNK: Final = 1024 * 1024
 _NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_CORRUPT = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)
+_CORRUPT = (tarfile.TarError, EOFError, zlib.error)
+_SPECIAL_BITS: Final = ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky"))
+#: Called with each regular file's path and declared size before a byte of it is written;
+#: raises to refuse it (e.g. a file its lock does not list, or of another size).
+Admit = Callable[[str, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,31 +55,61 @@ class Written:
 
 def extract_tar(
     src: IO[bytes],
-    dest: Path,
+    dest: Path | None,
     *,
     compressed: bool,
     bounds: Bounds,
     file_mode: Callable[[int], int],
+    max_stream: int | None = None,
+    admit: Admit | None = None,
 ) -> list[Written]:
     """Extract the tar stream *src* (gzip-compressed with ``compressed``) beneath the
-    existing directory *dest*; each file gets ``file_mode(member.mode)``.
+    existing directory *dest* (``None``: check and hash only, write nothing); each file
+    gets ``file_mode(member.mode)``; *admit* may refuse a file before it is written.
 
-    Returns the files written (in archive order). Raises ArchiveRefused, with the member
-    name and the reason, for: symlinks, hard links, devices, FIFOs and other non-regular
-    entries; absolute paths, ``..`` components, empty or non-UTF-8 names; duplicate
-    entries; anything that would overwrite an existing path; exceeding *bounds*
-    (``max_bytes`` of file data, ``max_entries`` members); a corrupt archive. Entries
-    before a refused one may remain in *dest*.
+    Returns the files written (in archive order). Raises UnsupportedFormat (zip, xz, …)
+    or ArchiveRefused, with the member name and the reason, for: symlinks, hard links,
+    devices, FIFOs and other non-regular entries; setuid, setgid or sticky bits; absolute
+    paths, ``..`` components, empty or non-UTF-8 names; duplicate entries; anything that
+    would overwrite an existing path; exceeding *bounds* (``max_bytes`` of file data,
+    ``max_entries`` members) or *max_stream* bytes of expanded tar stream; a corrupt,
+    truncated or trailing-garbage archive. Entries before a refused one may remain in
+    *dest*.
     """
-    mode: Literal["r|", "r|gz"] = "r|gz" if compressed else "r|"
-    root = os.open(dest, OPEN_DIR)
+    _sniff(src, compressed=compressed)
+    stream = Expanded(src, compressed=compressed, max_bytes=max_stream)
+    root = os.open(dest, OPEN_DIR) if dest is not None else None
     try:
-        with tarfile.open(fileobj=src, mode=mode) as tar:
-            return _Extraction(tar, root, Tally(bounds), file_mode).run()
+        with open_reader(stream) as tar:
+            written = _Extraction(tar, root, Tally(bounds), file_mode, admit).run()
+            check_end(tar, stream)
+            return written
+    except OverBound as exc:  # the expanded stream (a compression-ratio bound)
+        reason = f"the tar stream expands beyond {exc.limit} bytes"
+        raise ArchiveRefused(f"archive refused: {reason}", reason=reason) from None
     except _CORRUPT as exc:
-        raise ArchiveRefused(f"corrupt archive: {exc}", reason="corrupt archive") from exc
+        raise corrupt(str(exc) or type(exc).__name__) from exc
     finally:
-        os.close(root)
+        if root is not None:
+            os.close(root)
+
+
+def _sniff(src: IO[bytes], *, compressed: bool) -> None:
+    """Refuse a format we do not read by its magic, and gzip declared as a plain tar."""
+    if not src.seekable():
+        return
+    start = src.tell()
+    head = src.read(8)
+    src.seek(start)
+    foreign = foreign_format(head)
+    if foreign is not None:
+        raise UnsupportedFormat(
+            f"archive is {foreign}, which is not read: only tar and tar.gz",
+            format=foreign,
+            reason=f"unsupported format: {foreign}",
+        )
+    if not compressed and head.startswith(b"\x1f\x8b"):
+        raise corrupt("gzip data where a plain tar was declared")
 
 
 def _refuse(member: str, reason: str) -> ArchiveRefused:
@@ -101,9 +140,10 @@ def member_path(member: tarfile.TarInfo) -> str:
 @dataclass(slots=True)
 class _Extraction:
     tar: tarfile.TarFile
-    root: int
+    root: int | None
     tally: Tally
     file_mode: Callable[[int], int]
+    admit: Admit | None
     files: set[str] = field(default_factory=set)
     dirs: set[str] = field(default_factory=lambda: {""})
     explicit_dirs: set[str] = field(default_factory=set)
@@ -113,10 +153,13 @@ class _Extraction:
         for member in self.tar:
             self._count(member)
             path = member_path(member)
+            _check_bits(member)
             if member.isdir():
                 self._claim_dir(member.name, path)
             elif member.isreg():
                 self._claim_file(member.name, path)
+                if self.admit is not None:
+                    self.admit(path, member.size)
                 self.written.append(self._write(member, path))
             else:
                 raise _refuse(member.name, _kind(member))
@@ -158,17 +201,26 @@ class _Extraction:
             self.dirs.add(parent)
 
     def _write(self, member: tarfile.TarInfo, path: str) -> Written:
-        parts = path.split("/")
-        parent = _open_dirs(self.root, parts[:-1], member.name)
-        try:
-            fd = _create(parent, parts[-1], member.name)
-        finally:
-            os.close(parent)
         mode = self.file_mode(member.mode)
-        sha, size = _copy(self.tar, member, fd, mode)
+        if self.root is None:
+            sha, size = _copy(self.tar, member, None, mode)
+        else:
+            parts = path.split("/")
+            parent = _open_dirs(self.root, parts[:-1], member.name)
+            try:
+                fd = _create(parent, parts[-1], member.name)
+            finally:
+                os.close(parent)
+            sha, size = _copy(self.tar, member, fd, mode)
         if size != member.size:
             raise _refuse(member.name, "truncated data")
         return Written(path, mode, size, sha)
+
+
+def _check_bits(member: tarfile.TarInfo) -> None:
+    bits = [name for bit, name in _SPECIAL_BITS if member.mode & bit]
+    if bits:
+        raise _refuse(member.name, f"{' and '.join(bits)} bit set")
 
 
 def _kind(member: tarfile.TarInfo) -> str:
@@ -215,13 +267,23 @@ def _create(parent: int, leaf: str, member: str) -> int:
         raise _refuse(member, "would overwrite an existing path") from exc
 
 
-def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, fd: int, mode: int) -> tuple[str, int]:
+def _copy(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, fd: int | None, mode: int
+) -> tuple[str, int]:
+    """Hash *member*'s data, writing it to *fd* (when given, then closed, with *mode*)."""
     digest = hashlib.sha256()
     size = 0
+    data = tar.extractfile(member)
+    if data is None:  # only for non-regular members, which never get here
+        if fd is not None:
+            os.close(fd)
+        raise _refuse(member.name, "no data")
+    if fd is None:
+        while chunk := data.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        return digest.hexdigest(), size
     with os.fdopen(fd, "wb") as out:
-        data = tar.extractfile(member)
-        if data is None:  # only for non-regular members, which never get here
-            raise _refuse(member.name, "no data")
         while chunk := data.read(CHUNK):
             digest.update(chunk)
             out.write(chunk)
