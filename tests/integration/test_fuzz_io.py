@@ -30,7 +30,7 @@ from worker.events.normalizer import Normalizer
 from worker.events.sinks import JsonlSink
 from worker.packs.archive import ArchiveFormat, extract_tar
 from worker.rpc.connection import Connection
-from worker.rpc.oversize import OversizeLine
+from worker.rpc.oversize import PREFIX_BYTES, LineSplitter, OversizeLine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -142,6 +142,26 @@ def test_the_line_reader_survives_any_stream(items: list[bytes], split: int) -> 
         reply = json.loads(raw)
         assert reply["jsonrpc"] == "2.0"
         assert reply["error"]["code"] == -32601
+
+
+@FUZZ
+@given(st.lists(lines | st.binary(max_size=3 * LINE_LIMIT), max_size=8), st.integers(1, 9000))
+def test_the_line_splitter_agrees_with_a_plain_split(items: list[bytes], size: int) -> None:
+    # Any chunking: exactly the lines of a plain split, each over-long one as its size.
+    stream = b"".join(item + b"\n" for item in items) + b"trailing, no newline"
+    splitter = LineSplitter(LINE_LIMIT)
+    got: list[bytes | int] = []
+    for i in range(0, len(stream), size):
+        fed = splitter.feed(stream[i : i + size])
+        got.extend(item if isinstance(item, bytes) else item.size for item in fed)
+        assert splitter.held <= LINE_LIMIT + size + PREFIX_BYTES
+    assert splitter.end() is None
+    expected = [
+        part.strip() if len(part) <= LINE_LIMIT else len(part)
+        for part in stream.split(b"\n")[:-1]
+        if len(part) > LINE_LIMIT or part.strip()
+    ]
+    assert got == expected
 
 
 def test_deeply_nested_json_is_a_malformed_line_not_a_dead_reader() -> None:

@@ -208,13 +208,23 @@ def _partial(body: str) -> list[str]:
 class LineSplitter:
     """The agent's bytes → its lines (stripped, empty ones dropped) and, for each line
     over ``limit``, an :class:`OversizeLine`. Memory stays bounded by ``limit`` plus one
-    chunk: an oversize line is described from its prefix and discarded as it streams."""
+    chunk: an oversize line is described from its prefix and discarded as it streams.
+
+    A chunk is split at its newlines in one call; the start of a line that spans chunks
+    is kept as a list of pieces, joined once its newline comes (no copy per chunk).
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._buffer = bytearray()
+        self._pending: list[bytes] = []  # the start of the current line, in pieces
+        self._pending_size = 0
         self._prefix: bytearray | None = None  # set while skipping an oversize line
         self._skipped = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes held now: a partial line, or the prefix of a line being skipped."""
+        return self._pending_size + (0 if self._prefix is None else len(self._prefix))
 
     def feed(self, chunk: bytes) -> list[bytes | OversizeLine]:
         """The lines ``chunk`` completes, in order."""
@@ -226,35 +236,33 @@ class LineSplitter:
                 return out
             out.append(self._skipped_line(complete=True))
             chunk = chunk[end + 1 :]
-        buffer = self._buffer
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n", start)) != -1:
-            if end - start > self._limit:
-                prefix = buffer[start : min(end, start + PREFIX_BYTES)]
-                out.append(self._oversize(prefix, end - start))
-            elif line := bytes(buffer[start:end]).strip():
-                out.append(line)
-            start = end + 1
-        if len(buffer) - start > self._limit:  # no newline yet: skip it as it streams
-            self._prefix = bytearray()
-            self._skip(buffer[start:])
-            self._buffer = bytearray()
-        else:
-            self._buffer = buffer[start:]
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
+        if lines and self._pending:
+            lines[0] = b"".join((*self._pending, lines[0]))
+            self._pending, self._pending_size = [], 0
+        limit = self._limit
+        for line in lines:
+            if len(line) > limit:
+                out.append(self._oversize(line[:PREFIX_BYTES], len(line)))
+            elif stripped := line.strip():
+                out.append(stripped)
+        if rest:
+            self._pending.append(rest)
+            self._pending_size += len(rest)
+            if self._pending_size > limit:  # no newline yet: skip it as it streams
+                start = b"".join(self._pending)
+                self._pending, self._pending_size = [], 0
+                self._prefix = bytearray()
+                self._skip(start)
         return out
-
-    @property
-    def held(self) -> int:
-        """Bytes held now: a partial line, or the prefix of a line being skipped."""
-        return len(self._buffer) + (0 if self._prefix is None else len(self._prefix))
 
     def end(self) -> OversizeLine | None:
         """At the end of the stream: the oversize line it cut, if one was being skipped
         (a short last line without its newline is dropped, as before)."""
         return None if self._prefix is None else self._skipped_line(complete=False)
 
-    def _skip(self, data: bytes | bytearray) -> None:
+    def _skip(self, data: bytes) -> None:
         assert self._prefix is not None
         room = PREFIX_BYTES - len(self._prefix)
         if room > 0:
