@@ -4,6 +4,9 @@ normalizer, the emitter): each oversize line is skipped with a notice saying wha
 lost, a tool update that large still closes its tool with its output cut to a preview,
 an oversize request is answered -32600, and the turn settles on what follows.
 
+A reply to a prompt the turn abandoned (after a cancel's grace) is a late reply: logged,
+not a malformed-line notice.
+
 The agent is a small peer script (a real process, its stdout a real pipe), not the
 Cursor emulator, whose bytes are pinned.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -171,3 +175,72 @@ def test_oversize_lines_are_skipped_and_the_turn_settles(tmp_path: Path) -> None
 
     texts = [e["data"]["text"] for e in events[4:]]
     assert texts == ["question answered -32600", "after"]
+
+
+# The agent for late replies: it does not answer the prompt until asked something else,
+# then answers the (abandoned) prompt first, then the new request.
+LATE_PEER = textwrap.dedent(
+    """
+    import json, sys
+
+    def send(obj):
+        sys.stdout.write(json.dumps(obj) + "\\n")
+        sys.stdout.flush()
+
+    for raw in sys.stdin:
+        msg = json.loads(raw)
+        if msg.get("method") == "session/prompt":
+            prompt_id = msg["id"]
+        elif msg.get("method") == "session/set_mode":
+            send({"jsonrpc": "2.0", "id": prompt_id, "result": {"stopReason": "cancelled"}})
+            send({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+    """
+)
+
+
+async def _late(tmp_path: Path) -> list[dict[str, Any]]:
+    stream = io.StringIO()
+    emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
+    normalizer = Normalizer(workspace_root="/workspace")
+    turn = Turn(SimpleNamespace(emitter=emitter), SimpleNamespace(normalizer=normalizer))  # type: ignore[arg-type]
+    script = tmp_path / "late.py"
+    script.write_text(LATE_PEER)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    agent = AgentProcess(
+        FakeProcess(proc),
+        line_limit=8 * MIB,
+        request_timeout=10,
+        stderr_limit=65536,
+        on_notification=turn._notification,
+        on_malformed=turn._malformed,
+        on_oversize=turn._oversize,
+    )
+    client = AcpClient(agent.connection)
+    agent.start()
+    try:
+        prompt = asyncio.create_task(client.prompt("s1", [{"type": "text", "text": "go"}]))
+        await client.cancel("s1")
+        with pytest.raises(TimeoutError):  # the cancel's grace passes unanswered
+            await asyncio.wait_for(asyncio.shield(prompt), 0.2)
+        prompt.cancel()  # the turn abandons its prompt, as Turn._end does
+        await asyncio.gather(prompt, return_exceptions=True)
+        await client.set_mode("s1", "ask")  # answered after the late prompt reply
+    finally:
+        await agent.shutdown(eof_grace=2, term_grace=1)
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_late_reply_to_an_abandoned_prompt_is_not_malformed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="worker.rpc.connection")
+    events = asyncio.run(_late(tmp_path))
+    assert events == []  # no acp_malformed_line notice
+    assert any("a late reply to session/prompt" in record.getMessage() for record in caplog.records)
