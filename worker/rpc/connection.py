@@ -295,7 +295,7 @@ class _Reader:
                 await self._outbox.send(reply)
         on_oversize = self._callbacks.on_oversize
         if on_oversize is None:
-            log.warning("skipped %s (%s %s)", what, line.kind, line.method)
+            log.warning("skipped %s (%s %.256s)", what, line.kind, line.method or "")
         else:
             await _handled("an oversize line", on_oversize(line))
 
