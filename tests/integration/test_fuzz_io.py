@@ -1,9 +1,9 @@
 """Untrusted bytes, fuzzed through real I/O: the ACP line reader and the archive extractor.
 
 The ACP ``Connection`` reads an agent's stdout over a real socketpair; whatever arrives,
-it ends with a typed reason (``AgentExited``, ``LineTooLong``, ``ProtocolError``), answers
-each request it cannot serve with a JSON-RPC error, and passes on at most a bounded
-preview of a malformed line. The archive extractor's member-level fuzzing lives in
+it reads to the end (``AgentExited``), skipping and reporting each line over the bound,
+answers each request it cannot serve with a JSON-RPC error, and passes on at most a
+bounded preview of a malformed line. The archive extractor's member-level fuzzing lives in
 ``test_packs_integration.py``; here the bytes of valid archives are corrupted.
 """
 
@@ -24,12 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.test_packs_integration import entry, reg, tar_bytes
-from worker.errors import AgentExited, ArchiveRefused, LineTooLong
+from worker.errors import AgentExited, ArchiveRefused
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.events.sinks import JsonlSink
 from worker.packs.archive import ArchiveFormat, extract_tar
 from worker.rpc.connection import Connection
+from worker.rpc.oversize import PREFIX_BYTES, LineSplitter, OversizeLine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -65,7 +66,9 @@ lines = st.one_of(
 )
 
 
-async def _feed(chunks: list[bytes]) -> tuple[BaseException, list[Any], list[str], bytes]:
+async def _feed(
+    chunks: list[bytes],
+) -> tuple[BaseException, list[Any], list[str], bytes, list[OversizeLine]]:
     ours, agent = socket.socketpair()
     agent.setblocking(False)
     reader, writer = await asyncio.open_connection(sock=ours)
@@ -78,12 +81,18 @@ async def _feed(chunks: list[bytes]) -> tuple[BaseException, list[Any], list[str
     async def on_malformed(preview: str, reason: str) -> None:
         malformed.append(preview)
 
+    oversize: list[OversizeLine] = []
+
+    async def on_oversize(line: OversizeLine) -> None:
+        oversize.append(line)
+
     conn = Connection(
         reader,
         writer,
         line_limit=LINE_LIMIT,
         on_notification=on_notification,
         on_malformed=on_malformed,
+        on_oversize=on_oversize,
     )
     conn.start()
     loop = asyncio.get_running_loop()
@@ -93,7 +102,7 @@ async def _feed(chunks: list[bytes]) -> tuple[BaseException, list[Any], list[str
             await loop.sock_sendall(agent, chunk)
         agent.shutdown(socket.SHUT_WR)
 
-    # Concurrently: a reader that stopped (a line too long) never drains the rest.
+    # Concurrently: the agent may fill the socket before the reader drains it.
     sender = asyncio.create_task(send())
     try:
         reason = await asyncio.wait_for(conn.closed, 3)
@@ -106,7 +115,7 @@ async def _feed(chunks: list[bytes]) -> tuple[BaseException, list[Any], list[str
         await asyncio.gather(writer.wait_closed(), return_exceptions=True)
         answers = await _received(loop, agent)
         agent.close()
-    return reason, notified, malformed, answers
+    return reason, notified, malformed, answers, oversize
 
 
 async def _received(loop: asyncio.AbstractEventLoop, agent: socket.socket) -> bytes:
@@ -122,11 +131,11 @@ async def _received(loop: asyncio.AbstractEventLoop, agent: socket.socket) -> by
 def test_the_line_reader_survives_any_stream(items: list[bytes], split: int) -> None:
     stream = b"".join(line + b"\n" for line in items)
     chunks = [stream[i : i + split * 97] for i in range(0, len(stream), split * 97)]
-    reason, notified, malformed, answers = asyncio.run(_feed(chunks))
-    if all(len(part) <= LINE_LIMIT for part in stream.split(b"\n")):
-        assert isinstance(reason, AgentExited)  # read to the end: the agent closed stdout
-    else:
-        assert isinstance(reason, LineTooLong)  # stopped at the first over-long line
+    reason, notified, malformed, answers, oversize = asyncio.run(_feed(chunks))
+    assert isinstance(reason, AgentExited)  # read to the end: the agent closed stdout
+    # Every over-long line skipped and reported with its size, and only those.
+    sizes = [len(part) for part in stream.split(b"\n") if len(part) > LINE_LIMIT]
+    assert [line.size for line in oversize] == sizes
     assert all(len(preview) <= 512 for preview in malformed)  # bounded previews
     assert all(isinstance(method, str) for method, _ in notified)
     for raw in answers.splitlines():  # every answer is a well-formed JSON-RPC error
@@ -135,11 +144,31 @@ def test_the_line_reader_survives_any_stream(items: list[bytes], split: int) -> 
         assert reply["error"]["code"] == -32601
 
 
+@FUZZ
+@given(st.lists(lines | st.binary(max_size=3 * LINE_LIMIT), max_size=8), st.integers(1, 9000))
+def test_the_line_splitter_agrees_with_a_plain_split(items: list[bytes], size: int) -> None:
+    # Any chunking: exactly the lines of a plain split, each over-long one as its size.
+    stream = b"".join(item + b"\n" for item in items) + b"trailing, no newline"
+    splitter = LineSplitter(LINE_LIMIT)
+    got: list[bytes | int] = []
+    for i in range(0, len(stream), size):
+        fed = splitter.feed(stream[i : i + size])
+        got.extend(item if isinstance(item, bytes) else item.size for item in fed)
+        assert splitter.held <= LINE_LIMIT + size + PREFIX_BYTES
+    assert splitter.end() is None
+    expected = [
+        part.strip() if len(part) <= LINE_LIMIT else len(part)
+        for part in stream.split(b"\n")[:-1]
+        if len(part) > LINE_LIMIT or part.strip()
+    ]
+    assert got == expected
+
+
 def test_deeply_nested_json_is_a_malformed_line_not_a_dead_reader() -> None:
     # Within the line limit, past the parser's recursion limit: RecursionError, which is
     # not a ValueError, once escaped and killed the reader (found by the fuzz test above).
     line = b"[" * 2000 + b"\n"
-    reason, _, malformed, _ = asyncio.run(_feed([line]))
+    reason, _, malformed, _, _ = asyncio.run(_feed([line]))
     assert isinstance(reason, AgentExited)
     assert len(malformed) == 1
 
@@ -201,7 +230,7 @@ def test_a_lone_surrogate_on_the_wire_reaches_every_sink_as_a_replacement(
     line = json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
         "sessionId": "s1", "update": update}}).encode() + b"\n"  # fmt: skip
     assert b"\\ud800" in line
-    _, notified, malformed, _ = asyncio.run(_feed([line]))
+    _, notified, malformed, _, _ = asyncio.run(_feed([line]))
     assert malformed == []
     [(method, params)] = notified
     assert method == "session/update"

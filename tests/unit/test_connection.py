@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, SinkUnavailable, WorkerError
 from worker.rpc.connection import Connection, RpcError
+from worker.rpc.oversize import PREFIX_BYTES, LineSplitter, OversizeLine
 
 
 class Peer:
@@ -43,8 +45,17 @@ async def pair() -> AsyncIterator[tuple[Connection, Peer, list[Any]]]:
     async def on_bad(preview: str, reason: str) -> None:
         seen.append(("bad", preview, reason))
 
+    async def on_big(line: OversizeLine) -> None:
+        seen.append(("big", line))
+
     conn = Connection(
-        r1, w1, line_limit=1024, request_timeout=2, on_notification=on_note, on_malformed=on_bad
+        r1,
+        w1,
+        line_limit=1024,
+        request_timeout=2,
+        on_notification=on_note,
+        on_malformed=on_bad,
+        on_oversize=on_big,
     )
     conn.start()
     yield conn, Peer(r2, w2), seen
@@ -156,14 +167,189 @@ async def test_garbage_is_reported_not_fatal(pair: tuple[Connection, Peer, list[
     assert not conn.closed.done()
 
 
-async def test_oversize_line_is_fatal_and_typed(pair: tuple[Connection, Peer, list[Any]]) -> None:
-    conn, peer, _ = pair
+async def _until(seen: list[Any], count: int) -> None:
+    """Wait until the reader has reported ``count`` things (bounded: 5 s)."""
+    async with asyncio.timeout(5):
+        while len(seen) < count:
+            await asyncio.sleep(0.005)
+
+
+def _tool_update(text: str) -> dict[str, Any]:
+    update = {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "t1",
+        "status": "completed",
+        "content": [{"type": "content", "content": {"type": "text", "text": text}}],
+    }
+    params = {"sessionId": "s1", "update": update}
+    return {"jsonrpc": "2.0", "method": "session/update", "params": params}
+
+
+async def test_an_oversize_line_is_skipped_and_reading_goes_on(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
+    conn, peer, seen = pair
     call = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
-    await peer.recv()
-    await peer.send(b"x" * 5000)
-    with pytest.raises(LineTooLong):
-        await call
-    assert isinstance(conn.closed.result(), LineTooLong)
+    prompt = await peer.recv()
+    await peer.send(_tool_update("A" * 20_000))  # over the 1024-byte bound
+    await peer.send({"jsonrpc": "2.0", "method": "session/update", "params": {"after": 1}})
+    await peer.send({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "end_turn"}})
+    assert await asyncio.wait_for(call, 5) == {"stopReason": "end_turn"}  # settled on what follows
+    assert [s[0] for s in seen] == ["big", "note"]
+    line = seen[0][1]
+    assert line.size == len(json.dumps(_tool_update("A" * 20_000)))
+    assert (line.kind, line.method, line.session_id, line.complete) == (
+        "notification",
+        "session/update",
+        "s1",
+        True,
+    )
+    assert line.update == {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "t1",
+        "status": "completed",
+    }
+    assert line.output_preview is not None
+    assert set(line.output_preview) == {"A"}
+    assert PREFIX_BYTES - 400 < len(line.output_preview) < PREFIX_BYTES  # cut
+    assert not conn.closed.done()
+
+
+async def test_an_oversize_reply_fails_only_its_request(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
+    conn, peer, seen = pair
+    call = asyncio.create_task(conn.request("session/load", {}, timeout=None))
+    msg = await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"history": "x" * 5000}})
+    with pytest.raises(LineTooLong) as info:
+        await asyncio.wait_for(call, 5)
+    assert info.value.details["bytes"] > 5000
+    assert seen[0][1].kind == "response"
+    assert seen[0][1].id == msg["id"]
+    # The connection lives on: the next request is answered.
+    call = asyncio.create_task(conn.request("session/new", {}))
+    msg = await peer.recv()
+    await peer.send({"jsonrpc": "2.0", "id": msg["id"], "result": {"sessionId": "s"}})
+    assert await call == {"sessionId": "s"}
+
+
+async def test_an_oversize_request_is_refused_unread(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
+    conn, peer, seen = pair
+    asked: list[Any] = []
+
+    async def ask(params: Any) -> Any:
+        asked.append(params)
+        return {}
+
+    conn.route("cursor/ask_question", ask)
+    params = {"questions": ["q" * 5000]}
+    await peer.send({"jsonrpc": "2.0", "id": 9, "method": "cursor/ask_question", "params": params})
+    reply = await peer.recv()  # the agent is not left waiting
+    assert reply["id"] == 9
+    assert reply["error"]["code"] == -32600
+    assert "over the 1024-byte bound" in reply["error"]["message"]
+    assert asked == []
+    assert (seen[0][1].kind, seen[0][1].method, seen[0][1].id) == (
+        "request",
+        "cursor/ask_question",
+        9,
+    )
+
+
+async def test_an_oversize_line_cut_by_the_end_of_the_stream_is_reported(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
+    conn, peer, seen = pair
+    peer.writer.write(b'{"jsonrpc":"2.0","method":"session/update","params":' + b"[" * 3000)
+    await peer.writer.drain()
+    peer.writer.close()
+    assert isinstance(await asyncio.wait_for(conn.closed, 5), AgentExited)
+    assert seen[0][0] == "big"
+    assert (seen[0][1].complete, seen[0][1].size, seen[0][1].method) == (
+        False,
+        3052,
+        "session/update",
+    )
+
+
+def test_an_oversize_line_is_never_held_whole() -> None:
+    splitter = LineSplitter(1024)
+    chunk = b"x" * 4096
+    out: list[Any] = []
+    out += splitter.feed(b'{"jsonrpc":"2.0","method":"m","params":"')
+    for _ in range(16 * 1024):  # 64 MiB in 4 KiB chunks, no newline until the end
+        out += splitter.feed(chunk)
+        assert splitter.held <= PREFIX_BYTES + 1024
+    out += splitter.feed(b'"}\n{"jsonrpc":"2.0","method":"next"}\n')
+    assert [type(o) for o in out] == [OversizeLine, bytes]
+    assert out[0].size == 40 + 64 * 1024 * 1024 + 2
+    assert out[0].method == "m"
+    assert out[1] == b'{"jsonrpc":"2.0","method":"next"}'
+    assert splitter.held == 0
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [
+        (b'{"id":3,"result":{"x":"', {"kind": "response", "id": 3, "method": None}),
+        (
+            b'{"jsonrpc":"2.0","id":"a","method":"fs/write_text_file","params":{"content":"',
+            {"kind": "request", "id": "a", "method": "fs/write_text_file"},
+        ),
+        # A "method" key inside the params is not the message's method.
+        (
+            b'{"jsonrpc":"2.0","params":{"method":"no","x":"',
+            {"kind": "unknown", "id": None, "method": None},
+        ),
+        (b"\xff\xfe not json at all", {"kind": "unknown", "id": None, "method": None}),
+        (
+            (
+                b'{"method":"session/update","params":{"update":{"content":[{"type":"content",'
+                b'"content":{"type":"text","text":"caf\xc3\xa9 \\"q\\" \\u00e9\\'
+            ),
+            {"kind": "notification", "output_preview": 'café "q" é'},
+        ),
+    ],
+)
+def test_what_a_prefix_tells(prefix: bytes, expected: dict[str, Any]) -> None:
+    splitter = LineSplitter(8)
+    (line,) = splitter.feed(prefix + b"\n")
+    assert isinstance(line, OversizeLine)
+    assert {key: getattr(line, key) for key in expected} == expected
+
+
+async def test_a_late_reply_is_recognised_not_malformed(
+    pair: tuple[Connection, Peer, list[Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    conn, peer, seen = pair
+    with pytest.raises(AgentTimeout):
+        await conn.request("session/set_mode", {}, timeout=0.01)
+    timed_out = await peer.recv()
+    cancelled = asyncio.create_task(conn.request("session/prompt", {}, timeout=None))
+    prompt = await peer.recv()
+    cancelled.cancel()  # its caller gave up (the prompt after a cancel's grace)
+    await asyncio.gather(cancelled, return_exceptions=True)
+    caplog.set_level(logging.DEBUG, logger="worker.rpc.connection")
+    await peer.send({"jsonrpc": "2.0", "id": timed_out["id"], "result": {}})
+    await peer.send({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "cancelled"}})
+    await peer.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # never asked: malformed
+    await peer.send({"jsonrpc": "2.0", "method": "session/update", "params": {}})
+    await _until(seen, 2)
+    assert [s[0] for s in seen] == ["bad", "note"]
+    assert '"id": 4242' in seen[0][1]
+    late = [r.getMessage() for r in caplog.records if "late reply" in r.getMessage()]
+    assert late == [
+        f"a late reply to session/set_mode (id {timed_out['id']}), which was abandoned",
+        f"a late reply to session/prompt (id {prompt['id']}), which was abandoned",
+    ]
+    # A second reply to the same id is no longer late: it is malformed.
+    await peer.send({"jsonrpc": "2.0", "id": timed_out["id"], "result": {}})
+    await _until(seen, 3)
+    assert seen[2][0] == "bad"
+    assert not conn.closed.done()
 
 
 async def test_request_times_out(pair: tuple[Connection, Peer, list[Any]]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from worker.events.normalizer import Normalizer
+from worker.rpc.oversize import OversizeLine
 
 
 def _normalize(n: Normalizer, params: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -153,3 +155,45 @@ def test_usage_only_when_the_agent_sends_it() -> None:
     assert type_ == "usage.reported"
     assert data["available"] is True
     assert n.usage_seen is True
+
+
+def test_an_oversize_tool_update_closes_its_tool_with_the_output_cut() -> None:
+    n = _norm(limit=64)
+    n.bind("s1")
+    update = {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"}
+    line = OversizeLine(
+        size=9_000_000,
+        limit=8_388_608,
+        complete=True,
+        kind="notification",
+        method="session/update",
+        session_id="s1",
+        update=update,
+        output_preview="x" * 100,
+    )
+    [event] = n.oversize_update(line)
+    assert event.TYPE == "tool.completed"
+    assert event.wire()["output"] == {"text": "x" * 64, "truncated": True, "bytes": -1}
+    assert event.wire()["status"] == "failed"
+    # No preview (the output was in rawOutput, or after the cut): still marked cut.
+    no_text = replace(line, output_preview=None, update={**update, "status": "in_progress"})
+    [event] = n.oversize_update(no_text)
+    assert event.TYPE == "tool.updated"
+    assert event.wire()["output"] == {"text": "", "truncated": True, "bytes": -1}
+
+
+def test_only_a_tool_update_becomes_an_event_from_an_oversize_line() -> None:
+    n = _norm()
+    n.bind("s1")
+    chunk = OversizeLine(
+        size=9_000_000,
+        limit=8_388_608,
+        complete=True,
+        kind="notification",
+        method="session/update",
+        session_id="s1",
+        update={"sessionUpdate": "agent_message_chunk"},
+    )
+    assert n.oversize_update(chunk) == []
+    unreadable = OversizeLine(size=9_000_000, limit=8_388_608, complete=True)
+    assert n.oversize_update(unreadable) == []

@@ -11,6 +11,7 @@ from worker.errors import LeaseLost, ResultUploadFailed, SandboxError
 from worker.events import notices
 from worker.events.completed import job_completed
 from worker.events.models import JobCompleted, Notice, WorkspaceChanged
+from worker.rpc.oversize import OversizeLine
 
 
 @pytest.mark.parametrize(
@@ -188,3 +189,38 @@ def test_the_job_s_own_settling_carries_result_and_step_errors() -> None:
     assert JobCompleted.model_validate(wire).wire() == wire
     ok = job_completed(status="succeeded", error=None, duration_ms=1.0, result=None)
     assert set(ok.wire()) == {"status", "stop_reason", "error", "duration_ms", "result"}
+
+
+def test_a_skipped_line_names_what_its_first_bytes_told_and_what_was_lost() -> None:
+    tool = OversizeLine(
+        size=9_000_000,
+        limit=8_388_608,
+        complete=True,
+        kind="notification",
+        method="session/update",
+        update={"sessionUpdate": "tool_call_update", "toolCallId": "t" * 300},
+    )
+    notice = notices.acp_line_skipped(tool, tool_event=True)
+    assert (notice.level, notice.code) == ("warning", "acp_line_skipped")
+    assert notice.details == {
+        "bytes": 9_000_000,
+        "limit": 8_388_608,
+        "complete": True,
+        "kind": "notification",
+        "method": "session/update",
+        "update": "tool_call_update",
+        "tool_call_id": "t" * 256,
+        "tool_event": True,
+    }
+    assert "output cut" in notice.message
+    unreadable = OversizeLine(size=9_000_001, limit=8_388_608, complete=False)
+    notice = notices.acp_line_skipped(unreadable, tool_event=False)
+    assert notice.details == {
+        "bytes": 9_000_001,
+        "limit": 8_388_608,
+        "complete": False,
+        "kind": "unknown",
+        "tool_event": False,
+    }  # absent, never null: nothing was readable
+    assert "stream ended before its newline" in notice.message
+    assert "its content is lost" in notice.message

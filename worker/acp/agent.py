@@ -11,7 +11,12 @@ import asyncio
 import contextlib
 from collections import deque
 
-from worker.rpc.connection import Connection, MalformedHandler, NotificationHandler
+from worker.rpc.connection import (
+    Connection,
+    MalformedHandler,
+    NotificationHandler,
+    OversizeHandler,
+)
 from worker.sandbox.base import SandboxProcess
 
 #: Bound on reading what an exited agent left in its stdout pipe.
@@ -55,6 +60,7 @@ class AgentProcess:
         stderr_limit: int,
         on_notification: NotificationHandler | None = None,
         on_malformed: MalformedHandler | None = None,
+        on_oversize: OversizeHandler | None = None,
     ) -> None:
         self.process = process
         self.stderr = StderrBuffer(stderr_limit)
@@ -65,6 +71,7 @@ class AgentProcess:
             request_timeout=request_timeout,
             on_notification=on_notification,
             on_malformed=on_malformed,
+            on_oversize=on_oversize,
         )
         self._stderr_task: asyncio.Task[None] | None = None
         #: ``shutdown`` had to signal it: its exit status is then ours, not its own.

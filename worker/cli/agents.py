@@ -45,6 +45,7 @@ from worker.job.turn import launch_agent
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime
+from worker.rpc.oversize import OversizeLine
 from worker.sandbox import backend_config, base, get_backend
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
@@ -167,6 +168,10 @@ class _Seen:
     async def malformed(self, preview: str, reason: str) -> None:
         self.notices.append({"type": "malformed_line", "data": {"reason": reason}})
 
+    async def oversize(self, line: OversizeLine) -> None:
+        data = {"bytes": line.size, "limit": line.limit, "kind": line.kind}
+        self.notices.append({"type": "oversize_line", "data": data})
+
 
 async def run_probe(
     pack: Pack,
@@ -247,6 +252,7 @@ async def _run_agent(
         provider=prepared.pack.manifest.provider,
         on_notification=seen.notification,
         on_malformed=seen.malformed,
+        on_oversize=seen.oversize,
     )
     client = AcpClient(agent.connection)
     agent.start()

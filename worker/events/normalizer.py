@@ -29,16 +29,19 @@ from worker.events.bounded import bound_json, bounded
 from worker.events.content import ContentMapper, Role
 from worker.events.delegations import TASK_FIELDS, Delegations
 from worker.events.models import (
+    Bounded,
     EventData,
     PlanUpdated,
     ProviderUnmapped,
     SessionTitled,
     TodosUpdated,
+    ToolUpdated,
     UsageReported,
 )
 from worker.events.todos import KNOWN_FIELDS as TODO_FIELDS
 from worker.events.todos import TodoList
 from worker.events.tool_calls import ToolCalls
+from worker.rpc.oversize import OversizeLine
 
 __all__ = ["KNOWN_FIELDS", "MAX_TOOL_OWNERS", "Normalizer", "Role"]
 
@@ -160,6 +163,28 @@ class Normalizer:
         if len(update) > len(known) or any(key not in known for key in update):
             out.extend(self._partial(kind, update, known))
         return out
+
+    def oversize_update(self, line: OversizeLine) -> Out:
+        """The tool event of a ``session/update`` ``tool_call_update`` too large to read
+        whole, from the fields its first bytes held: its output is the text its prefix
+        held, cut (``truncated``, ``bytes`` -1: the full size is not known, the notice
+        gives the line's). Nothing for any other oversize line."""
+        update = line.update
+        tool_call_id = update.get("toolCallId")
+        if (
+            line.method != "session/update"
+            or update.get("sessionUpdate") != "tool_call_update"
+            or not isinstance(tool_call_id, str)
+        ):
+            return []
+        salvaged: dict[str, Any] = {k: v for k, v in update.items() if v is not None}
+        out = self.session_update({"sessionId": line.session_id, "update": salvaged})
+        preview = bounded(line.output_preview or "", self._limit)["text"]
+        cut = Bounded(text=preview, truncated=True, bytes=-1)
+        return [
+            event.model_copy(update={"output": cut}) if isinstance(event, ToolUpdated) else event
+            for event in out
+        ]
 
     def provider_unmapped(self, kind: str, raw: Any) -> ProviderUnmapped:
         """What the agent said that no canonical event holds, kept (bounded)."""

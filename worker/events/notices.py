@@ -14,6 +14,7 @@ from typing import Any, Literal
 from worker.errors import ResultUploadFailed
 from worker.events.bounded import bounded
 from worker.events.models import Notice
+from worker.rpc.oversize import OversizeLine
 
 #: How many paths a notice lists at most (its ``details`` must stay well under the cap).
 LISTED_PATHS = 50
@@ -186,6 +187,55 @@ def oom_killed(memory_mb: int) -> Notice:
         f"(limits.memory_mb = {memory_mb})",
         details={"limit": "limits.memory_mb", "memory_mb": memory_mb},
     )
+
+
+def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
+    """A line from the agent over ``ACPW_ACP_LINE_LIMIT``, skipped without being read
+    whole: its size, what its first bytes told, and what was lost (``tool_event``: a tool
+    update's event went out with its output cut to the text its first bytes held).
+    ``details`` names only what those bytes showed (absent keys: not readable)."""
+    method = None if line.method is None else bounded(line.method, 256)["text"]
+    told: dict[str, Any] = {
+        "method": method,
+        "id": line.id if isinstance(line.id, int) else _opt_text(line.id),
+        "update": _opt_text(line.update.get("sessionUpdate")),
+        "tool_call_id": _opt_text(line.update.get("toolCallId")),
+    }
+    if line.kind == "unknown":
+        what = "its first bytes do not show a JSON-RPC message"
+    else:
+        what = f"a {method} {line.kind}" if method else f"a {line.kind}"
+        what += "" if told["id"] is None else f" (id {told['id']})"
+        what += "" if told["update"] is None else f" ({told['update']})"
+        what += "" if told["tool_call_id"] is None else f" of tool {told['tool_call_id']}"
+    if line.kind == "response":
+        lost = "the reply is lost (the request it answers, if pending, failed)"
+    elif line.kind == "request" and line.id is not None:
+        lost = "the request was answered -32600 unread"
+    elif tool_event:
+        lost = "its tool event was sent with the output cut to what the line's first bytes held"
+    else:
+        lost = "its content is lost"
+    ended = "" if line.complete else " (the stream ended before its newline)"
+    details: dict[str, Any] = {
+        "bytes": line.size,
+        "limit": line.limit,
+        "complete": line.complete,
+        "kind": line.kind,
+        **{key: value for key, value in told.items() if value is not None},
+        "tool_event": tool_event,
+    }
+    return Notice(
+        level="warning",
+        code="acp_line_skipped",
+        message=f"the agent wrote a line of {line.size} bytes{ended}, over the "
+        f"{line.limit}-byte bound (ACPW_ACP_LINE_LIMIT); it was skipped: {what}; {lost}",
+        details=details,
+    )
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else bounded(str(value), 256)["text"]
 
 
 def sandbox_not_destroyed(sandbox_id: str | None) -> Notice:

@@ -22,7 +22,8 @@ from worker.interactions import AnswerReader
 from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
 from worker.packs.runtime import LaunchPlan
-from worker.rpc.connection import MalformedHandler, NotificationHandler
+from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
+from worker.rpc.oversize import OversizeLine
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox
 from worker.settings import Settings
@@ -48,6 +49,7 @@ async def launch_agent(
     provider: str,
     on_notification: NotificationHandler,
     on_malformed: MalformedHandler,
+    on_oversize: OversizeHandler | None = None,
 ) -> AgentProcess:
     """The agent spawned in ``sandbox`` once re-admitted; not started yet, so that the
     caller can route inbound requests before the first line is read."""
@@ -62,6 +64,7 @@ async def launch_agent(
         stderr_limit=settings.stderr_buffer_bytes,
         on_notification=on_notification,
         on_malformed=on_malformed,
+        on_oversize=on_oversize,
     )
 
 
@@ -83,6 +86,7 @@ class Turn:
             provider=state.provider,
             on_notification=self._notification,
             on_malformed=self._malformed,
+            on_oversize=self._oversize,
         )
         state.acp = AcpSession(
             state.agent.connection,
@@ -177,6 +181,14 @@ class Turn:
 
     async def _malformed(self, preview: str, reason: str) -> None:
         await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))
+
+    async def _oversize(self, line: OversizeLine) -> None:
+        """A line over the bound, skipped: a tool update's event from its first bytes
+        (output cut), then the notice saying what was lost."""
+        events = self._state.normalizer.oversize_update(line)
+        for event in events:
+            await self._ctx.emitter.emit(event)
+        await self._ctx.emitter.emit(notices.acp_line_skipped(line, tool_event=bool(events)))
 
 
 async def _done_first(work: asyncio.Task[str], cancel: asyncio.Event, deadline: float) -> bool:

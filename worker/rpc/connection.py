@@ -16,9 +16,10 @@ models check the worker's wire in the tests, not at run time: see :mod:`worker.r
   in arrival order on the reader, so events keep the agent's order.
 - A bounded line. The package keeps reading a line past its buffer limit (it joins
   the chunks), so an agent that never writes a newline grows the worker's memory
-  without end; here a line over ``line_limit`` (8 MiB by default) is fatal. A line
-  that is not JSON-RPC is reported to ``on_malformed`` (the job's notice), where the
-  package only logs it; failures are typed (:mod:`worker.errors`) for the job to report.
+  without end; here a line over ``line_limit`` (8 MiB by default) is skipped as it
+  streams (see below). A line that is not JSON-RPC is reported to ``on_malformed`` (the
+  job's notice), where the package only logs it; failures are typed
+  (:mod:`worker.errors`) for the job to report.
 
 How it behaves:
 
@@ -30,8 +31,18 @@ How it behaves:
 - A handler may return a :class:`Reply` to learn whether its answer reached the agent's
   stdin (durable interactions record a resolution only after the pipe write).
 - A malformed line (not JSON, not an object, not JSON-RPC) is reported through
-  ``on_malformed`` and skipped; a line longer than ``line_limit`` is fatal
-  (:class:`LineTooLong`), because memory must stay bounded.
+  ``on_malformed`` and skipped.
+- A line longer than ``line_limit`` is skipped without ever being held: its first
+  16 KiB are kept, the rest is counted and discarded up to the next newline, and it is
+  reported to ``on_oversize`` as an :class:`~worker.rpc.oversize.OversizeLine` (its size
+  and what its prefix tells: method, id, a tool update's fields and output preview).
+  Reading goes on. An oversize *request* whose id the prefix shows is answered -32600,
+  so the agent does not wait on it; an oversize *response* to a pending request fails
+  that request with :class:`LineTooLong` (its result is lost), and only that request.
+- A reply to a request the worker stopped waiting for (timed out, or cancelled with
+  its caller: the prompt after a cancel's grace) is a *late reply*: the last 256 such
+  ids are remembered, and a reply to one is logged at debug level naming the id and the
+  method, not reported as malformed.
 - A handler that raises (anything but :class:`RpcError`, which is an answer) ends the
   connection: ``closed`` resolves with the handler's :class:`WorkerError` (any other
   exception is wrapped in one and logged with its traceback), and every pending and
@@ -45,15 +56,18 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, ProtocolError, WorkerError
+from worker.rpc.oversize import LineSplitter, OversizeLine
 from worker.rpc.wire import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 
+INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
@@ -63,8 +77,11 @@ AUTH_REQUIRED = -32000
 RequestHandler = Callable[[JsonValue], Awaitable["JsonValue | Reply"]]
 NotificationHandler = Callable[[str, JsonValue], Awaitable[None]]
 MalformedHandler = Callable[[str, str], Awaitable[None]]
+OversizeHandler = Callable[[OversizeLine], Awaitable[None]]
 
 _CHUNK = 256 * 1024
+#: How many abandoned request ids are remembered to recognise their late replies.
+_ABANDONED = 256
 
 
 class RpcError(Exception):
@@ -141,6 +158,7 @@ class _Requests:
         self._outbox = outbox
         self._request_timeout = request_timeout
         self._pending: dict[int, asyncio.Future[JsonValue]] = {}
+        self._abandoned: OrderedDict[int, str] = OrderedDict()  # id → method, oldest first
         self._next_id = 0
 
     async def request(self, method: str, params: JsonValue, *, timeout: float | None) -> JsonValue:
@@ -156,6 +174,10 @@ class _Requests:
             return await self._await_reply(future, method, limit)
         finally:
             self._pending.pop(request_id, None)
+            if not future.done():  # timed out, or its caller cancelled: a reply is late
+                self._abandoned[request_id] = method
+                if len(self._abandoned) > _ABANDONED:
+                    self._abandoned.popitem(last=False)
 
     async def _await_reply(
         self, future: asyncio.Future[JsonValue], method: str, limit: float | None
@@ -174,9 +196,8 @@ class _Requests:
 
     def resolve(self, message: JsonObject) -> bool:
         """Complete the request ``message`` answers; False when none is pending."""
-        request_id = message["id"]
-        future = self._pending.get(request_id) if isinstance(request_id, int) else None
-        if future is None or future.done():
+        future = self._future(message["id"])
+        if future is None:
             return False
         error = message.get("error")
         if error is not None:
@@ -185,13 +206,33 @@ class _Requests:
             future.set_result(message.get("result"))
         return True
 
+    def fail(self, request_id: JsonValue, reason: WorkerError) -> bool:
+        """Fail the pending request ``request_id`` with ``reason``; False when none is."""
+        future = self._future(request_id)
+        if future is not None:
+            future.set_exception(reason)
+        return future is not None
+
+    def late(self, request_id: JsonValue) -> str | None:
+        """The method of the abandoned request ``request_id`` (forgotten now), if it was
+        one: its reply came after the worker stopped waiting."""
+        if not isinstance(request_id, int):
+            return None
+        return self._abandoned.pop(request_id, None)
+
+    def _future(self, request_id: JsonValue) -> asyncio.Future[JsonValue] | None:
+        future = self._pending.get(request_id) if isinstance(request_id, int) else None
+        return None if future is None or future.done() else future
+
 
 @dataclass(frozen=True, slots=True)
 class _Callbacks:
-    """What the reader reports besides requests: notifications and malformed lines."""
+    """What the reader reports besides requests: notifications, malformed and oversize
+    lines."""
 
     on_notification: NotificationHandler | None
     on_malformed: MalformedHandler | None
+    on_oversize: OversizeHandler | None = None
 
 
 class _Reader:
@@ -216,47 +257,47 @@ class _Reader:
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def read_loop(self) -> None:
-        buffer = bytearray()
+        lines = LineSplitter(self._line_limit)
         try:
             while True:
                 chunk = await self._reader.read(_CHUNK)
                 if not chunk:
                     break
-                buffer += chunk
-                buffer = await self._drain_lines(buffer)
-                self._check_partial(buffer)
+                for line in lines.feed(chunk):
+                    if isinstance(line, bytes):
+                        await self._dispatch(line)
+                    else:
+                        await self._oversize(line)
+            if (cut := lines.end()) is not None:
+                await self._oversize(cut)
             self._outbox.close(AgentExited("agent closed its stdout"))
-        except (LineTooLong, ProtocolError) as exc:
+        except ProtocolError as exc:
             self._outbox.close(exc)
         except _HandlerFailed as exc:
             self._outbox.close(exc.reason)
         except (ConnectionError, OSError) as exc:
             self._outbox.close(AgentExited("agent stdout failed", error=str(exc)))
 
-    def _check_partial(self, buffer: bytearray) -> None:
-        """A line still without its newline may not outgrow the bound: memory stays
-        bounded whatever the agent writes.
-
-        Raises:
-            LineTooLong: it did.
-        """
-        if len(buffer) > self._line_limit:
-            raise LineTooLong(
-                f"agent sent a line over {self._line_limit} bytes", limit=self._line_limit
+    async def _oversize(self, line: OversizeLine) -> None:
+        """A skipped line: the request it answers fails, the request it is gets -32600;
+        then it is reported."""
+        what = f"a line of {line.size} bytes, over the {line.limit}-byte bound"
+        if line.kind == "response":
+            self._requests.late(line.id)  # a late reply, if it is one, is forgotten
+            self._requests.fail(
+                line.id,
+                LineTooLong(f"agent answered with {what}", limit=line.limit, bytes=line.size),
             )
-
-    async def _drain_lines(self, buffer: bytearray) -> bytearray:
-        start = 0
-        while (end := buffer.find(b"\n", start)) != -1:
-            if end - start > self._line_limit:
-                raise LineTooLong(
-                    f"agent sent a line over {self._line_limit} bytes", limit=self._line_limit
-                )
-            line = bytes(buffer[start:end]).strip()
-            start = end + 1
-            if line:
-                await self._dispatch(line)
-        return buffer[start:]
+        elif line.kind == "request" and line.id is not None:
+            refusal = RpcError(INVALID_REQUEST, f"request skipped unread: {what}")
+            reply: JsonObject = {"jsonrpc": "2.0", "id": line.id, "error": refusal.to_wire()}
+            with contextlib.suppress(WorkerError):  # the connection is closed: nobody to tell
+                await self._outbox.send(reply)
+        on_oversize = self._callbacks.on_oversize
+        if on_oversize is None:
+            log.warning("skipped %s (%s %.256s)", what, line.kind, line.method or "")
+        else:
+            await _handled("an oversize line", on_oversize(line))
 
     async def _dispatch(self, line: bytes) -> None:
         try:
@@ -272,8 +313,13 @@ class _Reader:
         elif "method" in message and isinstance(message["method"], str):
             await self._inbound(message["method"], message)
         elif "id" in message and ("result" in message or "error" in message):
-            if not self._requests.resolve(message):
+            if self._requests.resolve(message):
+                return
+            method = self._requests.late(message["id"])
+            if method is None:
                 await self._malformed(line, "response to no pending request")
+            else:
+                log.debug("a late reply to %s (id %s), which was abandoned", method, message["id"])
         else:
             await self._malformed(line, "not a JSON-RPC request, notification or response")
 
@@ -351,6 +397,7 @@ class Connection:
         request_timeout: float = 60.0,
         on_notification: NotificationHandler | None = None,
         on_malformed: MalformedHandler | None = None,
+        on_oversize: OversizeHandler | None = None,
     ) -> None:
         self._outbox = _Outbox(writer)
         self._requests = _Requests(self._outbox, request_timeout=request_timeout)
@@ -359,7 +406,7 @@ class Connection:
             outbox=self._outbox,
             requests=self._requests,
             line_limit=line_limit,
-            callbacks=_Callbacks(on_notification, on_malformed),
+            callbacks=_Callbacks(on_notification, on_malformed, on_oversize),
         )
         self._reader_task: asyncio.Task[None] | None = None
         self.closed: asyncio.Future[BaseException] = self._outbox.closed
