@@ -39,11 +39,12 @@ def _escaped(text: str) -> set[str]:
 class Redactor:
     """Replaces registered secret values with ``[REDACTED]``."""
 
-    __slots__ = ("_needles", "_text_needles")
+    __slots__ = ("_chars", "_needles", "_text_needles")
 
     def __init__(self) -> None:
         self._needles: list[str] = []  # forms in a serialized line
         self._text_needles: list[str] = []  # forms in decoded text
+        self._chars: frozenset[str] = frozenset()  # every character of those
 
     def register(self, secret: str) -> None:
         if len(secret) < _MIN_SECRET_LEN:
@@ -53,6 +54,7 @@ class Redactor:
         for needles, forms in ((self._text_needles, text_forms), (self._needles, line_forms)):
             needles.extend(form for form in forms if form not in needles)
             needles.sort(key=len, reverse=True)  # longest first: no partial leftovers
+        self._chars = frozenset("".join(self._text_needles))
 
     def __bool__(self) -> bool:
         return bool(self._needles)
@@ -75,6 +77,8 @@ class Redactor:
         """The length of the longest end of ``text`` that is the start of a secret (in any
         form, shorter than the whole): what a stream must hold until it sees what follows.
         """
+        if not text or text[-1] not in self._chars:
+            return 0  # the usual chunk, ending in a space or a mark no secret has
         best = 0
         size = len(text)
         for needle in self._text_needles:

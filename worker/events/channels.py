@@ -21,7 +21,6 @@ Only used when a secret is bound: without one the emitter never calls it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ Data = dict[str, Any]
 _DELTA = "message.delta"
 _TOOL_TYPES = frozenset({"tool.updated", "tool.completed"})
 _TOOL_DONE = "tool.completed"
+_TOOL_KEYS = ("tool_call_id", "child_id", "replay")
 
 
 @dataclass(slots=True)
@@ -51,17 +51,19 @@ class TextChannels:
 
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
-        self._deltas: dict[tuple[Any, ...], tuple[Data, str]] = {}  # key → (template, held)
+        # key → (the channel's last event without its content, its held text)
+        self._deltas: dict[tuple[Any, ...], tuple[Data, str]] = {}
         self._tools: dict[tuple[Any, ...], _Tool] = {}
 
-    def process(self, type_: str, data: Mapping[str, Any]) -> list[tuple[str, Data]]:
-        """The events to emit for one event: none (all of its text held back), itself
-        with its text masked and cut, or held text flushed before it."""
+    def process(self, type_: str, data: Data) -> list[tuple[str, Data]]:
+        """The events to emit for one event (``data`` is the emitter's own copy): none
+        (all of its text held back), itself with its text masked and cut, or with held
+        text of its channel in front."""
         if type_ == _DELTA:
             return self._delta(data)
         if type_ in _TOOL_TYPES:
             return self._tool(type_, data)
-        return [(type_, dict(data))]
+        return [(type_, data)]
 
     def flush(self) -> list[tuple[str, Data]]:
         """Every channel's held text as events (the turn ended, or the job does)."""
@@ -77,35 +79,40 @@ class TextChannels:
         self._tools.clear()
         return out
 
-    def _delta(self, data: Mapping[str, Any]) -> list[tuple[str, Data]]:
+    def _delta(self, data: Data) -> list[tuple[str, Data]]:
         key = (data["role"], data.get("child_id"), data.get("replay", False))
+        held = self._deltas.pop(key, None)
         text = data["text"]
-        previous = self._deltas.get(key)
-        if previous is None and not text:
-            return [(_DELTA, dict(data))]
-        buffer = (previous[1] if previous else "") + text
-        masked = self._redactor.scrub_text(buffer)
-        hold = self._redactor.holdback(masked)
-        out, held = masked[: len(masked) - hold], masked[len(masked) - hold :]
-        template = {k: v for k, v in data.items() if k not in {"text", "content"}}
-        self._deltas[key] = (template, held)
-        if not out and data.get("content") is None:
-            return []
-        return [(_DELTA, {**data, "text": out})]
+        if held is not None:
+            text = held[1] + text
+        elif not text:
+            return [(_DELTA, data)]
+        redactor = self._redactor
+        masked = redactor.scrub_text(text)
+        hold = redactor.holdback(masked)
+        if hold:
+            template = {k: v for k, v in data.items() if k != "content"}
+            self._deltas[key] = (template, masked[-hold:])
+            masked = masked[:-hold]
+            if not masked and data.get("content") is None:
+                return []
+        data["text"] = masked
+        return [(_DELTA, data)]
 
-    def _tool(self, type_: str, data: Mapping[str, Any]) -> list[tuple[str, Data]]:
+    def _tool(self, type_: str, data: Data) -> list[tuple[str, Data]]:
         key = (data.get("child_id"), data["tool_call_id"])
         done = type_ == _TOOL_DONE
         tool = self._tools.get(key)
         output = data.get("output")
         if output is None:
-            if not done or tool is None:
-                return [(type_, dict(data))]
-            del self._tools[key]
-            flushed = self._tool_flush(tool)
-            return [(type_, {**data, "output": flushed} if flushed is not None else dict(data))]
+            if done and tool is not None:
+                del self._tools[key]
+                flushed = self._tool_flush(tool)
+                if flushed is not None:
+                    data["output"] = flushed
+            return [(type_, data)]
         if tool is None:
-            keys = {k: data[k] for k in ("tool_call_id", "child_id", "replay") if k in data}
+            keys: Data = {k: data[k] for k in _TOOL_KEYS if k in data}
             tool = self._tools[key] = _Tool(keys=keys)
         raw = output["text"]
         if tool.last_raw and raw.startswith(tool.last_raw):
@@ -118,7 +125,8 @@ class TextChannels:
         tool.held, tool.last_raw, tool.last_output = masked[len(masked) - hold :], raw, output
         if done:
             del self._tools[key]
-        return [(type_, {**data, "output": {**output, "text": masked[: len(masked) - hold]}})]
+        data["output"] = {**output, "text": masked[: len(masked) - hold]}
+        return [(type_, data)]
 
     def _tool_flush(self, tool: _Tool) -> Data | None:
         """A tool's held output at its end: the held end of a chunk, or, when its outputs
