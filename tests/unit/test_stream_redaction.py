@@ -5,6 +5,7 @@ joined text equals what the agent sent with the secret masked (nothing held is l
 from __future__ import annotations
 
 import base64
+import io
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -23,8 +24,6 @@ B64 = base64.b64encode(SECRET.encode()).decode()
 
 
 def _setup() -> tuple[EventEmitter, MemorySink, Any]:
-    import io
-
     redactor = Redactor()
     redactor.register(SECRET)
     sink, stream = MemorySink(), io.StringIO()
@@ -56,9 +55,8 @@ def _no_leak(sink: MemorySink, stream: Any) -> None:
     everything = "".join(sink.lines) + stream.getvalue()
     for needle in (SECRET, json.dumps(SECRET)[1:-1], B64):
         assert needle not in everything
-    for events in (sink.events,):
-        for role in ("assistant", "thought"):
-            assert SECRET not in _joined(events, role)
+    for role in ("assistant", "thought"):
+        assert SECRET not in _joined(sink.events, role)
 
 
 @pytest.mark.parametrize("value", [SECRET, B64], ids=["raw", "base64"])
@@ -154,3 +152,24 @@ def test_holdback_is_the_longest_end_that_starts_a_secret() -> None:
     assert redactor.holdback("xxabd") == 0
     assert redactor.holdback("") == 0
     assert redactor.scrub_text(base64.b64encode(b"abcabd").decode()) == MASK
+
+
+class _FailsOnDeltas(MemorySink):
+    async def write(self, event: Mapping[str, Any], line: str) -> None:
+        if event["type"] == "message.delta":
+            raise OSError("stdout closed")
+        await super().write(event, line)
+
+
+async def test_a_sink_failing_on_flushed_text_does_not_stop_the_settlement() -> None:
+    redactor = Redactor()
+    redactor.register(SECRET)
+    good, bad = MemorySink(), _FailsOnDeltas()
+    emitter = EventEmitter(job_id="j", attempt=1, sinks=[bad, good], redactor=redactor)
+    await emitter.emit(MessageDelta(role="assistant", text="sk-"))  # all held back
+    assert good.events == []
+    await emitter.emit(job_completed(status="succeeded", error=None, duration_ms=1.0))
+    assert [e["type"] for e in good.events] == ["message.delta", "job.completed"]
+    assert emitter.completed is not None
+    with pytest.raises(Exception, match="stdout closed"):
+        await emitter.close()
