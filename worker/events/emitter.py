@@ -17,6 +17,7 @@ second, so typed events cost no more than the dicts they replaced.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -29,6 +30,7 @@ from typing import Any
 from worker.credentials.redact import Redactor
 from worker.errors import SinkUnavailable, WorkerError
 from worker.events import notices
+from worker.events.channels import TextChannels
 from worker.events.completed import job_completed
 from worker.events.models import EVENT_TYPES, EVENT_VERSION, TERMINAL_TYPE, EventData
 from worker.events.sinks import EventSink
@@ -99,6 +101,7 @@ class EventEmitter:
         self._live = list(sinks)  # the sinks that have not failed
         self._failures: list[WorkerError] = []
         self._redactor = redactor or Redactor()
+        self._channels = TextChannels(self._redactor)
         self._max_bytes = max_bytes
         self._clock = clock
         self._started = clock()
@@ -122,13 +125,33 @@ class EventEmitter:
     async def emit(self, event: EventData, /) -> Mapping[str, Any]:
         """Emit one event and return it as sent (after redaction); its class names its type.
 
+        With a secret bound, streamed text is redacted as a stream (:mod:`.channels`): the
+        end of a chunk that could start a secret waits for the channel's next chunk, so
+        the event may go out shorter, later, or not at all (then ``{}`` is returned).
+
         Raises:
             RuntimeError: an event after ``job.completed`` (a bug, not an input error).
             WorkerError: a sink failed on this event (``SinkUnavailable``, or the sink's
                 own error such as ``LeaseLost``). The other sinks got the event; the failed
                 one gets nothing more. Never raised for ``job.completed``: ``close`` does.
         """
-        return await self._emit(event.TYPE, event.wire())
+        if not self._redactor:  # nothing to hold back: the hot path stays one call
+            return await self._emit(event.TYPE, event.wire())
+        type_ = event.TYPE
+        if type_ == TERMINAL_TYPE:
+            # Held text goes out first; a sink failing on it must not stop the settlement.
+            with contextlib.suppress(WorkerError):
+                await self.flush_text()
+        sent: Mapping[str, Any] = {}
+        for kind, data in self._channels.process(type_, event.wire()):
+            sent = await self._emit(kind, data)
+        return sent
+
+    async def flush_text(self) -> None:
+        """Emit the text every channel holds back (the turn ended; ``job.completed``
+        does it itself). See :mod:`worker.events.channels`."""
+        for kind, data in self._channels.flush():
+            await self._emit(kind, data)
 
     async def _emit(self, type_: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
         if self.completed is not None:

@@ -150,6 +150,7 @@ class Turn:
             if await _done_first(prompt, cancel, deadline):
                 stop = prompt.result()
                 self._state.timings.mark("turn")
+                await self._ctx.emitter.flush_text()  # the turn's streamed text, held back
                 return stop
             status: StopStatus = "cancelled" if cancel.is_set() else "timed_out"
             # Open questions are answered `cancelled` first, so nothing waits on them.
