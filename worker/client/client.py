@@ -91,7 +91,10 @@ class Client:
         unchanged (``exists``).
 
         A settled job runs again only with ``new_attempt=True`` (``attempt`` + 1, with
-        this spec, which may differ from the previous attempt's).
+        this spec, which may differ from the previous attempt's). Once its state expired,
+        the id may be submitted again: it goes on from the attempt its settlement record
+        names. However many submits of one job run at once, each attempt's broker message
+        is published once.
 
         Raises:
             InvalidJobSpec: ``job`` is not a valid job spec.
