@@ -186,6 +186,12 @@ class Settings(BaseSettings):
     events_ttl: int = Field(
         default=24 * 3600, gt=0, description="Seconds a job's keys live after it settled."
     )
+    settled_ttl: int | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a job's settlement record lives after it settled; never less "
+        "than the broker's visibility timeout plus an hour (the default) nor `events_ttl`.",
+    )
     sink_buffer_events: int = Field(
         default=10_000, gt=0, description="Events buffered in memory while Redis is away."
     )

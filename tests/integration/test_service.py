@@ -34,6 +34,7 @@ from worker.sandbox.base import LABEL_JOB
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
+from worker.store import keys
 
 pytestmark = pytest.mark.integration
 
@@ -322,6 +323,34 @@ def test_a_redelivered_message_runs_once(client: Client, redis_url: str) -> None
     assert [e["data"]["status"] for e in completed(events)] == ["cancelled"]
     assert client.get("dup-1").fields["last_refusal"] == "held"
     assert sandboxes_of("dup-1") == []
+
+
+def test_a_settled_job_delivered_again_after_its_keys_expired_is_refused(
+    client: Client, redis_url: str
+) -> None:
+    client.submit(job("exp-1"))
+    events = [dict(e.event) for e in client.events("exp-1", follow=True, timeout=60)]
+    assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
+    with redis.Redis.from_url(redis_url) as raw:
+        # What ACPW_EVENTS_TTL does (a day later with the default this worker runs with):
+        # the job's keys go, its settlement record stays.
+        assert raw.ttl(keys.state("exp-1")) > 0
+        raw.delete(keys.state("exp-1"), keys.events("exp-1"), keys.control("exp-1"))
+        # The broker delivers the job's message again (as after a visibility timeout).
+        send_run(
+            make_celery(_settings()),
+            parse_job(job("exp-1")),
+            settings=_settings(),
+            attempt=1,
+            submitted_at=time.time(),
+        )
+        wait_for(
+            lambda: raw.hget(keys.settled("exp-1"), "last_refusal") == b"settled",
+            "the delivery to be refused",
+        )
+        assert raw.exists(keys.state("exp-1"), keys.events("exp-1")) == 0
+        assert raw.hget(keys.settled("exp-1"), "status") == b"succeeded"
+    assert sandboxes_of("exp-1") == []
 
 
 def _session_started(client: Client, job_id: str) -> bool:

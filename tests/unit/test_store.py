@@ -10,7 +10,10 @@ import pytest
 from worker.store import fields, scripts
 from worker.store.state import JobState
 
-_HASH_CALL = re.compile(r"redis\.call\('(HSET|HMGET|HDEL|HEXISTS|HINCRBY)', KEYS\[2\],([^\n]*\n?)")
+# KEYS[2] is the state hash, KEYS[5] the settlement record (written with the same names).
+_HASH_CALL = re.compile(
+    r"redis\.call\('(HSET|HMGET|HDEL|HEXISTS|HINCRBY)', KEYS\[[25]\],([^\n]*\n?)"
+)
 
 
 def _arguments(program: scripts.Program) -> list[tuple[str, list[str]]]:
@@ -36,7 +39,14 @@ def _field_names(command: str, args: list[str]) -> list[str]:
     return [arg.strip("'") for arg in named if arg.startswith("'")]
 
 
-_STATE_PROGRAMS = {scripts.ACQUIRE, scripts.APPEND, scripts.MARK_LOST, scripts.SUBMIT}
+_STATE_PROGRAMS = {
+    scripts.ACQUIRE,
+    scripts.APPEND,
+    scripts.MARK_LOST,
+    scripts.SUBMIT,
+    scripts.ENQUEUE,
+    scripts.REFUSE,
+}
 
 
 @pytest.mark.parametrize("program", scripts.PROGRAMS, ids=lambda p: p.name)

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
@@ -45,6 +46,7 @@ from worker.store.control import CANCEL, append_control, control_fields
 from worker.store.state import JobState
 
 _PAGE = 500
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 _BLOCK_MS = 1000
 
 
@@ -89,7 +91,10 @@ class Client:
         unchanged (``exists``).
 
         A settled job runs again only with ``new_attempt=True`` (``attempt`` + 1, with
-        this spec, which may differ from the previous attempt's).
+        this spec, which may differ from the previous attempt's). Once its state expired,
+        the id may be submitted again: it goes on from the attempt its settlement record
+        names. However many submits of one job run at once, each attempt's broker message
+        is published once.
 
         Raises:
             InvalidJobSpec: ``job`` is not a valid job spec.
@@ -115,14 +120,24 @@ class Client:
         return Submission(reply.outcome, state)
 
     def _enqueue(self, spec: JobSpec, state: JobState) -> None:
-        queue.send_run(
-            self._celery,
-            spec,
-            settings=self._settings,
-            attempt=state.attempt,
-            submitted_at=state.submitted_at,
-        )
-        store.mark_enqueued(self._redis, spec.job_id)
+        """Publish the attempt's message, once however many submits race: the enqueue is
+        claimed atomically first; a publish that fails gives the claim back."""
+        claim = uuid.uuid4().hex
+        if not store.claim_enqueue(self._redis, spec.job_id, state.attempt, claim):
+            return  # published already, or another submit is publishing it
+        try:
+            queue.send_run(
+                self._celery,
+                spec,
+                settings=self._settings,
+                attempt=state.attempt,
+                submitted_at=state.submitted_at,
+            )
+        except BaseException:
+            with contextlib.suppress(*_REDIS_ERRORS):  # else the claim lapses by itself
+                store.release_enqueue(self._redis, spec.job_id, state.attempt, claim)
+            raise
+        store.mark_enqueued(self._redis, spec.job_id, state.attempt, claim)
 
     def get(self, job_id: str) -> JobState:
         """The job's state.
@@ -386,7 +401,7 @@ def _translated() -> Iterator[None]:
     """Redis and broker failures become ``ServiceUnavailable`` at this seam."""
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+    except _REDIS_ERRORS as exc:
         raise ServiceUnavailable(f"Redis did not answer: {exc}") from exc
     except kombu.exceptions.OperationalError as exc:
         raise ServiceUnavailable(f"the Celery broker did not answer: {exc}") from exc

@@ -42,6 +42,18 @@ def visibility_timeout(settings: Settings) -> int:
     return int(time_limits(MAX_JOB_TIMEOUT_S, settings)[1] + 3600)
 
 
+SETTLED_MARGIN_S = 3600
+
+
+def settled_ttl(settings: Settings) -> int:
+    """How long a job's settlement record (``acpw:{J}:settled``) lives: past every window
+    in which the broker may deliver a message of the job again (its visibility timeout,
+    counted from the last delivery, which came before the job settled), so a redelivered
+    message of a settled job whose other keys expired is refused, never run again."""
+    floor = max(visibility_timeout(settings) + SETTLED_MARGIN_S, settings.events_ttl)
+    return max(settings.settled_ttl or 0, floor)
+
+
 def broker_url(settings: Settings) -> str:
     """The broker: ``broker_url``, else the job service's Redis, else the local default
     (the same Redis the commands default to, ``worker.store.url``)."""

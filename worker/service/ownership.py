@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from worker import metrics
+from worker.client.queue import settled_ttl
 from worker.sandbox.base import LABEL_TOKEN
 from worker.service.reaper import mark_lost
 from worker.settings import Settings
@@ -74,6 +75,7 @@ def sink_policy(settings: Settings) -> SinkPolicy:
     return SinkPolicy(
         maxlen=settings.events_maxlen,
         ttl_s=settings.events_ttl,
+        settled_ttl_s=settled_ttl(settings),
         buffer_events=settings.sink_buffer_events,
         retry_for=settings.sink_retry_s,
     )

@@ -47,6 +47,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from worker import metrics
+from worker.client.queue import settled_ttl
 from worker.errors import LeaseLost, ServiceUnavailable, WorkerError
 from worker.events.completed import job_completed
 from worker.events.emitter import serialize, utc_timestamp
@@ -327,7 +328,12 @@ async def mark_lost(client: aioredis.Redis, job_id: str, settings: Settings) -> 
     ``retry`` when events kept landing, which means the owner is alive after all).
     """
     verdict, state = await settle_lost(
-        client, job_id, line=_lost_line, ttl_s=settings.events_ttl, maxlen=settings.events_maxlen
+        client,
+        job_id,
+        line=_lost_line,
+        ttl_s=settings.events_ttl,
+        maxlen=settings.events_maxlen,
+        settled_ttl_s=settled_ttl(settings),
     )
     if verdict == "lost" and state is not None:
         metrics.job_settled("lost", None)

@@ -33,7 +33,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from worker.errors import LeaseLost, SinkUnavailable, WorkerError
 from worker.events.models import TERMINAL_TYPE
 from worker.store import scripts
-from worker.store.lease import REDIS_ERRORS, Lease, job_keys
+from worker.store.keys import job_keys
+from worker.store.lease import REDIS_ERRORS, Lease
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class SinkPolicy:
 
     maxlen: int = 10_000
     ttl_s: int = 24 * 3600
+    settled_ttl_s: int = 7 * 24 * 3600
     buffer_events: int = 10_000
     retry_for: float = 30.0
 
@@ -189,6 +191,7 @@ class FencedStreamSink:
             self._lease.attempt,
             self._policy.maxlen,
             self._policy.ttl_s,
+            self._policy.settled_ttl_s,
         ]
         for item in batch:
             args.extend((item.seq, item.status, item.line))

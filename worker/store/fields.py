@@ -12,6 +12,7 @@ name those programs use is one of these).
     job         the job spec (JSON) of the current attempt
     submitted_at    when ``submit`` recorded the attempt (ms)
     enqueued    ``1`` once ``submit`` queued the attempt's message
+    enqueue_claim   ``<claim id> <lapses at ms>``: a ``submit`` is publishing the message
     spec_digest     digest of the current attempt's canonical job spec
     attempt_after   stream id after which the current attempt's events begin
     events_trimmed_until    id of the last event trimmed off the stream (absent: none)
@@ -34,6 +35,7 @@ SETTLED_AT: Final = "settled_at"
 JOB: Final = "job"
 SUBMITTED_AT: Final = "submitted_at"
 ENQUEUED: Final = "enqueued"
+ENQUEUE_CLAIM: Final = "enqueue_claim"
 SPEC_DIGEST: Final = "spec_digest"
 ATTEMPT_AFTER: Final = "attempt_after"
 TRIMMED_UNTIL: Final = "events_trimmed_until"
@@ -54,6 +56,7 @@ ALL: Final = frozenset(
         JOB,
         SUBMITTED_AT,
         ENQUEUED,
+        ENQUEUE_CLAIM,
         SPEC_DIGEST,
         ATTEMPT_AFTER,
         TRIMMED_UNTIL,
@@ -63,7 +66,7 @@ ALL: Final = frozenset(
 )
 """Every field the worker and the client write."""
 
-INTERNAL: Final = frozenset({JOB, HOLDER, FENCE, EV_ATTEMPT, ATTEMPT_AFTER})
+INTERNAL: Final = frozenset({JOB, HOLDER, FENCE, EV_ATTEMPT, ATTEMPT_AFTER, ENQUEUE_CLAIM})
 """Bookkeeping that ``JobState.to_dict`` (``acp-worker status``) leaves out."""
 
 QUEUED: Final = "queued"

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from worker.store import fields, keys, scripts
-from worker.store.lease import job_keys
+from worker.store.keys import job_keys
 from worker.store.state import JobState, text, text_or_none
 
 EVENT_FIELD = "event"
@@ -54,9 +54,40 @@ def read_state(client: redis.Redis, job_id: str) -> JobState | None:
     return JobState.from_hash(job_id, raw) if raw else None
 
 
-def mark_enqueued(client: redis.Redis, job_id: str) -> None:
-    """Record that the current attempt's message was queued (a resubmit will not again)."""
-    client.hset(keys.state(job_id), fields.ENQUEUED, "1")
+ENQUEUE_HOLD_MS = 60_000
+"""How long a claim to publish an attempt's message holds: a submitter that died between
+claiming and publishing blocks the others no longer than this."""
+
+
+def claim_enqueue(
+    client: redis.Redis, job_id: str, attempt: int, claim: str, *, hold_ms: int = ENQUEUE_HOLD_MS
+) -> bool:
+    """Whether the caller may publish ``attempt``'s message: it is the current attempt,
+    queued, not yet published, and nobody else holds a live claim (``enqueue.lua``).
+
+    Concurrent submits of one job race here, atomically, before publishing: exactly one
+    wins, so one message is published per attempt.
+    """
+    return _enqueue_op(client, job_id, "claim", attempt, claim, hold_ms=hold_ms)
+
+
+def mark_enqueued(client: redis.Redis, job_id: str, attempt: int, claim: str) -> None:
+    """Record that ``attempt``'s message was published (a resubmit will not again)."""
+    _enqueue_op(client, job_id, "done", attempt, claim, hold_ms=0)
+
+
+def release_enqueue(client: redis.Redis, job_id: str, attempt: int, claim: str) -> None:
+    """Drop the claim after a failed publish, so that a retry may publish."""
+    _enqueue_op(client, job_id, "release", attempt, claim, hold_ms=0)
+
+
+def _enqueue_op(
+    client: redis.Redis, job_id: str, op: str, attempt: int, claim: str, *, hold_ms: int
+) -> bool:
+    reply: Any = scripts.bound_sync(client, scripts.ENQUEUE)(
+        keys=job_keys(job_id), args=[op, attempt, claim, hold_ms]
+    )
+    return bool(reply)
 
 
 def events_page(client: redis.Redis, job_id: str, *, after: str, count: int) -> EventsPage:

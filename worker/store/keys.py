@@ -39,3 +39,15 @@ def control(job_id: str) -> str:
 def interactions(job_id: str) -> str:
     """Hash of durable interactions (questions, plans) by interaction id."""
     return _job(job_id, "interactions")
+
+
+def settled(job_id: str) -> str:
+    """Hash recording the job's last settled attempt (``attempt``, ``status``,
+    ``settled_at``); it outlives the other keys and every broker redelivery window, so a
+    message of a settled attempt delivered after they expired is refused, never run."""
+    return _job(job_id, "settled")
+
+
+def job_keys(job_id: str) -> list[str]:
+    """The per-job keys the Lua programs take, in the order they expect."""
+    return [lease(job_id), state(job_id), events(job_id), control(job_id), settled(job_id)]

@@ -23,6 +23,7 @@ import redis.exceptions
 
 from worker.errors import ServiceUnavailable
 from worker.store import keys, scripts
+from worker.store.keys import job_keys
 from worker.store.state import JobState, read_state, text
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,6 @@ def redis_client(url: str | None) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
 
 
-def job_keys(job_id: str) -> list[str]:
-    """The per-job keys every script takes, in the order the scripts expect."""
-    return [keys.lease(job_id), keys.state(job_id), keys.events(job_id), keys.control(job_id)]
-
-
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Proof of ownership of one attempt of one job."""
@@ -76,7 +72,11 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a delivery did not get the lease: ``held``, ``settled``, ``stale``, ``orphaned``."""
+    """Why a delivery did not get the lease: ``held``, ``settled``, ``stale``, ``orphaned``.
+
+    ``settled`` and ``stale`` also come from the settlement record of a job whose other
+    keys expired (``keys.settled``): ``attempt`` is then the attempt it records.
+    """
 
     job_id: str
     reason: str
@@ -149,9 +149,16 @@ _SETTLE_TRIES = 5
 
 
 async def settle_lost(
-    client: aioredis.Redis, job_id: str, *, line: LostLine, ttl_s: int, maxlen: int
+    client: aioredis.Redis,
+    job_id: str,
+    *,
+    line: LostLine,
+    ttl_s: int,
+    maxlen: int,
+    settled_ttl_s: int,
 ) -> tuple[str, JobState | None]:
-    """Append ``line`` and settle the job ``lost``, unless it settled or is alive.
+    """Append ``line`` and settle the job ``lost``, unless it settled or is alive; the
+    settlement record lives ``settled_ttl_s`` (see ``lua/terminal.lua``).
 
     Returns the program's verdict and the state it judged: ``lost``, ``alive`` (its
     lease is held), ``settled`` (nothing to do), ``moved`` (another attempt began), or
@@ -165,7 +172,7 @@ async def settle_lost(
             return "settled", state
         reply = await mark(
             keys=job_keys(job_id),
-            args=[str(state.attempt), state.last_seq, line(state), ttl_s, maxlen],
+            args=[str(state.attempt), state.last_seq, line(state), ttl_s, maxlen, settled_ttl_s],
         )
         verdict = text(reply) if reply is not None else ""
         if verdict != "retry":

@@ -8,7 +8,7 @@ source with every call.
 Every per-job program touches only keys of one job (one Redis Cluster slot, thanks to
 the ``{J}`` hash tag); the global ``acpw:leases`` index is updated outside them, as a
 hint for the reaper, never as the source of truth. Key order for the per-job programs:
-``lease``, ``state``, ``events``, ``control`` (``PUT_INTERACTION``: ``lease``,
+``lease``, ``state``, ``events``, ``control``, ``settled`` (``PUT_INTERACTION``: ``lease``,
 ``interactions``). The state hash fields they write are listed in
 :mod:`worker.store.fields`. The events stream is bounded by trimming, never by
 ``XADD ... MAXLEN``: see ``lua/trim.lua``.
@@ -48,9 +48,21 @@ RELEASE = _program("release")
 APPEND = _program("append", "terminal", "trim")
 MARK_LOST = _program("mark_lost", "terminal", "trim")
 SUBMIT = _program("submit", "terminal")
+ENQUEUE = _program("enqueue", "terminal")
+REFUSE = _program("refuse")
 PUT_INTERACTION = _program("put_interaction")
 
-PROGRAMS = (ACQUIRE, RENEW, RELEASE, APPEND, MARK_LOST, SUBMIT, PUT_INTERACTION)
+PROGRAMS = (
+    ACQUIRE,
+    RENEW,
+    RELEASE,
+    APPEND,
+    MARK_LOST,
+    SUBMIT,
+    ENQUEUE,
+    REFUSE,
+    PUT_INTERACTION,
+)
 
 _registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 

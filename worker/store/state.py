@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker.store import fields as f
-from worker.store import keys
+from worker.store import keys, scripts
 
 
 def text(value: Any) -> str:
@@ -110,10 +110,10 @@ async def read_state(client: aioredis.Redis, job_id: str) -> JobState | None:
 
 
 async def record_refusal(client: aioredis.Redis, job_id: str, reason: str) -> None:
-    """Count a delivery that did not get the lease, and say why (``last_refusal``)."""
-    state = keys.state(job_id)
-    await client.hincrby(state, f.DUPLICATES, 1)
-    await client.hset(state, f.LAST_REFUSAL, reason)
+    """Count a delivery that did not get the lease, and say why (``last_refusal``), in the
+    job's state, or in its settlement record when its other keys expired (no state is
+    made for it); see ``lua/refuse.lua``."""
+    await scripts.bound(client, scripts.REFUSE)(keys=keys.job_keys(job_id), args=[reason])
 
 
 async def issued_fence(client: aioredis.Redis, job_id: str) -> int | None:

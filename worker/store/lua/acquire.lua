@@ -1,6 +1,16 @@
 -- ARGV: ttl_ms, worker_id, attempt ('' = the state's), job JSON for a job never submitted
 local st = redis.call('HMGET', KEYS[2], 'attempt', 'status')
 local current = tonumber(st[1])
+if current == nil then
+  -- No state: a new job, or one whose keys expired after it settled, which its
+  -- settlement record remembers: a delivery of that attempt (or an earlier one) is refused.
+  local rec = settled_record()
+  if rec then
+    local asked = tonumber(ARGV[3]) or rec[1]
+    if asked < rec[1] then return {'stale', tostring(rec[1]), rec[2]} end
+    if asked == rec[1] then return {'settled', tostring(asked), rec[2]} end
+  end
+end
 local attempt = tonumber(ARGV[3]) or current or 1
 if current ~= nil then
   if attempt < current then return {'stale', tostring(current), st[2] or ''} end

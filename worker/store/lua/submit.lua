@@ -10,16 +10,21 @@ local function events_end()
 end
 local st = redis.call('HMGET', KEYS[2], 'attempt', 'status', 'spec_digest')
 if st[1] == false then
-  redis.call('HSET', KEYS[2], 'attempt', 1, 'status', 'queued', 'job', ARGV[1],
+  -- A job whose keys expired after it settled goes on from the attempt its settlement
+  -- record names, so the old attempt's messages stay refused (stale).
+  local rec = settled_record()
+  local attempt = 1
+  if rec then attempt = rec[1] + 1 end
+  redis.call('HSET', KEYS[2], 'attempt', attempt, 'status', 'queued', 'job', ARGV[1],
     'submitted_at', now_ms(), 'spec_digest', ARGV[3], 'attempt_after', events_end())
-  return {'created', '1', 'queued', ARGV[3]}
+  return {'created', tostring(attempt), 'queued', ARGV[3]}
 end
 if ARGV[2] == '1' and TERMINAL[st[2]] then
   local attempt = tonumber(st[1]) + 1
   redis.call('HSET', KEYS[2], 'attempt', attempt, 'status', 'queued', 'job', ARGV[1],
     'submitted_at', now_ms(), 'enqueued', '0', 'spec_digest', ARGV[3],
     'attempt_after', events_end())
-  redis.call('HDEL', KEYS[2], 'settled_at', 'started_at', 'worker', 'token')
+  redis.call('HDEL', KEYS[2], 'settled_at', 'started_at', 'worker', 'token', 'enqueue_claim')
   for i = 2, 4 do redis.call('PERSIST', KEYS[i]) end
   return {'retried', tostring(attempt), 'queued', ARGV[3]}
 end
