@@ -437,3 +437,27 @@ def test_change_capture_of_a_real_run(tmp_path: Path) -> None:
     assert "new mode 100755" in patch
     assert "+++ b/passwd" in patch
     assert "root:" not in patch  # the link's target file was never read
+
+
+def test_admission_notes_reach_the_job_and_its_refusal(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello")
+    (tmp_path / "ws" / ".git").write_text("gitdir: /nonexistent/.git/worktrees/ws\n")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    _check_stream(events)
+    (notice,) = [e["data"] for e in events if e["data"].get("code") == "admission_notes"]
+    (note,) = notice["details"]["notes"]
+    assert (note["path"], note["code"]) == (".git", "git.marker_dangling")
+    # Above the dangling marker, a real repository root with config: refused, noted.
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".mcp.json").write_text('{"mcpServers": {}}')
+    try:
+        result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    finally:
+        (tmp_path / ".git").rmdir()
+    assert result.returncode == 3
+    error = _check_stream(_events(result.stdout))["error"]
+    assert error["code"] == "admission_refused"
+    assert [f["path"] for f in error["details"]["findings"]] == ["../.mcp.json"]
+    assert [n["code"] for n in error["details"]["notes"]] == ["git.marker_dangling"]

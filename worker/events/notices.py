@@ -135,6 +135,19 @@ def not_launched(status: Literal["cancelled", "timed_out"], next_phase: str) -> 
     )
 
 
+def admission_notes(notes: Sequence[Mapping[str, str]]) -> Notice:
+    """What the workspace admission could not judge (it admitted the workspace): each
+    ``{path, code, reason}``, e.g. a ``.git`` gitfile pointing nowhere."""
+    listed = list(notes[:LISTED_PATHS])
+    return Notice(
+        level="warning",
+        code="admission_notes",
+        message=f"admission could not judge {len(notes)} thing(s) in the workspace: "
+        + "; ".join(f"{n['code']} {n['path']}" for n in listed[:3]),
+        details={"notes": listed, "total": len(notes)},
+    )
+
+
 def workspace_special_files_skipped(paths: Sequence[str]) -> Notice:
     """Staging copies no socket, FIFO or device; the first ``LISTED_PATHS`` are named."""
     return Notice(
