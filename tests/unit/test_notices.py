@@ -90,6 +90,8 @@ _UPLOAD = ResultUploadFailed("access denied", bucket="b", key="k")
          {"preview": "{oops"}),
         (notices.sandbox_not_destroyed("sb-1"), "error", "sandbox_not_destroyed",
          {"sandbox_id": "sb-1"}),
+        (notices.results_skipped_lease_lost(["capture", "bundle_upload"]), "warning",
+         "results_skipped_lease_lost", {"skipped": ["capture", "bundle_upload"]}),
         (notices.workspace_kept("/w/j", "2026-01-01T00:00:00.000Z"), "info", "workspace_kept",
          {"path": "/w/j", "until": "2026-01-01T00:00:00.000Z"}),
         (notices.capture_failed(PermissionError(13, "Permission denied", "/w/x")), "error",

@@ -190,6 +190,18 @@ def acp_malformed_line(preview: str, reason: str) -> Notice:
     )
 
 
+def results_skipped_lease_lost(skipped: Sequence[str]) -> Notice:
+    """The job's lease is gone (another attempt or a reaper owns the job now): the
+    teardown steps that write its results (``skipped``) did not run."""
+    return Notice(
+        level="warning",
+        code="results_skipped_lease_lost",
+        message="the job's lease is gone, so its results are not this attempt's to "
+        f"write: {', '.join(skipped)} skipped",
+        details={"skipped": list(skipped)},
+    )
+
+
 def sandbox_not_destroyed(sandbox_id: str | None) -> Notice:
     """The sandbox survived its destroy: what the teardown left undone, and who finishes."""
     return Notice(
