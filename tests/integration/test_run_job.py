@@ -461,3 +461,21 @@ def test_admission_notes_reach_the_job_and_its_refusal(tmp_path: Path) -> None:
     assert error["code"] == "admission_refused"
     assert [f["path"] for f in error["details"]["findings"]] == ["../.mcp.json"]
     assert [n["code"] for n in error["details"]["notes"]] == ["git.marker_dangling"]
+
+
+def test_notes_only_the_sandbox_view_has_are_emitted_before_launch(tmp_path: Path) -> None:
+    """A submodule-style gitfile resolves beside the source but not in the sandbox's copy:
+    the staging admission takes it as the Git root, the re-admission notes it."""
+    job = _job(tmp_path, "scenario: hello")
+    (tmp_path / "gitdirs" / "ws").mkdir(parents=True)
+    (tmp_path / "ws" / ".git").write_text("gitdir: ../gitdirs/ws\n")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    _check_stream(events)
+    notes = [e for e in events if e["data"].get("code") == "admission_notes"]
+    assert [[n["code"] for n in e["data"]["details"]["notes"]] for e in notes] == [
+        ["git.marker_dangling"]
+    ]
+    types = [e["type"] for e in events]
+    assert types.index("sandbox.ready") < events.index(notes[0]) < types.index("agent.initialized")
