@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     session_max_files: int = Field(
         default=10_000, gt=0, description="Most files and directories in a session kept."
     )
+    session_keep_s: float = Field(
+        default=30 * 24 * 3600.0,
+        ge=0,
+        description="How long the reaper keeps a recorded session after it was last saved "
+        "or resumed; 0 keeps them forever.",
+    )
     results_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_data_dir("acp-worker")) / "results",
         description="Where captured patches are written (results/<job>/<attempt>/).",

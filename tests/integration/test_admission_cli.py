@@ -136,3 +136,22 @@ def test_through_the_real_entry_point(ws: Path, sysroot: str) -> None:
         pytest.skip("admission_cli.register is not wired into worker.cli._registrars yet")
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["admitted"] is False
+
+
+def test_notes_are_shown_human_and_json(
+    tmp_path: Path, sysroot: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace = tmp_path / "dangling"
+    workspace.mkdir()
+    (workspace / ".git").write_text("gitdir: /nonexistent/worktree\n")
+    code, out, err = run(["admission", "check", str(workspace), "--system-root", sysroot], capsys)
+    assert code == 0
+    assert out == f"admitted: {workspace.resolve()}\n"
+    assert err.startswith("note: git.marker_dangling  .git  ")
+    assert "/nonexistent/worktree" in err
+    code, out, _ = run(
+        ["admission", "check", str(workspace), "--system-root", sysroot, "--json"], capsys
+    )
+    assert code == 0
+    (note,) = json.loads(out)["notes"]
+    assert (note["path"], note["code"]) == (".git", "git.marker_dangling")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,6 +275,7 @@ def test_nested_git_root_stops_at_the_inner_root(tmp_path: Path, sysroot: Path) 
     put(outer, ".cursor/hooks.json")  # belongs to the outer repo only
     inner = outer / "vendor" / "inner"
     put(inner, ".git", "gitdir: ../../.git/modules/inner\n")  # a submodule's gitfile
+    (outer / ".git/modules/inner").mkdir(parents=True)  # ... and its Git directory
     put(inner, ".mcp.json")
     workspace = inner / "pkg"
     workspace.mkdir()
@@ -478,3 +481,94 @@ def test_findings_are_frozen_records() -> None:
     with pytest.raises(AttributeError):
         finding.rule = "other"  # type: ignore[misc]
     assert not hasattr(finding, "__dict__")
+
+
+# --- what the admission could not judge: notes, and kinds named in words -------------------
+
+
+def notes(result: AdmissionResult) -> set[tuple[str, str]]:
+    return {(n.path, n.code) for n in result.notes}
+
+
+def test_a_gitfile_pointing_nowhere_is_noted_and_the_walk_goes_on(
+    tmp_path: Path, sysroot: Path
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    put(repo, ".cursor/hooks.json")  # above the dangling marker: must still be seen
+    workspace = repo / "ws"
+    put(workspace, ".git", "gitdir: /nonexistent/.git/worktrees/ws\n")
+    result = check(workspace, sysroot)
+    assert result.git_root == repo.resolve()
+    assert pairs(result) == {("../.cursor/hooks.json", "cursor.hooks")}
+    assert notes(result) == {(".git", "git.marker_dangling")}
+    (note,) = result.notes
+    assert "/nonexistent/.git/worktrees/ws" in note.reason
+    assert "went on above it" in note.reason
+    with pytest.raises(AdmissionRefused) as info:
+        result.raise_if_refused()
+    assert info.value.details["notes"] == [note.to_dict()]
+
+
+def test_a_dangling_marker_alone_admits_with_a_note(tmp_path: Path, sysroot: Path) -> None:
+    assert find_git_root(tmp_path) is None, "precondition: no .git above the test directory"
+    workspace = tmp_path / "ws"
+    put(workspace, ".git", "gitdir: ../missing\n")
+    result = check(workspace, sysroot)
+    assert result.admitted
+    assert result.git_root is None
+    assert notes(result) == {(".git", "git.marker_dangling")}
+    assert result.to_dict()["notes"] == [result.notes[0].to_dict()]
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "words"),
+    [
+        (lambda p: p.write_text("not a gitfile\n"), "git.marker_invalid", "not a gitfile"),
+        (os.mkfifo, "git.marker_invalid", "Is a FIFO"),
+        (lambda p: p.symlink_to("nowhere"), "git.marker_dangling", "symbolic link to 'nowhere'"),
+    ],
+)
+def test_other_markers_that_mark_nothing_are_noted(
+    tmp_path: Path, sysroot: Path, make: Any, code: str, words: str
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    workspace = repo / "a" / "ws"
+    workspace.mkdir(parents=True)
+    put(repo, "a/.mcp.json")
+    make(workspace / ".git")
+    result = check(workspace, sysroot)
+    assert result.git_root == repo.resolve()
+    assert pairs(result) == {("../.mcp.json", "mcp.project")}
+    assert notes(result) == {(".git", code)}
+    assert words in result.notes[0].reason
+
+
+def test_valid_gitfiles_and_links_mark_the_root_without_a_note(
+    tmp_path: Path, sysroot: Path
+) -> None:
+    outer = tmp_path / "outer"
+    (outer / ".git/worktrees/ws").mkdir(parents=True)
+    put(outer, ".mcp.json")  # above the worktree's root: not checked
+    workspace = outer / "ws"
+    put(workspace, ".git", f"gitdir: {outer / '.git/worktrees/ws'}\n")
+    result = check(workspace, sysroot)
+    assert (result.git_root, result.admitted, result.notes) == (workspace.resolve(), True, ())
+    (workspace / ".git").unlink()
+    (workspace / ".git").symlink_to("../.git")
+    result = check(workspace, sysroot)
+    assert (result.git_root, result.admitted, result.notes) == (workspace.resolve(), True, ())
+
+
+def test_wrong_kinds_are_named_in_words(ws: Path, sysroot: Path) -> None:
+    (ws / ".claude").mkdir()
+    os.mkfifo(ws / ".claude/settings.json")
+    (ws / ".cursor/mcp.json").mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(ws / ".mcp.json"))
+        reasons = {f.path: f.reason for f in check(ws, sysroot).findings}
+    assert "found a FIFO;" in reasons[".claude/settings.json"]
+    assert "found a directory;" in reasons[".cursor/mcp.json"]
+    assert "found a socket;" in reasons[".mcp.json"]
+    assert not any("a other" in r or "a dir;" in r for r in reasons.values())

@@ -119,3 +119,20 @@ def test_a_missing_workspace_or_root_is_unavailable(tmp_path: Path, root: Path) 
         check_view(tmp_path / "absent")
     with pytest.raises(InvalidInput):
         check_view(root, workspace="workspace")
+
+
+def test_a_gitfile_is_resolved_inside_the_view(root: Path, tmp_path: Path) -> None:
+    # The target exists on the host but not in the view: a dangling marker there.
+    host_gitdir = tmp_path / "host-gitdir"
+    host_gitdir.mkdir()
+    (root / ".git").mkdir()
+    put(root, ".mcp.json")
+    put(root, "workspace/.git", f"gitdir: {host_gitdir}\n")
+    result = check_view(root)
+    assert result.git_root == Path("/")
+    assert pairs(result) == {("../.mcp.json", "mcp.project")}
+    assert {(n.path, n.code) for n in result.notes} == {(".git", "git.marker_dangling")}
+    # The same path inside the view is a Git directory: the workspace is the root.
+    (root / str(host_gitdir).lstrip("/")).mkdir(parents=True)
+    result = check_view(root)
+    assert (result.git_root, result.admitted, result.notes) == (Path("/workspace"), True, ())

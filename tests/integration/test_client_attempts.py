@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from tests.conftest import REPO
 from worker.client import Client
 from worker.client.client import spec_digest
-from worker.errors import EventsTrimmed, JobConflict
+from worker.errors import EventsTrimmed, JobConflict, JobNotFound
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.events.models import Notice
@@ -241,3 +241,38 @@ def test_follow_of_a_running_attempt_waits_past_its_last_event(
     started = time.monotonic()
     assert list(client.events("att-4", follow=True, after=done.id, timeout=2)) == []
     assert time.monotonic() - started >= 2  # ended by the timeout, not by the state
+
+
+def test_a_job_that_vanished_with_redis_is_detected_and_resubmitted(
+    client: Client, redis_url: str
+) -> None:
+    """Redis restarted empty (no AOF): the job's state and its queued message are gone.
+    ``get`` (``acp-worker status``) says ``job_not_found``; submitting the same spec again
+    creates it anew as attempt 1, queued once more (docs/durability.md)."""
+    first = client.submit(_job("vanish-1"))
+    assert (first.outcome, first.state.attempt, first.state.enqueued) == ("created", 1, True)
+    with redis.Redis.from_url(redis_url) as raw:
+        raw.flushdb()  # what a restart without persistence leaves
+    with pytest.raises(JobNotFound) as missing:
+        client.get("vanish-1")
+    assert (missing.value.code, missing.value.exit_code) == ("job_not_found", 2)
+    again = client.submit(_job("vanish-1"))
+    assert (again.outcome, again.state.attempt, again.state.status) == ("created", 1, "queued")
+    assert again.state.enqueued
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 1  # queued again, once
+
+
+def test_the_cli_status_of_a_vanished_job_exits_2_naming_it(redis_url: str) -> None:
+    env = {**os.environ, "ACPW_REDIS_URL": redis_url}
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "status", "never-was", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert json.loads(result.stderr.strip().splitlines()[-1])["error"]["code"] == "job_not_found"

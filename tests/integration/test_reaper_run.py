@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -415,3 +416,26 @@ async def test_a_gone_owner_is_reaped_even_when_this_redis_never_knew_its_job(
     expired = await reap_once(aredis, host.settings, {"local": host.backend})
     assert expired.lost == (leased,)
     assert await aredis.hget(keys.state(leased), "status") == b"lost"
+
+
+async def test_a_pass_reaps_sessions_idle_past_their_keep(
+    tmp_path: Path, aredis: aioredis.Redis
+) -> None:
+    sessions = tmp_path / "sessions"
+    idle, used = sessions / "cursor" / "idle-session", sessions / "cursor" / "used-session"
+    for session in (idle, used):
+        session.mkdir(parents=True)
+        (session / "history.json").write_text("{}")
+    then = time.time() - 3 * 3600
+    os.utime(idle, (then, then))
+    settings = Settings(
+        redis_url="redis://unused",
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        session_dir=sessions,
+        session_keep_s=3600,
+    )
+    report = await reap_once(aredis, settings, {})
+    assert report.sessions == ("cursor/idle-session",)
+    assert report.to_dict()["sessions"] == ["cursor/idle-session"]
+    assert [p.name for p in (sessions / "cursor").iterdir()] == ["used-session"]

@@ -467,3 +467,45 @@ def test_change_capture_of_a_real_run(tmp_path: Path) -> None:
     assert "new mode 100755" in patch
     assert "+++ b/passwd" in patch
     assert "root:" not in patch  # the link's target file was never read
+
+
+def test_admission_notes_reach_the_job_and_its_refusal(tmp_path: Path) -> None:
+    job = _job(tmp_path, "scenario: hello")
+    (tmp_path / "ws" / ".git").write_text("gitdir: /nonexistent/.git/worktrees/ws\n")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    _check_stream(events)
+    (notice,) = [e["data"] for e in events if e["data"].get("code") == "admission_notes"]
+    (note,) = notice["details"]["notes"]
+    assert (note["path"], note["code"]) == (".git", "git.marker_dangling")
+    # Above the dangling marker, a real repository root with config: refused, noted.
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".mcp.json").write_text('{"mcpServers": {}}')
+    try:
+        result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    finally:
+        (tmp_path / ".git").rmdir()
+    assert result.returncode == 3
+    error = _check_stream(_events(result.stdout))["error"]
+    assert error["code"] == "admission_refused"
+    assert [f["path"] for f in error["details"]["findings"]] == ["../.mcp.json"]
+    assert [n["code"] for n in error["details"]["notes"]] == ["git.marker_dangling"]
+
+
+def test_notes_only_the_sandbox_view_has_are_emitted_before_launch(tmp_path: Path) -> None:
+    """A submodule-style gitfile resolves beside the source but not in the sandbox's copy:
+    the staging admission takes it as the Git root, the re-admission notes it."""
+    job = _job(tmp_path, "scenario: hello")
+    (tmp_path / "gitdirs" / "ws").mkdir(parents=True)
+    (tmp_path / "ws" / ".git").write_text("gitdir: ../gitdirs/ws\n")
+    result = run_cli(tmp_path, "run", str(job), "--json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    events = _events(result.stdout)
+    _check_stream(events)
+    notes = [e for e in events if e["data"].get("code") == "admission_notes"]
+    assert [[n["code"] for n in e["data"]["details"]["notes"]] for e in notes] == [
+        ["git.marker_dangling"]
+    ]
+    types = [e["type"] for e in events]
+    assert types.index("sandbox.ready") < events.index(notes[0]) < types.index("agent.initialized")

@@ -310,3 +310,39 @@ async def test_redis_gone_for_good_fails_the_job_promptly(
         assert client.zscore(keys.LEASES, job_id) is not None
     finally:
         client.close()
+
+
+# --- the lease lost mid-job -----------------------------------------------------------------
+
+
+async def test_a_lost_lease_runs_no_capture_and_no_upload(tmp_path: Path, redis_url: str) -> None:
+    """Another owner takes the lease mid-turn (as after an expiry and a reaper): the job
+    stops, and its teardown writes no results (no session, capture, patch or bundle) and
+    logs no traceback; a notice on the sinks that still take events says what was skipped."""
+    job = _job(tmp_path, "#!scenario\nwrite new.txt hi\nsay lease-marker\nhang\n")
+    job_id = json.loads(job.read_text())["job_id"]
+
+    async def take_over() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.set(keys.lease(job_id), "999999", px=60_000)  # a newer owner's fence
+        finally:
+            await client.aclose()
+
+    env = _env(tmp_path, ACPW_LEASE_RENEW="0.2", ACPW_RESULTS_BUCKET="never-used")
+    run = await _run_cutting(tmp_path, job, redis_url, at="lease-marker", on_cut=take_over, env=env)
+    types = [e["type"] for e in run.events]
+    assert "workspace.changed" not in types
+    code = "results_skipped_lease_lost"
+    (notice,) = [e["data"] for e in run.events if e["data"].get("code") == code]
+    assert notice["details"]["skipped"] == ["session_save", "capture", "bundle_upload"]
+    done = _check_stream(run.events)
+    assert (done["status"], done["error"]["code"]) == ("failed", "lease_lost"), done
+    assert done.get("result") is None
+    assert "capture" not in done.get("timings_ms", {})
+    assert "Traceback" not in run.stderr
+    assert "lease of job" in run.stderr  # the log line
+    assert "capture" in run.stderr
+    assert not (tmp_path / "results" / job_id).exists()  # no patch written
+    assert list((tmp_path / "work").iterdir()) == []  # the workspace is removed
+    assert _still_running(run.children) == []

@@ -113,3 +113,42 @@ async def _reap_until_lost(client: aioredis.Redis, settings: Settings, job_id: s
         assert await client.hget(keys.state(job_id), "status") == b"running"
         await asyncio.sleep(0.2)
     pytest.fail("no reaper pass settled the job")
+
+
+async def test_a_served_job_whose_lease_is_taken_over_writes_no_results(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The service side of a lost lease (the sink does not raise there): no capture, no
+    patch, no upload attempted, no traceback logged; the new owner's state untouched."""
+    job = json.loads(
+        _job(tmp_path, "#!scenario\nwrite new.txt hi\nsay lease-marker\nhang\n").read_text()
+    )
+    job["workspace"]["path"] = str(tmp_path / "ws")
+    job_id = job["job_id"]
+    settings = Settings(
+        redis_url=redis_url,
+        lease_renew=0.2,
+        results_bucket="never-used",  # an upload would be attempted, and fail, without the fix
+        cache_dir=tmp_path / "cache",
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        secrets_dir=tmp_path / "secrets",
+        shutdown_eof_grace=1,
+    )
+    caplog.set_level(logging.INFO)
+    served = asyncio.create_task(run_delivery(Delivery(job), settings=settings, environ={}))
+    await _until(job_id, redis_url, "lease-marker")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.set(keys.lease(job_id), "999999", px=60_000)  # a newer owner's fence
+        result = await asyncio.wait_for(served, 60)
+        assert await client.get(keys.lease(job_id)) == b"999999"
+    finally:
+        await client.aclose()
+    assert result.outcome == "lease_lost", result
+    assert not (tmp_path / "results" / job_id).exists()  # no patch written
+    assert list((tmp_path / "work").iterdir()) == []
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not any("upload" in r.getMessage() and "fail" in r.getMessage() for r in caplog.records)
+    assert any("capture" in r.getMessage() and "lease" in r.getMessage() for r in caplog.records)
+    assert "workspace.changed" not in [e["type"] for e in _stored(redis_url, job_id)]

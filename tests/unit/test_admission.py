@@ -29,6 +29,7 @@ def test_public_api_is_pinned() -> None:
             "Finding",
             "MaskEntry",
             "MaskKind",
+            "Note",
             "check_view",
             "check_workspace",
             "mask_plan",
@@ -142,6 +143,7 @@ def test_result_dict_and_refusal() -> None:
             {"path": ".mcp.json", "rule": "mcp.project", "reason": "One."},
             {"path": "/etc/cursor/hooks.json", "rule": "system.hooks", "reason": "Two."},
         ],
+        "notes": [],
     }
     with pytest.raises(AdmissionRefused) as info:
         result.raise_if_refused()

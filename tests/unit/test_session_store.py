@@ -23,7 +23,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.docker.containers import ImagePlan, _binds, _state_tmpfs
 from worker.sandbox.local import BindSources, HostLayout, build_bwrap_options
-from worker.sessions import JobSessions, SessionStore
+from worker.sessions import JobSessions, SessionStore, reap_sessions
 from worker.sessions.store import check_session_id
 from worker.settings import Settings
 
@@ -326,3 +326,65 @@ def test_docker_binds_state_mounts_rw_with_user_owned_parents() -> None:
     assert parents["/home/agent/.cursor"].endswith("mode=0700,U")
     docker = _state_tmpfs(SPEC, podman=False)["/home/agent/.cursor"]
     assert "uid=1000,gid=1000" in docker
+
+
+# -- retention ------------------------------------------------------------------------------
+
+DAY = 24 * 3600.0
+OLD_SID = "00000000-1111-4222-8333-444444444444"
+
+
+def _aged(path: Path, days: float) -> None:
+    then = time.time() - days * DAY
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_sessions_idle_past_their_keep_are_reaped_the_rest_stay(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    _session(root / "cursor" / SID)
+    _aged(_session(root / "cursor" / OLD_SID), 31)
+    _aged(_session(root / "claude" / OLD_SID), 31)
+    leftover = root / "cursor" / f".{SID}.abcd.tmp"  # a save's temporary copy: not a session
+    leftover.mkdir()
+    _aged(leftover, 31)
+    removed = reap_sessions(root, keep_s=30 * DAY)
+    assert sorted(removed) == [f"claude/{OLD_SID}", f"cursor/{OLD_SID}"]
+    assert sorted(p.name for p in (root / "cursor").iterdir()) == [leftover.name, SID]
+    assert list((root / "claude").iterdir()) == []
+    assert reap_sessions(root, keep_s=30 * DAY) == []
+
+
+def test_zero_keeps_every_session_and_links_are_not_followed(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    _aged(_session(root / "cursor" / OLD_SID), 400)
+    assert reap_sessions(root, keep_s=0) == []
+    elsewhere = _session(tmp_path / "elsewhere" / OLD_SID)
+    _aged(elsewhere, 400)
+    (root / "linked").symlink_to(tmp_path / "elsewhere")  # a pack dir that is a link
+    (root / "cursor" / SID).symlink_to(elsewhere)  # a session that is a link
+    _aged(root / "cursor" / SID, 400)
+    assert reap_sessions(root, keep_s=DAY) == [f"cursor/{OLD_SID}"]
+    assert _tree(elsewhere) == _tree(_session(tmp_path / "copy" / OLD_SID))
+    assert reap_sessions(tmp_path / "missing", keep_s=DAY) == []
+
+
+def test_a_resume_or_a_save_restarts_the_keep(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions", BIG)
+    store.save("cursor", SID, _session(tmp_path / "agent" / SID))
+    recorded = store.path("cursor", SID)
+    _aged(recorded, 31)
+    (tmp_path / "job").mkdir()
+    store.restore("cursor", SID, tmp_path / "job" / SID, None)  # resumed: in use again
+    assert reap_sessions(store.root, keep_s=30 * DAY) == []
+    source = _session(tmp_path / "agent2" / SID)
+    _aged(source, 400)  # the agent's own times do not make a fresh save look old
+    store.save("cursor", SID, source)
+    assert reap_sessions(store.root, keep_s=30 * DAY) == []
+    _aged(recorded, 31)
+    assert reap_sessions(store.root, keep_s=30 * DAY) == [f"cursor/{SID}"]
+    assert not store.recorded("cursor", SID)
+
+
+def test_the_session_keep_setting_has_a_default() -> None:
+    assert Settings().session_keep_s == 30 * DAY
+    assert Settings(session_keep_s=0).session_keep_s == 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from worker.admission.check import DEFAULT_SYSTEM_ROOTS, check_view, check_workspace
 from worker.admission.mask import MASKED_PATHS, MaskEntry, MaskKind, mask_plan
-from worker.admission.result import AdmissionResult, Finding
+from worker.admission.result import AdmissionResult, Finding, Note
 from worker.admission.rules import MAX_SETTINGS_BYTES, PROVIDERS, RULES
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Finding",
     "MaskEntry",
     "MaskKind",
+    "Note",
     "check_view",
     "check_workspace",
     "mask_plan",

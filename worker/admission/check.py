@@ -16,10 +16,16 @@ from pathlib import Path, PurePosixPath
 
 from worker.admission import probe, rules
 from worker.admission.probe import Kind
-from worker.admission.result import AdmissionResult, Finding
+from worker.admission.result import AdmissionResult, Finding, Note
 from worker.admission.rules import ConfigPath, Expect
 from worker.admission.settings_json import declared, parse_settings
-from worker.admission.walk import find_git_root, levels, physical_workspace
+from worker.admission.walk import (
+    discover_git_root,
+    judge_git_marker,
+    levels,
+    physical_workspace,
+    unreadable_marker,
+)
 from worker.errors import InvalidInput, WorkspaceUnavailable
 
 DEFAULT_SYSTEM_ROOTS: tuple[Path, ...] = (Path("/"),)
@@ -41,14 +47,14 @@ def check_workspace(
     """
     system = _system_config(provider)
     root = physical_workspace(workspace)
-    git_root = find_git_root(root)
+    git_root, notes = discover_git_root(root)
     findings = [
         finding
         for depth, level in enumerate(levels(root, git_root))
         for finding in _check_level(level, "../" * depth)
     ]
     findings += [f for sysroot in system_roots for f in _check_system(sysroot, system)]
-    return AdmissionResult(root, git_root, tuple(findings))
+    return AdmissionResult(root, git_root, tuple(findings), notes)
 
 
 def check_view(
@@ -73,7 +79,7 @@ def check_view(
         raise WorkspaceUnavailable(f"mount view {root} cannot be opened", root=str(root)) from exc
     try:
         _view_workspace(root_fd, chain[0], workspace)
-        git_root = next((level for level in chain if _has_git(root_fd, level)), None)
+        git_root, notes = _view_git_root(root_fd, chain)
         depth = 1 if git_root is None else chain.index(git_root) + 1
         findings = [
             finding
@@ -88,7 +94,7 @@ def check_view(
     finally:
         os.close(root_fd)
     in_view = None if git_root is None else Path("/", git_root)
-    return AdmissionResult(Path(workspace), in_view, tuple(findings))
+    return AdmissionResult(Path(workspace), in_view, tuple(findings), notes)
 
 
 def _view_chain(workspace: PurePosixPath) -> tuple[str, ...]:
@@ -108,17 +114,37 @@ def _view_workspace(root_fd: int, rel: str, display: str) -> None:
         ) from exc
 
 
-def _has_git(root_fd: int, level: str) -> bool:
+def _view_git_root(root_fd: int, chain: Sequence[str]) -> tuple[str | None, tuple[Note, ...]]:
+    """:func:`~worker.admission.walk.discover_git_root` inside the view: a gitfile's
+    target and a ``.git`` link are resolved in the view's root."""
+    notes: list[Note] = []
+    for depth, level in enumerate(chain):
+        display = "../" * depth + ".git"
+        try:
+            fd = probe.open_dir_in_root(root_fd, level)
+        except OSError as exc:
+            notes.append(unreadable_marker(display, exc))
+            continue
+        try:
+            is_root, note = judge_git_marker(fd, display, partial(_is_dir_in_root, root_fd, level))
+        finally:
+            os.close(fd)
+        notes += [note] if note is not None else []
+        if is_root:
+            return level, tuple(notes)
+    return None, tuple(notes)
+
+
+def _is_dir_in_root(root_fd: int, level: str, target: str) -> bool:
     try:
-        fd = probe.open_dir_in_root(root_fd, level)
-    except OSError:
-        return False  # passed over, which only widens the walk (as find_git_root does)
-    try:
-        return probe.classify(fd, ".git") is not Kind.MISSING
+        os.close(
+            probe.open_dir_in_root(
+                root_fd, target if target.startswith("/") else f"{level}/{target}"
+            )
+        )
     except OSError:
         return False
-    finally:
-        os.close(fd)
+    return True
 
 
 def _check_view_system(root_fd: int, spec: ConfigPath) -> list[Finding]:
@@ -242,7 +268,8 @@ def _wrong_kind(display: str, kind: Kind, expect: Expect) -> Finding:
     if kind is Kind.SYMLINK:
         return _symlink(display)
     wanted = "a regular file" if expect is Expect.FILE else "a directory"
-    reason = f"Expected {wanted} but found a {kind.value}; refused rather than guessed at."
+    found = probe.kind_words(kind)
+    reason = f"Expected {wanted} but found {found}; refused rather than guessed at."
     return Finding(display, rules.CONFIG_NOT_REGULAR, reason)
 
 

@@ -25,7 +25,29 @@ class Kind(enum.Enum):
     SYMLINK = "symlink"
     DIR = "dir"
     FILE = "file"
-    OTHER = "other"  # FIFO, socket, device
+    FIFO = "fifo"
+    SOCKET = "socket"
+    CHAR_DEVICE = "char_device"
+    BLOCK_DEVICE = "block_device"
+    OTHER = "other"  # not a regular file, kind not known (changed after it was checked)
+
+
+_WORDS = {
+    Kind.MISSING: "nothing",
+    Kind.SYMLINK: "a symbolic link",
+    Kind.DIR: "a directory",
+    Kind.FILE: "a regular file",
+    Kind.FIFO: "a FIFO",
+    Kind.SOCKET: "a socket",
+    Kind.CHAR_DEVICE: "a character device",
+    Kind.BLOCK_DEVICE: "a block device",
+    Kind.OTHER: "something other than a regular file",
+}
+
+
+def kind_words(kind: Kind) -> str:
+    """``kind`` in words, with its article: "a FIFO", "a symbolic link"."""
+    return _WORDS[kind]
 
 
 class SymlinkRace(OSError):
@@ -54,7 +76,20 @@ def kind_of(mode: int) -> Kind:
         return Kind.SYMLINK
     if stat.S_ISDIR(mode):
         return Kind.DIR
-    return Kind.FILE if stat.S_ISREG(mode) else Kind.OTHER
+    if stat.S_ISREG(mode):
+        return Kind.FILE
+    for test, kind in _SPECIAL:
+        if test(mode):
+            return kind
+    return Kind.OTHER
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, Kind.FIFO),
+    (stat.S_ISSOCK, Kind.SOCKET),
+    (stat.S_ISCHR, Kind.CHAR_DEVICE),
+    (stat.S_ISBLK, Kind.BLOCK_DEVICE),
+)
 
 
 def open_dir(path: Path | str, *, dir_fd: int | None = None) -> int:

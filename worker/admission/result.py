@@ -26,12 +26,29 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
+class Note:
+    """Something the admission could not judge; it does not refuse the workspace.
+
+    ``path`` reads as a :class:`Finding`'s; ``code`` is a stable id
+    (:data:`worker.admission.walk.NOTE_CODES`).
+    """
+
+    path: str
+    code: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "code": self.code, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionResult:
     """What :func:`worker.admission.check_workspace` saw."""
 
     workspace: Path
     git_root: Path | None
     findings: tuple[Finding, ...]
+    notes: tuple[Note, ...] = ()
 
     @property
     def admitted(self) -> bool:
@@ -43,6 +60,7 @@ class AdmissionResult:
             "workspace": str(self.workspace),
             "git_root": None if self.git_root is None else str(self.git_root),
             "findings": [f.to_dict() for f in self.findings],
+            "notes": [n.to_dict() for n in self.notes],
         }
 
     def raise_if_refused(self) -> None:
@@ -55,4 +73,5 @@ class AdmissionResult:
             f"{first.path} and {len(self.findings) - 1} more finding(s)",
             workspace=str(self.workspace),
             findings=[f.to_dict() for f in self.findings],
+            **({"notes": [n.to_dict() for n in self.notes]} if self.notes else {}),
         )

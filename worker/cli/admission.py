@@ -1,8 +1,10 @@
 """``acp-worker admission check DIR``: would this workspace be admitted?
 
 Exit 0 when admitted, 3 (``admission_refused``) with every finding when refused, 2 when
-DIR is missing. Human output is one ``rule  path  reason`` line per finding; ``--json``
-prints ``{"admitted": ..., "findings": [...]}`` on stdout either way.
+DIR is missing. Human output is one ``rule  path  reason`` line per finding, and one
+``note: code  path  reason`` line on stderr per thing the check could not judge (a
+``.git`` pointing nowhere); ``--json`` prints ``{"admitted": ..., "findings": [...],
+"notes": [...]}`` on stdout either way.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _print_human(result: AdmissionResult) -> None:
+    for note in result.notes:
+        print(f"note: {note.code}  {note.path}  {note.reason}", file=sys.stderr)
     if result.admitted:
         print(f"admitted: {result.workspace}")
         return

@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +95,7 @@ class _Ownership:
     sinks: tuple[EventSink, ...] = ()
     attempt: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
+    lease_gone: Callable[[], Awaitable[bool]] | None = None
 
 
 async def _run_async(
@@ -121,6 +122,7 @@ async def _run_async(
             cancel=cancel,
             labels=owned.labels,
             control=owned.client,
+            lease_gone=owned.lease_gone,
         )
     return outcome.exit_code
 
@@ -156,7 +158,7 @@ async def _own(
                 owned = await _enter(client, claim, settings, stack, cancel)
             except LeaseRefusedError as again:
                 raise _refused(again.refusal) from None
-    return _Ownership(client, (owned.sink,), owned.lease.attempt, owned.labels)
+    return _Ownership(client, (owned.sink,), owned.lease.attempt, owned.labels, owned.lease_gone)
 
 
 async def _enter(

@@ -242,7 +242,8 @@ def _reap_text(report: dict[str, list[str]]) -> str:
     return (
         f"reaped: {len(report['lost'])} job(s) lost {report['lost']}, "
         f"{len(report['destroyed'])} sandbox(es) destroyed, {len(report['failed'])} failed, "
-        f"{len(report['workspaces'])} work dir(s) and {len(report['results'])} result(s) removed"
+        f"{len(report['workspaces'])} work dir(s), {len(report['results'])} result(s) and "
+        f"{len(report.get('sessions', []))} session(s) removed"
     )
 
 

@@ -136,6 +136,19 @@ def not_launched(status: Literal["cancelled", "timed_out"], next_phase: str) -> 
     )
 
 
+def admission_notes(notes: Sequence[Mapping[str, str]]) -> Notice:
+    """What the workspace admission could not judge (it admitted the workspace): each
+    ``{path, code, reason}``, e.g. a ``.git`` gitfile pointing nowhere."""
+    listed = list(notes[:LISTED_PATHS])
+    return Notice(
+        level="warning",
+        code="admission_notes",
+        message=f"admission could not judge {len(notes)} thing(s) in the workspace: "
+        + "; ".join(f"{n['code']} {n['path']}" for n in listed[:3]),
+        details={"notes": listed, "total": len(notes)},
+    )
+
+
 def workspace_special_files_skipped(paths: Sequence[str]) -> Notice:
     """Staging copies no socket, FIFO or device; the first ``LISTED_PATHS`` are named."""
     return Notice(
@@ -236,6 +249,18 @@ def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
 
 def _opt_text(value: Any) -> str | None:
     return None if value is None else bounded(str(value), 256)["text"]
+
+
+def results_skipped_lease_lost(skipped: Sequence[str]) -> Notice:
+    """The job's lease is gone (another attempt or a reaper owns the job now): the
+    teardown steps that write its results (``skipped``) did not run."""
+    return Notice(
+        level="warning",
+        code="results_skipped_lease_lost",
+        message="the job's lease is gone, so its results are not this attempt's to "
+        f"write: {', '.join(skipped)} skipped",
+        details={"skipped": list(skipped)},
+    )
 
 
 def sandbox_not_destroyed(sandbox_id: str | None) -> Notice:

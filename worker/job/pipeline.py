@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,11 +56,14 @@ async def run_job(
     cancel: asyncio.Event | None = None,
     labels: Mapping[str, str] | None = None,
     control: aioredis.Redis | None = None,
+    lease_gone: Callable[[], Awaitable[bool]] | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
     With ``control`` (Redis), questions, plans and permission asks become durable
     interactions answered through ``acpw:{J}:control``; without it they are declined.
+    ``lease_gone`` (an owned job's ``Owned.lease_gone``): once it answers True, the
+    teardown saves no session, captures no change and uploads nothing (a notice says so).
     """
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -79,6 +82,7 @@ async def run_job(
         attempt=attempt,
         labels=labels or {},
         control=control,
+        lease_gone=lease_gone,
     )
     try:
         outcome = await Job(ctx).run(cancel or asyncio.Event())

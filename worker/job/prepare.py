@@ -153,6 +153,9 @@ class Preparation:
             disk_mb=spec.limits.disk_mb,
         )
         state.timings.mark("workspace")
+        if state.prepared.admission_notes:
+            notes = [n.to_dict() for n in state.prepared.admission_notes]
+            await ctx.emitter.emit(notices.admission_notes(notes))
         if staged.skipped:
             await ctx.emitter.emit(notices.workspace_special_files_skipped(staged.skipped))
         if state.prepared.disk is None:

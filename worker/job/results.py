@@ -11,7 +11,7 @@ from typing import Any
 from worker.errors import ResultUploadFailed
 from worker.events import notices
 from worker.events.models import WorkspaceChanged
-from worker.job.state import JobContext, JobState
+from worker.job.state import JobContext, JobState, lease_gone
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import (
     Captured,
@@ -37,6 +37,10 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
         if captured.changes:
             ref = await asyncio.to_thread(write_patch, captured.patch, patch_path)
     except Exception as exc:  # any failure (a bug, a pathological tree) still settles the job
+        if await lease_gone(ctx):  # lost meanwhile: a reaper may have removed the tree
+            log.warning("the lease of job %s is gone: capture abandoned", ctx.spec.job_id)
+            await ctx.emitter.emit(notices.results_skipped_lease_lost(["capture", "bundle_upload"]))
+            return
         log.exception("change capture failed for job %s", ctx.spec.job_id)
         await ctx.emitter.emit(notices.capture_failed(exc))
         return
@@ -48,8 +52,13 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
     if notice is not None:
         await ctx.emitter.emit(notice)
     target = bundle_target(ctx)
-    if target is not None and captured.changes:
-        state.result = await _upload(ctx, state, target, captured, workspace)
+    if target is None or not captured.changes:
+        return
+    if await lease_gone(ctx):  # lost while capturing: the bundle is not ours to write
+        log.warning("the lease of job %s is gone: bundle_upload skipped", ctx.spec.job_id)
+        await ctx.emitter.emit(notices.results_skipped_lease_lost(["bundle_upload"]))
+        return
+    state.result = await _upload(ctx, state, target, captured, workspace)
 
 
 def bundle_target(ctx: JobContext) -> BundleTarget | None:

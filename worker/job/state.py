@@ -7,7 +7,7 @@ teardown sees exactly what the earlier phases got as far as making.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,15 @@ class JobContext:
     labels: Mapping[str, str]
     #: Redis for durable interactions; without it questions and plans are declined.
     control: aioredis.Redis | None
+    #: Whether the job's lease is gone (``Owned.lease_gone``); None: a run without one.
+    #: Once it is, the teardown runs nothing that writes results (see ``lease_gone``).
+    lease_gone: Callable[[], Awaitable[bool]] | None = None
+
+
+async def lease_gone(ctx: JobContext) -> bool:
+    """True once the job's lease is gone: another attempt (or a reaper) owns the job
+    now, so its results are not this attempt's to write."""
+    return ctx.lease_gone is not None and await ctx.lease_gone()
 
 
 @dataclass(slots=True, kw_only=True)

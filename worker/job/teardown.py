@@ -8,6 +8,12 @@ A sandbox that could not be destroyed may still run processes writing to the wor
 and hold mounts on it, though: then no session is saved, no change captured and nothing
 removed; the job's directory is left to the reaper, which destroys the sandbox again
 before it removes the directory.
+
+Once the job's lease is gone (another attempt, or a reaper that settled it ``lost``, owns
+the job now, and may be removing this work directory), nothing that writes the job's
+results runs: no session saved, no change captured, no bundle uploaded, no workspace
+kept. A ``notice`` says so (to the sinks that still take events) and a log line too; the
+workspace is removed.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from worker.events import notices
 from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
 from worker.job.results import capture_changes
-from worker.job.state import JobContext, JobState
+from worker.job.state import JobContext, JobState, lease_gone
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,9 @@ class Teardown:
     async def _dismantle(self) -> None:
         """Everything after the sandbox is destroyed."""
         ctx, state = self._ctx, self._state
+        if await lease_gone(ctx):
+            await self._lease_lost()
+            return
         await self._step("session_save", self._save_session)
         state.timings.mark("teardown")
         try:
@@ -108,6 +117,25 @@ class Teardown:
                 await self._keep(state.job_dir)
             else:
                 await state.prepared.remove()
+
+    async def _lease_lost(self) -> None:
+        """The lease went before the results were written: write none, say so, and
+        remove the workspace (it is no longer this attempt's)."""
+        ctx, state = self._ctx, self._state
+        state.timings.mark("teardown")
+        skipped = ["session_save", "capture", "bundle_upload"]
+        if ctx.spec.keep_workspace:
+            skipped.append("keep_workspace")
+        log.warning(
+            "the lease of job %s attempt %s is gone: %s skipped",
+            ctx.spec.job_id,
+            ctx.attempt,
+            ", ".join(skipped),
+        )
+        try:
+            await ctx.emitter.emit(notices.results_skipped_lease_lost(skipped))
+        finally:
+            await state.prepared.remove()
 
     async def _save_session(self) -> None:
         """Keep the session the agent recorded (once ``session.started`` went out), then

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import time
 from asyncio import FIRST_COMPLETED
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
 from worker.acp.session import AcpSession, SessionWiring
+from worker.admission import Note
 from worker.errors import WorkerError
 from worker.events import notices
 from worker.interactions import AnswerReader
@@ -29,16 +31,19 @@ from worker.sandbox.base import Sandbox
 from worker.settings import Settings
 
 
-async def readmit(sandbox: Sandbox, *, provider: str) -> None:
+async def readmit(sandbox: Sandbox, *, provider: str) -> tuple[Note, ...]:
     """Admission again, in the sandbox's own mount view, right before launch (where the
-    backend can show its view; its masks guard the whole run either way).
+    backend can show its view; its masks guard the whole run either way). Returns what
+    it could not judge there.
 
     Raises:
         AdmissionRefused: something the admission refuses appeared since staging.
     """
     result = await asyncio.to_thread(sandbox.admission_view, provider=provider)
-    if result is not None:
-        result.raise_if_refused()
+    if result is None:
+        return ()
+    result.raise_if_refused()
+    return result.notes
 
 
 async def launch_agent(
@@ -50,10 +55,14 @@ async def launch_agent(
     on_notification: NotificationHandler,
     on_malformed: MalformedHandler,
     on_oversize: OversizeHandler | None = None,
+    on_admission_notes: Callable[[tuple[Note, ...]], Awaitable[None]] | None = None,
 ) -> AgentProcess:
     """The agent spawned in ``sandbox`` once re-admitted; not started yet, so that the
-    caller can route inbound requests before the first line is read."""
-    await readmit(sandbox, provider=provider)
+    caller can route inbound requests before the first line is read. What the
+    re-admission could not judge goes to ``on_admission_notes`` before the spawn."""
+    notes = await readmit(sandbox, provider=provider)
+    if notes and on_admission_notes is not None:
+        await on_admission_notes(notes)
     process = await sandbox.spawn(
         plan.argv, env=plan.env, cwd=base.WORKSPACE, stdout_limit=settings.acp_line_limit
     )
@@ -87,6 +96,7 @@ class Turn:
             on_notification=self._notification,
             on_malformed=self._malformed,
             on_oversize=self._oversize,
+            on_admission_notes=self._admission_notes,
         )
         state.acp = AcpSession(
             state.agent.connection,
@@ -105,6 +115,13 @@ class Turn:
         state.agent.start()
         state.timings.mark("agent_spawn")
         return state.acp.client
+
+    async def _admission_notes(self, notes: tuple[Note, ...]) -> None:
+        """The sandbox view's notes that the staging admission did not already give."""
+        said = {(n.path, n.code) for n in self._state.prepared.admission_notes}
+        new = [n.to_dict() for n in notes if (n.path, n.code) not in said]
+        if new:
+            await self._ctx.emitter.emit(notices.admission_notes(new))
 
     async def open(self, cancel: asyncio.Event, deadline: float) -> str:
         """The session, opened unless a cancel (or a lost lease) or the deadline comes

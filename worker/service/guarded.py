@@ -172,6 +172,7 @@ class _GuardedRun:
             cancel=cancel,
             labels=owned.labels,
             control=self.client,
+            lease_gone=owned.lease_gone,
         )
         return outcome.status
 

@@ -64,11 +64,24 @@ class Owned:
     client: aioredis.Redis
     lease: Lease
     sink: FencedStreamSink
+    heartbeat: Heartbeat
 
     @property
     def labels(self) -> dict[str, str]:
         """Labels for what the job creates: the token the reaper judges it by."""
         return {LABEL_TOKEN: str(self.lease.token)}
+
+    async def lease_gone(self) -> bool:
+        """True once this attempt's lease is not ours: the heartbeat or the sink saw it
+        go, or Redis says so now. A check Redis does not answer is not a loss (the lease
+        may well be alive; the heartbeat keeps watching)."""
+        if self.heartbeat.lost or self.sink.fenced:
+            return True
+        try:
+            return not await leases.held(self.client, self.lease)
+        except leases.REDIS_ERRORS as exc:
+            log.warning("could not check the lease of %s: %s", self.lease.job_id, exc)
+            return False
 
 
 def sink_policy(settings: Settings) -> SinkPolicy:
@@ -104,9 +117,17 @@ async def owning(
         on_written=metrics.events_written,
         raise_when_broken=raise_when_broken,
     )
+    heartbeat = Heartbeat(
+        client,
+        lease,
+        ttl=settings.lease_ttl,
+        every=settings.lease_renew,
+        on_lost=cancel.set,
+        on_failure=metrics.lease_renew_failed,
+    )
     try:
-        async with _guards(client, lease, settings, cancel):
-            yield Owned(client, lease, sink)
+        async with _guards(client, lease, heartbeat, cancel):
+            yield Owned(client, lease, sink, heartbeat)
     finally:
         await _give_back(client, lease, sink)
 
@@ -135,18 +156,10 @@ async def claim_lease(client: aioredis.Redis, claim: Claim, *, settings: Setting
 
 @contextlib.asynccontextmanager
 async def _guards(
-    client: aioredis.Redis, lease: Lease, settings: Settings, cancel: asyncio.Event
+    client: aioredis.Redis, lease: Lease, heartbeat: Heartbeat, cancel: asyncio.Event
 ) -> AsyncIterator[None]:
-    """While the body runs, renew ``lease`` and follow the job's control stream; a lost
-    lease or a ``cancel`` entry sets ``cancel``."""
-    heartbeat = Heartbeat(
-        client,
-        lease,
-        ttl=settings.lease_ttl,
-        every=settings.lease_renew,
-        on_lost=cancel.set,
-        on_failure=metrics.lease_renew_failed,
-    )
+    """While the body runs, renew ``lease`` (``heartbeat``, whose ``on_lost`` sets
+    ``cancel``) and follow the job's control stream (a ``cancel`` entry sets it)."""
     watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
     async with heartbeat.running(), watcher.running():
         yield

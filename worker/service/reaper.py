@@ -24,7 +24,9 @@ one host on a lock file next to ``work_dir``):
    sandbox of the same job, attempt, token and owner is still there (it may hold the
    directory's workspace disk mounted).
 4. every attempt directory under ``results_dir`` (a captured patch) untouched for
-   ``results_keep_s`` is removed (never when that setting is 0).
+   ``results_keep_s`` is removed (never when that setting is 0);
+5. every recorded session of the session store (``settings.session_root``) neither
+   saved nor resumed for ``session_keep_s`` is removed (never when that setting is 0).
 
 A served job whose worker died while its lease still lives loses its sandbox at once,
 but is settled ``lost`` only by step 1, once that lease has expired.
@@ -54,6 +56,7 @@ from worker.events.emitter import serialize, utc_timestamp
 from worker.packs.cache import open_lock
 from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
+from worker.sessions import reap_sessions
 from worker.settings import Settings
 from worker.store.lease import expired_leases, forget_lease, redis_client, settle_lost
 from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
@@ -75,6 +78,7 @@ class ReapReport:
     failed: tuple[str, ...]
     workspaces: tuple[str, ...] = ()
     results: tuple[str, ...] = ()
+    sessions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, list[str]]:
         return {
@@ -83,6 +87,7 @@ class ReapReport:
             "failed": list(self.failed),
             "workspaces": list(self.workspaces),
             "results": list(self.results),
+            "sessions": list(self.sessions),
         }
 
 
@@ -110,7 +115,8 @@ class _Sweep:
 async def reap_once(
     client: aioredis.Redis, settings: Settings, backends: Mapping[str, SandboxBackend]
 ) -> ReapReport:
-    """One pass over expired leases, every backend's sandboxes and the work directories."""
+    """One pass over expired leases, every backend's sandboxes, the work directories,
+    the results and the session store."""
     sweep = _Sweep()
     for job in await expired_leases(client):
         if await _settle_expired(client, job, settings):
@@ -126,12 +132,16 @@ async def reap_once(
     results = await asyncio.to_thread(
         reap_results, settings.results_dir, keep_s=settings.results_keep_s
     )
+    sessions = await asyncio.to_thread(
+        reap_sessions, settings.session_root, keep_s=settings.session_keep_s
+    )
     return ReapReport(
         tuple(sweep.lost),
         tuple(sweep.destroyed),
         tuple(sweep.failed),
         tuple(workspaces),
         tuple(results),
+        tuple(sessions),
     )
 
 

@@ -1,10 +1,17 @@
 """Agent sessions kept between jobs (see ``worker.sessions.store``)."""
 
-from worker.sessions.store import SESSION_ID, JobSessions, SessionStore, check_session_id
+from worker.sessions.store import (
+    SESSION_ID,
+    JobSessions,
+    SessionStore,
+    check_session_id,
+    reap_sessions,
+)
 
 __all__ = [
     "SESSION_ID",
     "JobSessions",
     "SessionStore",
     "check_session_id",
+    "reap_sessions",
 ]

@@ -18,6 +18,8 @@ depth; a
 save over a bound keeps the previous recording and says why in a ``notice``. A save
 replaces the recording atomically: it is copied next to it, then exchanged with it
 (``renameat2(RENAME_EXCHANGE)``), so a reader finds the old or the new one, never a mix.
+A recording neither saved nor resumed for ``ACPW_SESSION_KEEP_S`` is removed by the
+reaper (:func:`reap_sessions`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +46,8 @@ from worker.safetree import Bounds, CopyReport, OverBound, copy_tree, remove_tre
 from worker.sandbox.base import HOME, WritableMount
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged
+
+log = logging.getLogger(__name__)
 
 #: What a job spec accepts as a session id; an id the agent chose is held to it too.
 SESSION_ID = re.compile(SESSION_ID_PATTERN)
@@ -88,7 +94,9 @@ class SessionStore:
             OverBound: the recording exceeds the bounds.
             OSError: it is missing or could not be copied.
         """
-        return copy_tree(self.path(pack, session_id), dest, self.bounds, owner=owner)
+        path = self.path(pack, session_id)
+        _touch(path)  # in use: the reaper's retention (``reap_sessions``) counts from now
+        return copy_tree(path, dest, self.bounds, owner=owner)
 
     def save(self, pack: str, session_id: str, source: Path) -> CopyReport:
         """Replace the recording of the session with a bounded copy of ``source``.
@@ -106,7 +114,50 @@ class SessionStore:
             _replace_dir(tmp, target)
         finally:
             remove_tree(tmp)
+        _touch(target)  # whatever times the agent gave its files, it was saved now
         return report
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):  # retention only: never fails a save or a resume
+        os.utime(path, follow_symlinks=False)
+
+
+def reap_sessions(root: Path, *, keep_s: float, now: float | None = None) -> list[str]:
+    """Remove the recorded sessions of ``root`` (``<pack>/<session id>/``) neither saved
+    nor resumed for ``keep_s`` seconds (a save or a resume sets the directory's mtime);
+    ``keep_s`` 0: none. Returns the ``pack/session id`` names removed.
+
+    Each is first renamed aside (atomic, so one of several reapers sharing the store
+    wins, and a resume finds the whole recording or none), then deleted; links are never
+    followed. What cannot be removed is logged and tried again by the next pass.
+    """
+    if keep_s <= 0 or not _is_dir(root):
+        return []
+    cutoff = (time.time() if now is None else now) - keep_s
+    removed = []
+    for pack_dir in sorted(root.iterdir()):
+        if not _is_dir(pack_dir):
+            continue
+        for session in sorted(pack_dir.iterdir()):
+            if SESSION_ID.fullmatch(session.name) and _idle_since(session, cutoff):
+                aside = session.with_name(f".{session.name}.{secrets.token_hex(4)}.tmp-reaped")
+                try:
+                    os.rename(session, aside)
+                    remove_tree(aside)
+                except OSError as exc:
+                    log.warning("could not remove the session %s: %s", session, exc)
+                    continue
+                removed.append(f"{pack_dir.name}/{session.name}")
+    return removed
+
+
+def _idle_since(session: Path, cutoff: float) -> bool:
+    try:
+        st = session.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_mtime < cutoff
 
 
 #: A save's temporary copy older than this is the leftover of a worker that died mid-save.

@@ -97,6 +97,11 @@ class FencedStreamSink:
         return self._settled
 
     @property
+    def fenced(self) -> bool:
+        """True once Redis refused a batch because the lease is another owner's."""
+        return self._fenced
+
+    @property
     def broken(self) -> bool:
         """True once the sink takes nothing more: fenced, or Redis away for too long."""
         return self._broken

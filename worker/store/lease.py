@@ -120,6 +120,11 @@ async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
     return bool(ok)
 
 
+async def held(client: aioredis.Redis, lease: Lease) -> bool:
+    """Whether ``lease`` is still the job's current lease (a read: nothing renewed)."""
+    return await client.get(keys.lease(lease.job_id)) == str(lease.token).encode()
+
+
 async def release(client: aioredis.Redis, lease: Lease) -> bool:
     """Give the lease up; False when it was not ours any more (then the reaper's index
     entry stays: it may be another owner's, or the hint that settles an expired one)."""

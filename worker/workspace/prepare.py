@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.admission import check_workspace
+from worker.admission import Note, check_workspace
 from worker.errors import WorkspaceUnavailable
 from worker.jobs.spec import GitWorkspace, LocalWorkspace, S3Workspace
 from worker.settings import Settings
@@ -33,6 +33,8 @@ class Prepared:
     #: The workspace's own filesystem (inside the job dir; unmounted when that goes).
     disk: BoundedDisk | None = None
     source_info: dict[str, Any] = field(default_factory=dict)
+    #: What the admission of the source could not judge (it admitted the source).
+    admission_notes: tuple[Note, ...] = ()
 
     async def remove(self) -> None:
         for path in self.cleanup:
@@ -98,6 +100,7 @@ async def prepare_workspace(
                            base_dir=base_dir, secrets=secrets)  # fmt: skip
     admission = await asyncio.to_thread(check_workspace, source, provider=provider)
     admission.raise_if_refused()
+    prepared.admission_notes = admission.notes
     dest = await _destination(prepared, settings=settings, job_dir=job_dir, disk_mb=disk_mb)
     prepared.cleanup.append(dest)
     try:

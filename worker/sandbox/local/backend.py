@@ -106,7 +106,8 @@ class LocalSandbox:
             and not mountpoints.hidden(record.workspace, self._masks, f.path)
         )
         git_root = result.git_root if result.git_root == result.workspace else None
-        return replace(result, git_root=git_root, findings=kept)
+        notes = tuple(n for n in result.notes if not n.path.startswith("../"))
+        return replace(result, git_root=git_root, findings=kept, notes=notes)
 
     async def spawn(
         self,
