@@ -37,6 +37,7 @@ from worker.events.sinks import EventSink, JsonlSink
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
 from worker.sandbox import BACKENDS, backend_config, get_backend
+from worker.sandbox.base import LeaseDeadline
 from worker.service.ownership import Claim, LeaseRefusedError, Owned, owning
 from worker.settings import Settings
 from worker.store.lease import Refusal, redis_client
@@ -96,6 +97,7 @@ class _Ownership:
     attempt: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
     lease_gone: Callable[[], Awaitable[bool]] | None = None
+    lease_deadline: LeaseDeadline | None = None  # bounds the sandbox by the lease
 
 
 async def _run_async(
@@ -123,6 +125,7 @@ async def _run_async(
             labels=owned.labels,
             control=owned.client,
             lease_gone=owned.lease_gone,
+            lease_deadline=owned.lease_deadline,
         )
     return outcome.exit_code
 
@@ -158,7 +161,14 @@ async def _own(
                 owned = await _enter(client, claim, settings, stack, cancel)
             except LeaseRefusedError as again:
                 raise _refused(again.refusal) from None
-    return _Ownership(client, (owned.sink,), owned.lease.attempt, owned.labels, owned.lease_gone)
+    return _Ownership(
+        client,
+        (owned.sink,),
+        owned.lease.attempt,
+        owned.labels,
+        owned.lease_gone,
+        owned.deadline,
+    )
 
 
 async def _enter(

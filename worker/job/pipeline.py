@@ -37,7 +37,7 @@ from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan
-from worker.sandbox.base import SandboxBackend
+from worker.sandbox.base import LeaseDeadline, SandboxBackend
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ async def run_job(
     labels: Mapping[str, str] | None = None,
     control: aioredis.Redis | None = None,
     lease_gone: Callable[[], Awaitable[bool]] | None = None,
+    lease_deadline: LeaseDeadline | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
@@ -64,6 +65,8 @@ async def run_job(
     interactions answered through ``acpw:{J}:control``; without it they are declined.
     ``lease_gone`` (an owned job's ``Owned.lease_gone``): once it answers True, the
     teardown saves no session, captures no change and uploads nothing (a notice says so).
+    ``lease_deadline`` (``Owned.deadline``) bounds the sandbox by the lease
+    (``SandboxSpec.lease_deadline``).
     """
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -83,6 +86,7 @@ async def run_job(
         labels=labels or {},
         control=control,
         lease_gone=lease_gone,
+        lease_deadline=lease_deadline,
     )
     try:
         outcome = await Job(ctx).run(cancel or asyncio.Event())

@@ -184,6 +184,7 @@ class Preparation:
             network_allow=tuple(ctx.spec.network.allow),
             on_network_denial=self._network_denied,
             state_mounts=await self._state_mounts(),
+            lease_deadline=ctx.lease_deadline,
         )
         state.sandbox = await ctx.backend.create(spec)
         state.timings.mark("sandbox_create")

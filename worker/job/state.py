@@ -50,6 +50,8 @@ class JobContext:
     #: Whether the job's lease is gone (``Owned.lease_gone``); None: a run without one.
     #: Once it is, the teardown runs nothing that writes results (see ``lease_gone``).
     lease_gone: Callable[[], Awaitable[bool]] | None = None
+    #: When the lease expires unless renewed (``Owned.deadline``); None: no lease.
+    lease_deadline: base.LeaseDeadline | None = None
 
 
 async def lease_gone(ctx: JobContext) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -81,6 +81,43 @@ def home_relative(target: str) -> str:
     return rel
 
 
+class LeaseDeadline:
+    """When the job's lease expires unless renewed, as its owner knows it: a
+    ``time.monotonic()`` instant (that clock is the host's, so another process can
+    compare it), moved on by every renewal.
+
+    A backend that can bound a sandbox by it independently of the worker process (the
+    local backend's watchdog) follows it; one that cannot ignores it. A job run
+    without a lease has none (``SandboxSpec.lease_deadline`` is ``None``).
+    """
+
+    __slots__ = ("_at", "_followers")
+
+    def __init__(self, at: float) -> None:
+        self._at = at
+        self._followers: list[Callable[[float], None]] = []
+
+    @property
+    def at(self) -> float:
+        return self._at
+
+    def extend(self, at: float) -> None:
+        """The lease was renewed until ``at``: tell every follower (never raises)."""
+        self._at = at
+        for follower in tuple(self._followers):
+            follower(at)
+
+    def follow(self, follower: Callable[[float], None]) -> Callable[[], None]:
+        """Call ``follower`` with each new deadline; returns what stops that."""
+        self._followers.append(follower)
+
+        def stop() -> None:
+            if follower in self._followers:
+                self._followers.remove(follower)
+
+        return stop
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """What one job's sandbox needs. Backends must honour every field."""
@@ -109,6 +146,9 @@ class SandboxSpec:
     #: Size bound of each private tmpfs (``/tmp`` and ``HOME``); their pages also count
     #: against ``limits.memory_bytes``.
     tmpfs_bytes: int = 256 * 1024 * 1024
+    #: The job's lease deadline (``None``: no lease). A backend that can kills the
+    #: sandbox once it passes unrenewed, even while the worker process is frozen.
+    lease_deadline: LeaseDeadline | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,6 +173,7 @@ class _GuardedRun:
             labels=owned.labels,
             control=self.client,
             lease_gone=owned.lease_gone,
+            lease_deadline=owned.deadline,
         )
         return outcome.status
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ import redis.asyncio as aioredis
 
 from worker import metrics
 from worker.client.queue import settled_ttl
-from worker.sandbox.base import LABEL_TOKEN
+from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline
 from worker.service.reaper import mark_lost
 from worker.settings import Settings
 from worker.store import lease as leases
@@ -65,6 +66,9 @@ class Owned:
     lease: Lease
     sink: FencedStreamSink
     heartbeat: Heartbeat
+    #: When the lease expires unless renewed, moved on by each renewal: the job's
+    #: sandbox is bounded by it (``SandboxSpec.lease_deadline``).
+    deadline: LeaseDeadline
 
     @property
     def labels(self) -> dict[str, str]:
@@ -108,7 +112,9 @@ async def owning(
     Raises:
         LeaseRefusedError: the lease was not granted (held, settled, stale, orphaned).
     """
+    asked = time.monotonic()  # the lease lives at most ``lease_ttl`` from here
     lease = await claim_lease(client, claim, settings=settings)
+    deadline = LeaseDeadline(asked + settings.lease_ttl)
     sink = FencedStreamSink(
         client,
         lease,
@@ -124,10 +130,11 @@ async def owning(
         every=settings.lease_renew,
         on_lost=cancel.set,
         on_failure=metrics.lease_renew_failed,
+        on_renewed=deadline.extend,
     )
     try:
         async with _guards(client, lease, heartbeat, cancel):
-            yield Owned(client, lease, sink, heartbeat)
+            yield Owned(client, lease, sink, heartbeat, deadline)
     finally:
         await _give_back(client, lease, sink)
 

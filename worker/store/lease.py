@@ -188,6 +188,10 @@ async def settle_lost(
 class Heartbeat:
     """Renews a lease every ``every`` seconds; calls ``on_lost`` once when it is gone.
 
+    ``on_renewed`` gets the lease's new deadline after each renewal: a
+    ``time.monotonic()`` instant no later than Redis's (taken before the renewal was
+    sent, plus ``ttl``).
+
     A Redis error is retried every second: the lease may still be alive. When Redis
     answers again and the lease has expired meanwhile, the lease is lost.
     """
@@ -201,6 +205,7 @@ class Heartbeat:
         every: float,
         on_lost: Callable[[], None],
         on_failure: Callable[[], None] = lambda: None,
+        on_renewed: Callable[[float], None] = lambda _: None,
     ) -> None:
         self._client = client
         self._lease = lease
@@ -208,6 +213,7 @@ class Heartbeat:
         self._every = every
         self._on_lost = on_lost
         self._on_failure = on_failure
+        self._on_renewed = on_renewed
         self.lost = False
 
     async def run(self) -> None:
@@ -215,6 +221,7 @@ class Heartbeat:
         while not self.lost:
             await asyncio.sleep(delay)
             still_cancelling()
+            sent = time.monotonic()
             try:
                 alive = await renew(self._client, self._lease, ttl=self._ttl)
             except REDIS_ERRORS as exc:
@@ -224,7 +231,9 @@ class Heartbeat:
                 delay = min(1.0, self._every)
                 continue
             delay = self._every
-            if not alive:
+            if alive:
+                self._on_renewed(sent + self._ttl)
+            else:
                 self.lost = True
                 self._on_lost()
 

@@ -36,6 +36,7 @@ from worker.sandbox.local.records import (
     staged_names,
     translate_oserror,
 )
+from worker.sandbox.local.watchdogs import Watchdogs
 from worker.sandbox.shared import ProxyRegistry, check_command, check_spec, make_sandbox_id
 
 # Staged bind sources (root worker only). Not under the state dir: every uid must be able
@@ -189,6 +190,7 @@ class LocalBackend:
         self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
+        self._watchdogs = Watchdogs()
         self.privileged = os.geteuid() == 0
         self.owner = config.host_owner()
         self.tools = HostTools(bwrap=config.bwrap, owner=self.owner)
@@ -272,6 +274,11 @@ class LocalBackend:
                     await asyncio.to_thread(build_shared_etc, record.etc_dir)
                 self._shared_dirs()
                 driver.create(record.sandbox_id, spec.limits)
+                if spec.lease_deadline is not None:
+                    # Bounded by its lease from here, even if this process freezes.
+                    await self._watchdogs.start(
+                        record.sandbox_id, spec.lease_deadline, record.cgroups
+                    )
                 owner = self.owner if self.privileged else None
                 made = mountpoints.ensure(record.workspace, masks, owner)
                 record = replace(record, mask_points=tuple(made))
@@ -314,9 +321,11 @@ class LocalBackend:
         check_local_id(sandbox_id)
         record = self.store.read(sandbox_id)
         if record is None:
+            await self._watchdogs.stop(sandbox_id)
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_and_remove(record.cgroups, sandbox_id)
+            await self._watchdogs.stop(sandbox_id)
             await self._proxies.close(sandbox_id)
             if record.stage is not None:
                 staging.remove(record.stage, record.staged)

@@ -1,0 +1,177 @@
+"""A leased sandbox is bounded by its lease without the worker process (issue #13, item
+10): its watchdog kills it once the lease deadline passes unrenewed, even while the
+worker's whole process group is frozen. Real bubblewrap, real cgroups, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_containment import (
+    ENV,
+    _backend,
+    _host_pids_with,
+    _spec,
+    _tree_script,
+    _until_gone,
+)
+from tests.integration.test_run_job import REPO, _env, _job
+from tests.procs import finish
+from worker.sandbox.base import LeaseDeadline
+from worker.sandbox.local import LocalBackend
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def etc_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("etc") / "etc"
+
+
+@pytest.fixture
+def backend(tmp_path: Path, etc_dir: Path) -> LocalBackend:
+    return _backend(tmp_path, etc_dir)
+
+
+def _watchdogs_of(cgroup: Path) -> list[int]:
+    """Host pids whose command line names ``cgroup``: its watchdog, nothing else does."""
+    return _host_pids_with(str(cgroup))
+
+
+# --- the backend --------------------------------------------------------------------------
+
+
+async def test_a_sandbox_whose_lease_is_not_renewed_is_killed(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    deadline = LeaseDeadline(time.monotonic() + 1.0)
+    box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
+    try:
+        marker = f"marker-{uuid.uuid4().hex}"
+        proc = await box.spawn(_tree_script(marker), env=ENV)
+        assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
+        assert len(_host_pids_with(marker)) >= 3
+        assert await _until_gone(marker, seconds=20) == []  # no renewal: killed
+        assert await asyncio.wait_for(proc.wait(), 10) != 0
+        status = await backend.status(box.sandbox_id)
+        assert status is not None
+        assert status.pids == frozenset()
+        assert await _until_watchdog_gone(box.cgroups.paths[0]) == []  # its work is done
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_a_renewed_lease_keeps_the_sandbox_alive_past_its_first_deadline(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    first = time.monotonic() + 1.0
+    deadline = LeaseDeadline(first)
+    box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
+    try:
+        marker = f"marker-{uuid.uuid4().hex}"
+        proc = await box.spawn(_tree_script(marker), env=ENV)
+        assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
+        assert len(_watchdogs_of(box.cgroups.paths[0])) == 1
+        while time.monotonic() < first + 2.0:  # renewed as a heartbeat does
+            deadline.extend(time.monotonic() + 1.0)
+            await asyncio.sleep(0.1)
+        assert len(_host_pids_with(marker)) >= 3
+        assert proc.returncode is None
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert _host_pids_with(marker) == []
+    assert await _until_watchdog_gone(box.cgroups.paths[0]) == []  # destroy stopped it
+
+
+async def test_a_sandbox_without_a_lease_has_no_watchdog(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    box = await backend.create(_spec(tmp_path))
+    try:
+        assert _watchdogs_of(box.cgroups.paths[0]) == []
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def _until_watchdog_gone(cgroup: Path, seconds: float = 10.0) -> list[int]:
+    for _ in range(int(seconds / 0.05)):
+        left = _watchdogs_of(cgroup)
+        if not left:
+            return []
+        await asyncio.sleep(0.05)
+    return _watchdogs_of(cgroup)
+
+
+# --- a frozen worker ----------------------------------------------------------------------
+
+
+def _sandbox_pids(sandbox_id: str) -> set[int]:
+    """Host pids in a cgroup of ``sandbox_id``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cgroup = (entry / "cgroup").read_text()
+            except OSError:
+                continue
+            if f"/{sandbox_id}\n" in cgroup or f"/{sandbox_id}/" in cgroup:
+                found.add(int(entry.name))
+    return found
+
+
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def test_a_frozen_workers_sandbox_dies_with_its_lease(tmp_path: Path, redis_url: str) -> None:
+    """SIGSTOP the worker's whole process group mid-turn: its sandbox is gone within a
+    few seconds of the lease TTL while the worker is still stopped."""
+    ttl = 2.0
+    job = _job(tmp_path, "#!scenario\nsay hang-marker\nhang\n")
+    env = _env(tmp_path, ACPW_LEASE_TTL=str(ttl), ACPW_LEASE_RENEW="0.3")
+    argv = [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"]
+    proc = subprocess.Popen(
+        [*argv, "--redis", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,  # its own group, as a service's would be
+    )
+    assert proc.stdout is not None
+    sandbox_id = ""
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "sandbox.ready":
+                sandbox_id = event["data"]["sandbox_id"]
+            if "hang-marker" in line:
+                break
+        assert sandbox_id
+        assert _sandbox_pids(sandbox_id)  # the agent runs
+        os.killpg(proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        left = _sandbox_pids(sandbox_id)
+        while left and time.monotonic() < stopped_at + ttl + 15:
+            time.sleep(0.1)
+            left = _sandbox_pids(sandbox_id)
+        assert left == set(), "the sandbox outlived its lease"
+        assert _stopped(proc.pid)  # the worker had no part in it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+    finish(proc, 60)
+    assert proc.returncode != 0  # its lease is gone: it could not settle the job
+    assert list((tmp_path / "work").iterdir()) == []  # and it cleaned up after itself
