@@ -190,7 +190,7 @@ class LocalBackend:
         self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
-        self._watchdogs = Watchdogs()
+        self._watchdogs = Watchdogs(self.store.root / "leases")
         self.privileged = os.geteuid() == 0
         self.owner = config.host_owner()
         self.tools = HostTools(bwrap=config.bwrap, owner=self.owner)
