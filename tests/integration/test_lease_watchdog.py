@@ -93,6 +93,19 @@ async def test_a_renewed_lease_keeps_the_sandbox_alive_past_its_first_deadline(
     assert await _until_watchdog_gone(box.cgroups.paths[0]) == []  # destroy stopped it
 
 
+async def test_a_destroy_from_another_process_ends_the_watchdog(
+    backend: LocalBackend, tmp_path: Path, etc_dir: Path
+) -> None:
+    box = await backend.create(_spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 60)))
+    try:
+        assert len(_watchdogs_of(box.cgroups.paths[0])) == 1
+        reaper = _backend(tmp_path, etc_dir)  # shares only the state dir, as a reaper does
+        await reaper.destroy(box.sandbox_id)
+        assert await _until_watchdog_gone(box.cgroups.paths[0]) == []  # long before 60 s
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
 async def test_a_sandbox_without_a_lease_has_no_watchdog(
     backend: LocalBackend, tmp_path: Path
 ) -> None:
