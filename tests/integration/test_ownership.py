@@ -4,6 +4,7 @@ once the stream settled, a refusal starts nothing, an orphaned attempt is settle
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -86,3 +87,28 @@ async def test_a_held_lease_is_refused_and_an_orphan_is_settled_lost(
     state = await read_state(client, "own-4")
     assert state is not None
     assert state.status == "lost"
+
+
+async def test_each_renewal_moves_the_deadline_never_past_the_lease(
+    client: aioredis.Redis,
+) -> None:
+    """``Owned.deadline`` (what bounds the job's sandbox) follows the heartbeat, and is
+    never later than the lease's expiry in Redis."""
+    settings = Settings(lease_ttl=2, lease_renew=0.1)
+    before = time.monotonic()
+    async with owning(client, Claim("own-d"), settings=settings, cancel=asyncio.Event()) as owned:
+        first = owned.deadline.at
+        assert before < first <= time.monotonic() + 2
+        seen = [first]
+        owned.deadline.follow(seen.append)
+        while len(seen) < 3:  # two renewals
+            await asyncio.sleep(0.05)
+            at = owned.deadline.at
+            now = time.monotonic()
+            left_ms = await client.pttl(keys.lease("own-d"))
+            assert at <= now + left_ms / 1000 + 0.002  # Redis's expiry is at least that
+        assert seen == sorted(seen)
+        assert seen[-1] > first
+        emitter = EventEmitter(job_id="own-d", attempt=owned.lease.attempt, sinks=[owned.sink])
+        await emitter.emit(DONE)
+        await emitter.close()
