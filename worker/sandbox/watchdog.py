@@ -8,12 +8,13 @@ microseconds to start, nothing of the worker in it) started in its own session
 (``setsid``: a signal to the worker's process group does not reach it).
 
 It follows a *deadline file* the worker rewrites (atomically) on every lease renewal:
-one integer, the deadline in hundredths of a second of ``/proc/uptime`` (the kernel's
-boot-time clock, which a shell reads without forking). Once a second it compares; when
-the deadline has passed it SIGKILLs every member of the sandbox's cgroups until none is
-left (``cgroup.kill`` too on cgroup v2; removing them stays ``destroy``'s job, or a
-reaper's) and exits. When the file is gone the sandbox was destroyed: it exits. If the
-worker dies, the file keeps the last deadline, which still holds.
+one integer, the deadline in hundredths of a second of ``/proc/uptime`` (a clock a shell
+reads without forking; the worker converts from ``time.monotonic()`` through the same
+file). Once a second it compares; when the deadline has passed it SIGKILLs every member
+of the sandbox's cgroups until none is left (``cgroup.kill`` too on cgroup v2; removing
+them stays ``destroy``'s job, or a reaper's) and exits. When the file is gone the
+sandbox was destroyed: it exits. If the worker dies, the file keeps the last deadline,
+which still holds.
 """
 
 from __future__ import annotations
@@ -53,9 +54,19 @@ exit 1
 
 def uptime_centis(monotonic_at: float) -> int:
     """``monotonic_at`` (a ``time.monotonic()`` instant) on the ``/proc/uptime`` clock,
-    in hundredths of a second (rounded down: the watchdog never fires late for it)."""
-    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    return int((boot + monotonic_at - time.monotonic()) * 100)
+    in hundredths of a second (rounded down: the watchdog never fires late for it).
+
+    Read from ``/proc/uptime`` itself, as the watchdog reads it (a container's
+    ``/proc/uptime`` may be virtualized, e.g. by LXCFS, and differ from the kernel's
+    boot-time clock).
+
+    Raises:
+        OSError: ``/proc/uptime`` is unreadable.
+    """
+    with open("/proc/uptime", encoding="ascii") as uptime:
+        up = float(uptime.read().split()[0])
+    now = time.monotonic()  # after the read: the deadline errs early, never late
+    return int((up + monotonic_at - now) * 100)
 
 
 def write_deadline(path: Path, monotonic_at: float) -> None:
