@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.credentials.redact import Redactor
-from worker.errors import AgentError, WorkerError
+from worker.errors import AgentError, LeaseLost, WorkerError
 from worker.events import notices
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -32,7 +32,7 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
-from worker.job.state import JobContext, JobState, new_state
+from worker.job.state import JobContext, JobState, lease_gone, new_state
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
@@ -110,7 +110,7 @@ class Job:
             stop_reason = await self._execute(cancel)
             outcome = settled(stop_reason)
         except Stopped as stop:
-            outcome = interrupted(stop)
+            outcome = await self._interrupted(stop)
         except WorkerError as exc:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
@@ -121,6 +121,19 @@ class Job:
         outcome = after_teardown(outcome, state.teardown_error)
         await self._complete(outcome)
         return outcome
+
+    async def _interrupted(self, stop: Stopped) -> JobOutcome:
+        """The outcome of a job stopped early. A lost lease also sets ``cancel``, and the
+        heartbeat or the sink may be first to see it: either way the job failed
+        ``lease_lost``, never `cancelled` by nobody."""
+        outcome = interrupted(stop)
+        if outcome.status != "cancelled" or not await lease_gone(self._ctx):
+            return outcome
+        error = LeaseLost(
+            "the job's lease was lost (another owner holds it now): it stopped",
+            job_id=self._ctx.spec.job_id,
+        )
+        return JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
 
     async def _accepted(self) -> None:
         ctx = self._ctx

@@ -11,7 +11,7 @@ from typing import Any
 from worker.errors import ResultUploadFailed
 from worker.events import notices
 from worker.events.models import WorkspaceChanged
-from worker.job.state import JobContext, JobState, lease_gone
+from worker.job.state import JobContext, JobState, lease_gone, tell_results_skipped
 from worker.workspace.bundle import BundleTarget, upload_bundle
 from worker.workspace.changes import (
     Captured,
@@ -39,7 +39,7 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
     except Exception as exc:  # any failure (a bug, a pathological tree) still settles the job
         if await lease_gone(ctx):  # lost meanwhile: a reaper may have removed the tree
             log.warning("the lease of job %s is gone: capture abandoned", ctx.spec.job_id)
-            await ctx.emitter.emit(notices.results_skipped_lease_lost(["capture", "bundle_upload"]))
+            await tell_results_skipped(ctx, ["capture", "bundle_upload"])
             return
         log.exception("change capture failed for job %s", ctx.spec.job_id)
         await ctx.emitter.emit(notices.capture_failed(exc))
@@ -56,7 +56,7 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
         return
     if await lease_gone(ctx):  # lost while capturing: the bundle is not ours to write
         log.warning("the lease of job %s is gone: bundle_upload skipped", ctx.spec.job_id)
-        await ctx.emitter.emit(notices.results_skipped_lease_lost(["bundle_upload"]))
+        await tell_results_skipped(ctx, ["bundle_upload"])
         return
     state.result = await _upload(ctx, state, target, captured, workspace)
 

@@ -7,6 +7,7 @@ teardown sees exactly what the earlier phases got as far as making.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from worker.acp.agent import AgentProcess
 from worker.acp.session import AcpSession
 from worker.errors import ResultUploadFailed, WorkerError
+from worker.events import notices
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.interactions import InteractionBroker, InteractionStore
@@ -58,6 +60,14 @@ async def lease_gone(ctx: JobContext) -> bool:
     """True once the job's lease is gone: another attempt (or a reaper) owns the job
     now, so its results are not this attempt's to write."""
     return ctx.lease_gone is not None and await ctx.lease_gone()
+
+
+async def tell_results_skipped(ctx: JobContext, skipped: list[str]) -> None:
+    """Say on the sinks that still take events that ``skipped`` did not run because the
+    lease is gone. The fenced Redis sink refusing it is expected (that is how a lost
+    lease shows there), not a teardown failure."""
+    with contextlib.suppress(WorkerError):
+        await ctx.emitter.emit(notices.results_skipped_lease_lost(skipped))
 
 
 @dataclass(slots=True, kw_only=True)

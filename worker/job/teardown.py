@@ -31,7 +31,7 @@ from worker.events import notices
 from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
 from worker.job.results import capture_changes
-from worker.job.state import JobContext, JobState, lease_gone
+from worker.job.state import JobContext, JobState, lease_gone, tell_results_skipped
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class Teardown:
             ", ".join(skipped),
         )
         try:
-            await ctx.emitter.emit(notices.results_skipped_lease_lost(skipped))
+            await tell_results_skipped(ctx, skipped)
         finally:
             await state.prepared.remove()
 
