@@ -98,15 +98,16 @@ PEER = textwrap.dedent(
 )
 
 
-async def _run(tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
-    settings = Settings()
-    assert settings.acp_line_limit == 8 * MIB
+async def _peer(
+    tmp_path: Path, source: str, normalizer: Normalizer
+) -> tuple[AgentProcess, AcpClient, io.StringIO]:
+    """A real peer process running ``source``, wired to a turn's handlers as a job's
+    agent is: what those handlers emit lands in the returned stream as JSON lines."""
     stream = io.StringIO()
     emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
-    normalizer = Normalizer(workspace_root="/workspace")
     turn = Turn(SimpleNamespace(emitter=emitter), SimpleNamespace(normalizer=normalizer))  # type: ignore[arg-type]
     script = tmp_path / "peer.py"
-    script.write_text(PEER)
+    script.write_text(source)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(script),
@@ -117,15 +118,21 @@ async def _run(tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
     )
     agent = AgentProcess(
         FakeProcess(proc),
-        line_limit=settings.acp_line_limit,
+        line_limit=8 * MIB,
         request_timeout=10,
         stderr_limit=65536,
         on_notification=turn._notification,
         on_malformed=turn._malformed,
         on_oversize=turn._oversize,
     )
-    client = AcpClient(agent.connection)
     agent.start()
+    return agent, AcpClient(agent.connection), stream
+
+
+async def _run(tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
+    assert Settings().acp_line_limit == 8 * MIB  # the peer writes past the default bound
+    normalizer = Normalizer(workspace_root="/workspace")
+    agent, client, stream = await _peer(tmp_path, PEER, normalizer)
     try:
         await client.initialize(ClientCapabilities())
         session = await client.new_session("/workspace")
@@ -199,31 +206,8 @@ LATE_PEER = textwrap.dedent(
 
 
 async def _late(tmp_path: Path) -> list[dict[str, Any]]:
-    stream = io.StringIO()
-    emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
     normalizer = Normalizer(workspace_root="/workspace")
-    turn = Turn(SimpleNamespace(emitter=emitter), SimpleNamespace(normalizer=normalizer))  # type: ignore[arg-type]
-    script = tmp_path / "late.py"
-    script.write_text(LATE_PEER)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    agent = AgentProcess(
-        FakeProcess(proc),
-        line_limit=8 * MIB,
-        request_timeout=10,
-        stderr_limit=65536,
-        on_notification=turn._notification,
-        on_malformed=turn._malformed,
-        on_oversize=turn._oversize,
-    )
-    client = AcpClient(agent.connection)
-    agent.start()
+    agent, client, stream = await _peer(tmp_path, LATE_PEER, normalizer)
     try:
         prompt = asyncio.create_task(client.prompt("s1", [{"type": "text", "text": "go"}]))
         await client.cancel("s1")
