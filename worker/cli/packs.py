@@ -61,20 +61,22 @@ def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_verify(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verify = actions.add_parser("verify", help="materialize if needed, then verify")
-    verify.add_argument("pack", metavar="PACK", help="pack name or folder")
-    verify.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
-    verify.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
-    add_json_flag(verify)
+    _add_closure_args(verify)
     verify.set_defaults(handler=verify_command)
 
 
 def _add_materialize(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mat = actions.add_parser("materialize", help="print the verified closure's path")
-    mat.add_argument("pack", metavar="PACK", help="pack name or folder")
-    mat.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
-    mat.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
-    add_json_flag(mat)
+    _add_closure_args(mat)
     mat.set_defaults(handler=materialize_command)
+
+
+def _add_closure_args(parser: argparse.ArgumentParser) -> None:
+    """What `verify` and `materialize` both take: the pack, its platform, the cache."""
+    parser.add_argument("pack", metavar="PACK", help="pack name or folder")
+    parser.add_argument("--platform", choices=PLATFORMS, help="default: this host's")
+    parser.add_argument("--cache", type=Path, metavar="DIR", help="default: settings")
+    add_json_flag(parser)
 
 
 def _add_npm(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
