@@ -164,23 +164,36 @@ def test_off_stages_on_the_host_disk(tmp_path: Path) -> None:
 
 
 def test_without_root_the_disk_is_refused_clearly(tmp_path: Path) -> None:
+    """As uid 61000 the loop disk cannot be made: a typed refusal that names the way out.
+
+    The unprivileged side is a forked child of this process, so it needs no read access
+    to the checkout (a clone under a 0700 directory must pass too)."""
     tmp_path.chmod(0o777)
-    code = (
-        "import sys, pathlib\n"
-        "from worker.workspace import disk\n"
-        "from worker.errors import SandboxError\n"
-        "try:\n"
-        "    disk.mount_bounded(pathlib.Path(sys.argv[1]), size_mb=16)\n"
-        "except SandboxError as e:\n"
-        "    print(e.details['reason'], e.message)\n"
-    )
-    done = subprocess.run(
-        ["setpriv", "--reuid=61000", "--regid=61000", "--clear-groups",
-         sys.executable, "-c", code, str(tmp_path)],
-        capture_output=True, text=True, timeout=30, cwd=REPO,
-    )  # fmt: skip
-    assert done.stdout.startswith("disk_unavailable"), done.stderr
-    assert "ACPW_WORKSPACE_DISK=off" in done.stdout
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to the sandbox uid, try, report, exit
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(61000, 61000, 61000)
+            os.setresuid(61000, 61000, 61000)
+            try:
+                disk.mount_bounded(tmp_path, size_mb=16)
+                report = "mounted"
+            except SandboxError as exc:
+                report = f"{exc.details['reason']} {exc.message}"
+            os.write(write_end, report.encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        report = reader.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report.startswith("disk_unavailable"), report
+    assert "ACPW_WORKSPACE_DISK=off" in report
     assert list(tmp_path.iterdir()) == []  # refused before making anything
 
 
