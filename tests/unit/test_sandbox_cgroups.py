@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from worker.sandbox import cgroups
 from worker.sandbox.base import ResourceLimits
 from worker.sandbox.cgroups import (
     CgroupSet,
@@ -88,3 +90,19 @@ def test_an_old_v1_kernel_without_the_counter_falls_back_to_limit_hits(tmp_path:
     assert not out_of_memory(v1)
     (v1.oom_file.parent / "memory.failcnt").write_text("3\n")
     assert out_of_memory(v1)
+
+
+def test_a_process_own_cgroups_are_never_offered_for_killing() -> None:
+    """``of_process`` leaves out root cgroups and any cgroup this process is in: a
+    watchdog over them would kill the worker (or the host) with the container."""
+    assert cgroups.of_process(os.getpid()) == ()
+
+
+def test_cgroup_lines_parse_v1_and_v2_entries() -> None:
+    text = "12:pids:/libpod_parent/libpod-1\n4:cpu,cpuacct:/a\n0::/u/x\n1:name=systemd:/\n"
+    assert cgroups._cgroup_lines(text) == {
+        "pids": "/libpod_parent/libpod-1",
+        "cpu,cpuacct": "/a",
+        "": "/u/x",
+        "name=systemd": "/",
+    }

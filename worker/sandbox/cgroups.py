@@ -261,3 +261,52 @@ def out_of_memory(cgroups: CgroupSet) -> bool:
         return int((cgroups.oom_file.parent / "memory.failcnt").read_text()) > 0
     except (FileNotFoundError, ValueError):
         return False
+
+
+#: The v1 hierarchies whose cgroup of a process holds all of a container's processes.
+_V1_KILLABLE = ("pids", "memory", "freezer")
+
+
+def of_process(pid: int, root: Path = Path("/sys/fs/cgroup")) -> tuple[Path, ...]:
+    """The cgroup directories of another process (a container's init), as this process
+    sees them: the unified one on v2; on v1 those of the pids, memory and freezer
+    hierarchies that are mounted under ``root``.
+
+    A cgroup is left out when it is a hierarchy's root or also holds this process: killing
+    its members would kill far more than the container (an engine that runs containers
+    without cgroups of their own, or one outside our cgroup namespace).
+
+    Raises:
+        OSError: the process is gone or its cgroups are unreadable.
+    """
+    theirs = _cgroup_lines(Path(f"/proc/{pid}/cgroup").read_text())
+    ours = _cgroup_lines(Path("/proc/self/cgroup").read_text())
+    unified = (root / "cgroup.controllers").exists()
+    found: list[Path] = []
+    for controllers, path in theirs.items():
+        names = controllers.split(",") if controllers else []
+        if unified != (controllers == ""):
+            continue
+        if not unified and not set(names) & set(_V1_KILLABLE):
+            continue
+        if path == "/" or path.startswith("/..") or ours.get(controllers) == path:
+            continue
+        mount = (
+            root
+            if unified
+            else next((root / n for n in (controllers, *names) if (root / n).is_dir()), None)
+        )
+        if mount is not None and (mount / path.lstrip("/")).is_dir():
+            found.append(mount / path.lstrip("/"))
+    return tuple(found)
+
+
+def _cgroup_lines(text: str) -> dict[str, str]:
+    """``/proc/PID/cgroup`` as {controllers ('' for v2): path}."""
+    lines: dict[str, str] = {}
+    for line in text.splitlines():
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if path:
+            lines[controllers] = path
+    return lines

@@ -36,8 +36,8 @@ from worker.sandbox.local.records import (
     staged_names,
     translate_oserror,
 )
-from worker.sandbox.local.watchdogs import Watchdogs
 from worker.sandbox.shared import ProxyRegistry, check_command, check_spec, make_sandbox_id
+from worker.sandbox.watchdogs import Watchdogs
 
 # Staged bind sources (root worker only). Not under the state dir: every uid must be able
 # to traverse down to it, so it is a fixed, world-traversable place.
@@ -276,8 +276,8 @@ class LocalBackend:
                 driver.create(record.sandbox_id, spec.limits)
                 if spec.lease_deadline is not None:
                     # Bounded by its lease from here, even if this process freezes.
-                    await self._watchdogs.start(
-                        record.sandbox_id, spec.lease_deadline, record.cgroups
+                    self._watchdogs.start(
+                        record.sandbox_id, spec.lease_deadline, record.cgroups.paths
                     )
                 owner = self.owner if self.privileged else None
                 made = mountpoints.ensure(record.workspace, masks, owner)
@@ -321,11 +321,11 @@ class LocalBackend:
         check_local_id(sandbox_id)
         record = self.store.read(sandbox_id)
         if record is None:
-            await self._watchdogs.stop(sandbox_id)
+            self._watchdogs.stop(sandbox_id)
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_and_remove(record.cgroups, sandbox_id)
-            await self._watchdogs.stop(sandbox_id)
+            self._watchdogs.stop(sandbox_id)
             await self._proxies.close(sandbox_id)
             if record.stage is not None:
                 staging.remove(record.stage, record.staged)
