@@ -18,7 +18,7 @@ from worker.network import (
     forwarder_argv,
     proxy_env,
 )
-from worker.sandbox import mountpoints, netpolicy
+from worker.sandbox import cgroups, mountpoints, netpolicy
 from worker.sandbox.base import (
     SANDBOX_GID,
     SANDBOX_UID,
@@ -49,11 +49,15 @@ from worker.sandbox.shared import (
     make_sandbox_id,
 )
 from worker.sandbox.view import container_admission
+from worker.sandbox.watchdogs import Watchdogs
 
 if TYPE_CHECKING:
     import docker
 
     from worker.sandbox.config import DockerConfig
+
+#: The deadline files of this host's docker sandboxes' lease watchdogs.
+DEFAULT_LEASE_DIR = Path("/run/acp-worker/docker-leases")
 
 
 class DockerSandbox:
@@ -122,7 +126,7 @@ class DockerSandbox:
             container = started.container
         process = await self.backend.engine.start(
             self.plan, container, launch_header(argv, env, cwd), stdout_limit,
-            sock=None if started is None else started.sock,
+            sock=None if started is None else started.sock, on_started=self._bound,
         )  # fmt: skip
         self.processes.append(process)
         return process
@@ -148,11 +152,38 @@ class DockerSandbox:
                 self._spec, self.plan, self.labels, self._next_name(), self._masks
             )
             self._pending = None
-            started = self.backend.engine.prestart(self._sandbox_id, container, self.plan)
+            started = self.backend.engine.prestart(
+                self._sandbox_id, container, self.plan, on_started=self._bound
+            )
         return container_admission(
             started.pid, host_workspace=self._spec.workspace.resolve(), masks=self._masks,
             provider=provider,
         )  # fmt: skip
+
+    def _bound(self, container: str) -> None:
+        """Bound a container that just started by the job's lease (blocking): a watchdog
+        outside the worker kills its processes once the deadline passes unrenewed.
+
+        Raises:
+            SandboxError: its cgroups are not visible from this host (the engine runs
+                elsewhere, or without a cgroup per container), or no watchdog started.
+        """
+        deadline = self._spec.lease_deadline
+        if deadline is None:
+            return
+        pid = self.backend.engine.init_pid(container)
+        try:
+            found = cgroups.of_process(pid) if pid > 0 else ()
+        except OSError:
+            found = ()
+        if not found:
+            raise SandboxError(
+                "cannot bound the container by the job's lease: its cgroups are not "
+                "visible from this host",
+                container=container,
+                pid=pid,
+            )
+        self.backend.watchdogs.start(self._sandbox_id, deadline, found)
 
     def _next_name(self) -> str:
         name = f"{self._sandbox_id}-{self._count}"
@@ -179,15 +210,20 @@ class DockerBackend:
         engine_config: EngineConfig | None = None,
         client: docker.DockerClient | None = None,
         build_missing: bool = True,
+        lease_dir: Path = DEFAULT_LEASE_DIR,
     ) -> None:
         """``engine_config``: the engine and image settings (default: ``config.engine()``).
 
         ``build_missing``: build a pack image that the engine lacks (else refuse).
+
+        ``lease_dir``: where the lease watchdogs' deadline files are (shared with the
+        reaper of this host, whose ``destroy`` ends them).
         """
         self.config = config
         self.engine = ContainerEngine(engine_config or config.engine(), client=client)
         self._proxies = ProxyRegistry()
         self.build_missing = build_missing
+        self.watchdogs = Watchdogs(lease_dir)
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -275,6 +311,7 @@ class DockerBackend:
         if started is not None:
             started.sock.close()
         found = await asyncio.to_thread(self.engine.kill_all, sandbox_id)
+        self.watchdogs.stop(sandbox_id)
         # Mount points and the proxy go while the containers (and their labels) still
         # exist: a destroy that dies here is finished by the next one.
         for labels in [c.get("Labels") or {} for c in found] or [{}]:

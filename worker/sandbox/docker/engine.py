@@ -9,7 +9,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from worker.admission import MaskEntry
@@ -100,11 +100,14 @@ class ContainerEngine:
         stdout_limit: int,
         *,
         sock: socket.socket | None = None,
+        on_started: Callable[[str], None] | None = None,
     ) -> DockerProcess:
         """Check the image, attach, start, send the launch header (``sock``: the attach
-        socket of a container ``prestart`` already started)."""
+        socket of a container ``prestart`` already started). ``on_started(container)``
+        runs (in a thread) once the container runs, before the header goes; what it
+        raises fails the start."""
         if sock is None:
-            sock = await asyncio.to_thread(self._attach_and_start, container, plan)
+            sock = await asyncio.to_thread(self._attach_and_start, container, plan, on_started)
         loop = asyncio.get_running_loop()
         raw = asyncio.StreamReader(limit=2**20)
         transport, protocol = await loop.create_connection(
@@ -121,7 +124,12 @@ class ContainerEngine:
         await stdin.drain()
         return process
 
-    def _attach_and_start(self, container: str, plan: ImagePlan) -> socket.socket:
+    def _attach_and_start(
+        self,
+        container: str,
+        plan: ImagePlan,
+        on_started: Callable[[str], None] | None = None,
+    ) -> socket.socket:
         api = self.client.api
         with translate("start container", container=container):
             self._check_image(container, plan)
@@ -135,29 +143,47 @@ class ContainerEngine:
             raw.close()
             try:
                 api.start(container)
+                if on_started is not None:
+                    on_started(container)
             except BaseException:
                 sock.close()
                 raise
         return sock
 
-    def prestart(self, sandbox_id: str, container: str, plan: ImagePlan) -> Started:
+    def prestart(
+        self,
+        sandbox_id: str,
+        container: str,
+        plan: ImagePlan,
+        on_started: Callable[[str], None] | None = None,
+    ) -> Started:
         """Check the image, attach and start ``container`` (blocking); its launcher waits
         for the header that the sandbox's next ``spawn`` sends, on this attach socket.
+        ``on_started`` as for ``start``.
 
         Raises:
             ImageMismatch: the container's image is not the pinned one.
             SandboxError: the engine could not attach, start or inspect it.
         """
-        sock = self._attach_and_start(container, plan)
+        sock = self._attach_and_start(container, plan, on_started)
         try:
-            with translate("inspect container", container=container):
-                state = self.client.api.inspect_container(container)["State"]
+            pid = self.init_pid(container)
         except BaseException:
             sock.close()
             raise
-        started = Started(container, sock, int(state.get("Pid") or 0))
+        started = Started(container, sock, pid)
         self._started[sandbox_id] = started
         return started
+
+    def init_pid(self, container: str) -> int:
+        """The host pid of a running container's init (0 when the engine does not say).
+
+        Raises:
+            SandboxError: the engine could not inspect it.
+        """
+        with translate("inspect container", container=container):
+            state = self.client.api.inspect_container(container)["State"]
+        return int(state.get("Pid") or 0)
 
     def started(self, sandbox_id: str) -> Started | None:
         """The container ``prestart`` started and no spawn has used yet."""

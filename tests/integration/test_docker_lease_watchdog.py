@@ -1,0 +1,211 @@
+"""A leased docker sandbox is bounded by its lease without the worker process (issue #13,
+item 10): a watchdog on the engine's host kills the container's processes (through its
+cgroups) once the lease deadline passes unrenewed, even while the worker's whole process
+group is frozen. A real container engine (Podman's Docker API), real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.integration.test_containment import _host_pids_with, _tree_script
+from tests.integration.test_docker_backend import ENV, _spec
+from tests.integration.test_lease_watchdog import _stopped
+from tests.integration.test_run_job import REPO, _env, _job
+from tests.procs import finish
+from worker.errors import SandboxError
+from worker.images.engine import EngineConfig, connect
+from worker.sandbox.base import LeaseDeadline
+from worker.sandbox.config import DockerConfig
+from worker.sandbox.docker import DockerBackend, DockerSandbox
+from worker.sandbox.docker.containers import LABEL_SANDBOX
+
+__all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_image")]
+
+
+def _backend(engine_config: EngineConfig, lease_dir: Path) -> DockerBackend:
+    return DockerBackend(
+        DockerConfig(worker_id="w-1"), engine_config=engine_config, lease_dir=lease_dir
+    )
+
+
+def _watchdogs_of(backend: DockerBackend, sandbox_id: str) -> list[int]:
+    """Host pids whose command line names the sandbox's deadline file: its watchdogs."""
+    return _host_pids_with(str(backend.watchdogs.deadline_file(sandbox_id)))
+
+
+async def _until(check: Any, seconds: float) -> Any:
+    """``check()`` once it is falsy, else its last value after ``seconds``."""
+    left = check()
+    deadline = time.monotonic() + seconds
+    while left and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        left = check()
+    return left
+
+
+def _running(engine_config: EngineConfig, sandbox_id: str) -> list[str]:
+    """The ids of the sandbox's containers that the engine says are running."""
+    api: Any = connect(engine_config).api
+    found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})
+    return [c["Id"] for c in found if c.get("State") == "running"]
+
+
+async def test_a_container_whose_lease_is_not_renewed_is_killed(
+    engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    backend = _backend(engine_config, tmp_path / "leases")
+    box = await backend.create(
+        _spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 4.0))
+    )
+    try:
+        marker = f"marker-{uuid.uuid4().hex}"
+        proc = await box.spawn(_tree_script(marker), env=ENV)
+        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        assert await _until(lambda: len(_host_pids_with(marker)) < 3, 10) is False  # all 3 run
+        assert len(_watchdogs_of(backend, box.sandbox_id)) == 1
+        assert await _until(lambda: _host_pids_with(marker), 20) == []  # no renewal: killed
+        assert await asyncio.wait_for(proc.wait(), 20) != 0
+        assert await _until(lambda: _running(engine_config, box.sandbox_id), 20) == []
+        assert await _until(lambda: _watchdogs_of(backend, box.sandbox_id), 10) == []
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_a_renewed_lease_keeps_every_container_alive_and_destroy_ends_the_watchdogs(
+    engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    backend = _backend(engine_config, tmp_path / "leases")
+    first = time.monotonic() + 4.0
+    deadline = LeaseDeadline(first)
+    box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
+    assert isinstance(box, DockerSandbox)
+    markers = [f"marker-{uuid.uuid4().hex}" for _ in range(2)]
+    try:
+        procs = [await box.spawn(_tree_script(m), env=ENV) for m in markers]
+        for proc in procs:
+            assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        assert len(_watchdogs_of(backend, box.sandbox_id)) == 2  # one per container
+        while time.monotonic() < first + 2.5:  # renewed as a heartbeat does
+            deadline.extend(time.monotonic() + 1.0)
+            await asyncio.sleep(0.1)
+        assert all(_host_pids_with(m) for m in markers)
+        assert all(p.returncode is None for p in procs)
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert _watchdogs_of(backend, box.sandbox_id) == []  # destroy reaped its own
+    assert all(_host_pids_with(m) == [] for m in markers)
+
+
+async def test_a_destroy_from_another_process_ends_the_watchdog(
+    engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    backend = _backend(engine_config, tmp_path / "leases")
+    box = await backend.create(_spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 60)))
+    try:
+        proc = await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
+        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        assert len(_watchdogs_of(backend, box.sandbox_id)) == 1
+        reaper = _backend(engine_config, tmp_path / "leases")  # shares the lease dir only
+        await reaper.destroy(box.sandbox_id)
+        assert await _until(lambda: _watchdogs_of(backend, box.sandbox_id), 10) == []
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_a_sandbox_without_a_lease_has_no_watchdog(
+    engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    backend = _backend(engine_config, tmp_path / "leases")
+    box = await backend.create(_spec(tmp_path))
+    try:
+        proc = await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
+        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        assert _watchdogs_of(backend, box.sandbox_id) == []
+    finally:
+        await backend.destroy(box.sandbox_id)
+
+
+async def test_a_container_whose_cgroups_are_not_visible_is_refused_not_left_unbounded(
+    engine_config: EngineConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine on another host (or one without a cgroup per container): the spawn fails
+    with a clear error rather than run a container no watchdog bounds."""
+    from worker.sandbox import cgroups
+
+    monkeypatch.setattr(cgroups, "of_process", lambda _pid: ())
+    backend = _backend(engine_config, tmp_path / "leases")
+    box = await backend.create(_spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 60)))
+    try:
+        with pytest.raises(SandboxError, match="cgroups are not visible"):
+            await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert _running(engine_config, box.sandbox_id) == []
+
+
+def test_a_frozen_workers_container_dies_with_its_lease(
+    tmp_path: Path, redis_url: str, engine_config: EngineConfig
+) -> None:
+    """SIGSTOP the worker's whole process group mid-turn (`run --redis` on the docker
+    backend): its container stops within a few seconds of the lease TTL while the worker
+    is still stopped."""
+    ttl = 2.0
+    job = _job(tmp_path, "#!scenario\nsay hang-marker\nhang\n")
+    env = _env(
+        tmp_path,
+        ACPW_LEASE_TTL=str(ttl),
+        ACPW_LEASE_RENEW="0.3",
+        ACPW_BACKEND="docker",
+        ACPW_DOCKER_HOST=str(engine_config.docker_host),
+        ACPW_IMAGES_DIR=str(engine_config.images_dir),
+    )
+    argv = [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"]
+    proc = subprocess.Popen(
+        [*argv, "--redis", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,  # its own group, as a service's would be
+    )
+    assert proc.stdout is not None
+    sandbox_id = ""
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "sandbox.ready":
+                sandbox_id = event["data"]["sandbox_id"]
+            if "hang-marker" in line:
+                break
+        assert sandbox_id
+        assert _running(engine_config, sandbox_id)  # the agent runs
+        os.killpg(proc.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        left = _running(engine_config, sandbox_id)
+        while left and time.monotonic() < stopped_at + ttl + 15:
+            time.sleep(0.1)
+            left = _running(engine_config, sandbox_id)
+        assert left == [], "the container outlived its lease"
+        assert _stopped(proc.pid)  # the worker had no part in it
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+    _, stderr = finish(proc, 60)
+    assert proc.returncode != 0, stderr  # its lease is gone: it could not settle the job
+    assert _running(engine_config, sandbox_id) == []
