@@ -118,7 +118,9 @@ async def test_hello_end_to_end(tmp_path: Path, engine_config: EngineConfig) -> 
 
 @pytest.mark.usefixtures("base_image")
 async def test_timeout_settles_timed_out(tmp_path: Path, engine_config: EngineConfig) -> None:
-    limits = {"timeout_s": 1.5, "memory_mb": 512, "pids": 128}
+    # Long enough for the container to start on a loaded machine (~1.6 s seen), so that
+    # the timeout lands mid-turn, which is what this checks.
+    limits = {"timeout_s": 8, "memory_mb": 512, "pids": 128}
     outcome, events = await _run(tmp_path, engine_config, "scenario: hang", limits=limits)
     assert outcome.status == "timed_out"
     assert events[-1]["data"]["stop_reason"] == "cancelled"
