@@ -10,25 +10,27 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
 import pytest
 import redis
 import redis.asyncio as aioredis
 
 from tests.conftest import REPO
-from worker.client import Client
+from worker.client import Client, queue
 from worker.client.client import spec_digest
-from worker.errors import EventsTrimmed, JobConflict, JobNotFound
+from worker.errors import EventsTrimmed, JobConflict, JobNotFound, ServiceUnavailable
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.events.models import Notice
 from worker.jobs.spec import parse_job
 from worker.settings import Settings
-from worker.store import keys
+from worker.store import fields, jobs, keys
 from worker.store import lease as leases
 from worker.store.fenced import FencedStreamSink, SinkPolicy
 
@@ -276,3 +278,156 @@ def test_the_cli_status_of_a_vanished_job_exits_2_naming_it(redis_url: str) -> N
     )
     assert result.returncode == 2, result.stderr
     assert json.loads(result.stderr.strip().splitlines()[-1])["error"]["code"] == "job_not_found"
+
+
+# --- requeue: a queued job whose message is gone ---------------------------------------------
+# Redis back from an older snapshot: the state says queued and enqueued, the message was
+# consumed after the snapshot. The real worker's side is in test_requeue.py.
+
+
+def _lose_message(client: Client, redis_url: str, job_id: str) -> None:
+    """Submit ``job_id`` and take its message off the broker's queue, as a rollback does."""
+    assert client.submit(_job(job_id)).state.enqueued
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.lpop("runs") is not None
+        assert raw.llen("runs") == 0
+
+
+def test_requeue_publishes_a_queued_job_that_submit_leaves_alone(
+    client: Client, redis_url: str
+) -> None:
+    _lose_message(client, redis_url, "rq-1")
+    again = client.submit(_job("rq-1"))
+    assert (again.outcome, again.state.status, again.state.enqueued) == ("exists", "queued", True)
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 0  # submit does not publish it again
+        requeued = client.requeue("rq-1")
+        assert (requeued.outcome, requeued.state.attempt) == ("requeued", 1)
+        assert (requeued.state.status, requeued.state.enqueued) == ("queued", True)
+        assert raw.hget(keys.state("rq-1"), fields.ENQUEUE_CLAIM) is None  # given back
+        [message] = raw.lrange("runs", 0, -1)
+    body = json.loads(message)
+    assert body["headers"]["task"] == queue.RUN_TASK
+    assert body["headers"]["argsrepr"].startswith("[{'v': 1, 'job_id': 'rq-1'")
+
+
+def test_requeue_leaves_a_running_or_settled_job_alone(client: Client, redis_url: str) -> None:
+    _lose_message(client, redis_url, "rq-2")
+
+    async def take_lease() -> None:
+        aclient = aioredis.Redis.from_url(redis_url)
+        try:
+            got = await leases.acquire(aclient, "rq-2", worker_id="w", ttl=30, attempt=1)
+            assert isinstance(got, leases.Lease)
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(take_lease())
+    running = client.requeue("rq-2")
+    assert (running.outcome, running.state.status) == ("not_queued", "running")
+    _lose_message(client, redis_url, "rq-3")
+    _run_attempt(redis_url, "rq-3", 1)
+    settled = client.requeue("rq-3")
+    assert (settled.outcome, settled.state.status) == ("not_queued", "succeeded")
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 0
+    with pytest.raises(JobNotFound) as missing:
+        client.requeue("never-was")
+    assert missing.value.exit_code == 2
+
+
+def test_requeues_and_submits_racing_publish_one_at_a_time(client: Client, redis_url: str) -> None:
+    """The reclaim is the submit's claim less its ``enqueued`` test: while one caller holds
+    the claim, every other requeue and submit of the attempt is refused."""
+    _lose_message(client, redis_url, "rq-4")
+    with redis.Redis.from_url(redis_url) as raw:
+        assert jobs.reclaim_enqueue(raw, "rq-4", 1, "a")  # enqueued is not asked
+        assert not jobs.reclaim_enqueue(raw, "rq-4", 1, "b")  # a's claim is live
+        assert not jobs.claim_enqueue(raw, "rq-4", 1, "b")
+        assert not jobs.reclaim_enqueue(raw, "rq-4", 2, "b")  # not the current attempt
+        jobs.mark_enqueued(raw, "rq-4", 1, "a")
+        assert jobs.reclaim_enqueue(raw, "rq-4", 1, "b", hold_ms=0)  # published: free again
+        assert jobs.reclaim_enqueue(raw, "rq-4", 1, "c")  # a lapsed claim does not hold
+        jobs.release_enqueue(raw, "rq-4", 1, "c")
+        assert raw.hget(keys.state("rq-4"), fields.ENQUEUED) == b"1"  # a release keeps it
+    # Eight requeues at once: the one that claims publishes while all the others answer.
+    answered: list[str] = []
+    publisher = threading.Event()
+    real = queue.send_run
+
+    def held_until_the_others_answered(*args: Any, **kwargs: Any) -> None:
+        publisher.set()
+        deadline = time.monotonic() + 30
+        while len(answered) < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        real(*args, **kwargs)
+
+    start = threading.Barrier(8)
+    settings = Settings(redis_url=redis_url, broker_url=redis_url)
+
+    def requeue() -> None:
+        with Client(redis_url, settings=settings) as own:
+            start.wait()
+            answered.append(own.requeue("rq-4").outcome)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(queue, "send_run", held_until_the_others_answered)
+        threads = [threading.Thread(target=requeue) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert publisher.is_set()
+    assert sorted(answered) == ["in_progress"] * 7 + ["requeued"]
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 1
+
+
+def test_a_failed_requeue_gives_the_claim_back(client: Client, redis_url: str) -> None:
+    _lose_message(client, redis_url, "rq-5")
+
+    def broker_down(*args: Any, **kwargs: Any) -> None:
+        raise kombu.exceptions.OperationalError("broker down")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(queue, "send_run", broker_down)
+        with pytest.raises(ServiceUnavailable):
+            client.requeue("rq-5")
+    assert client.requeue("rq-5").outcome == "requeued"
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 1
+    nowhere = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings = Settings(redis_url=nowhere, broker_url=redis_url)
+    with Client(nowhere, settings=settings) as down, pytest.raises(ServiceUnavailable):
+        down.requeue("rq-5")
+
+
+def _cli_requeue(redis_url: str, job_id: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
+    env["ACPW_BROKER_URL"] = redis_url
+    argv = [sys.executable, "-m", "worker.cli", "requeue", job_id, "--json", "--redis", redis_url]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+
+
+def test_the_cli_requeue_says_what_it_did_and_exits_2_for_an_unknown_job(
+    client: Client, redis_url: str
+) -> None:
+    _lose_message(client, redis_url, "rq-6")
+    requeued = _cli_requeue(redis_url, "rq-6")
+    assert requeued.returncode == 0, requeued.stderr
+    said = json.loads(requeued.stdout)
+    assert (said["requeue"], said["job_id"], said["attempt"], said["status"]) == (
+        "requeued",
+        "rq-6",
+        1,
+        "queued",
+    )
+    _run_attempt(redis_url, "rq-6", 1)
+    settled = _cli_requeue(redis_url, "rq-6")
+    assert settled.returncode == 0, settled.stderr
+    assert json.loads(settled.stdout)["requeue"] == "not_queued"
+    with redis.Redis.from_url(redis_url) as raw:
+        assert raw.llen("runs") == 1  # the requeue's, once
+    missing = _cli_requeue(redis_url, "never-was")
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert json.loads(missing.stderr.splitlines()[-1])["error"]["code"] == "job_not_found"

@@ -1,4 +1,5 @@
-"""``acp-worker serve | reap | submit | events | status | cancel | ready``: the job service.
+"""``acp-worker serve | reap | submit | events | status | cancel | requeue | ready``: the job
+service.
 
 ``serve`` and ``reap`` are the worker side. ``serve`` starts, next to the Celery worker,
 this host's reaper (``reap --loop`` as a child that exits with the worker; ``--no-reaper``
@@ -6,12 +7,14 @@ for operators who run ``reap --loop`` themselves): local and docker sandboxes an
 directories belong to a host, so every worker host reaps; passes are idempotent and the
 reapers of one host take turns (``worker.service.reaper.reap_pass``).
 
-``submit``, ``events``, ``status`` and ``cancel`` are the control-plane side over Redis,
-with a readable live view on a terminal and JSON lines with ``--json`` (``events`` prints
-``{"id", "event"}`` so a reader can resume with ``--after ID``; events trimmed off the
-bounded stream before they were read end it with an ``events_trimmed`` error naming the
-id to resume after). ``submit --follow`` shows the submitted attempt's events only;
-``events --follow`` ends at the completion of the attempt current when it started.
+``submit``, ``events``, ``status``, ``cancel`` and ``requeue`` are the control-plane side
+over Redis, with a readable live view on a terminal and JSON lines with ``--json``
+(``events`` prints ``{"id", "event"}`` so a reader can resume with ``--after ID``; events
+trimmed off the bounded stream before they were read end it with an ``events_trimmed``
+error naming the id to resume after). ``submit --follow`` shows the submitted attempt's
+events only; ``events --follow`` ends at the completion of the attempt current when it
+started. ``requeue`` publishes a still-queued job's message again (after Redis came back
+from an older snapshot, docs/durability.md).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def _register_client_side(sub: SubParsers) -> None:
     for name, handler, text in (
         ("status", _status, "print a job's state"),
         ("cancel", _cancel, "cancel a job's current attempt"),
+        ("requeue", _requeue, "publish a queued job's broker message again"),
     ):
         parser = sub.add_parser(name, help=text)
         parser.add_argument("job_id")
@@ -301,6 +305,18 @@ def _cancel(args: argparse.Namespace, settings: Settings) -> int:
         state = client.cancel(args.job_id)
     text = "already settled" if state.settled else "cancel requested"
     _say(args, {"cancel": text, **state.to_dict()}, f"job {state.job_id}: {text}")
+    return 0
+
+
+def _requeue(args: argparse.Namespace, settings: Settings) -> int:
+    with _client(args, settings) as client:
+        done = client.requeue(args.job_id)
+    state = done.state
+    _say(
+        args,
+        {"requeue": done.outcome, **state.to_dict()},
+        f"job {state.job_id} attempt {state.attempt}: {done.outcome} ({state.status})",
+    )
     return 0
 
 

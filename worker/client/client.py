@@ -1,4 +1,4 @@
-"""The control-plane client: submit, inspect, follow and cancel jobs over Redis.
+"""The control-plane client: submit, inspect, follow, cancel and requeue jobs over Redis.
 
 ``Client`` is synchronous (a control plane is often a plain web service). Events are read
 from an explicit stream id, never from ``$``, so a reader that resumes from the last id it
@@ -53,6 +53,21 @@ _BLOCK_MS = 1000
 @dataclass(frozen=True, slots=True)
 class Submission:
     """What ``submit`` did: ``created``, ``retried`` (a new attempt) or ``exists``."""
+
+    outcome: str
+    state: JobState
+
+
+REQUEUED = "requeued"
+NOT_QUEUED = "not_queued"
+IN_PROGRESS = "in_progress"
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """What ``requeue`` did: ``requeued`` (the attempt's message was published again),
+    ``not_queued`` (the attempt is running or settled: left alone, ``state`` says which)
+    or ``in_progress`` (another requeue or submit is publishing it right now)."""
 
     outcome: str
     state: JobState
@@ -119,12 +134,46 @@ class Client:
                 state = self.get(spec.job_id)
         return Submission(reply.outcome, state)
 
-    def _enqueue(self, spec: JobSpec, state: JobState) -> None:
+    def requeue(self, job_id: str) -> Requeue:
+        """Publish the broker message of the job's current attempt again, if it is still
+        ``queued``, even though ``submit`` already published it once.
+
+        For a job that stays ``queued`` because its message is gone: Redis came back
+        from an older snapshot that predates the message's consumption (docs/durability.md).
+        A running or settled attempt is left alone (``not_queued``). Requeues and submits
+        racing each other publish one message at a time (``enqueue.lua``, op
+        ``reclaim``): the others answer ``in_progress``. Should the old message still be
+        in the queue after all, the attempt still runs once: the worker that takes the
+        second delivery is refused the lease (``held`` while the first runs, ``settled``
+        after) and counts it in the state's ``duplicates``.
+
+        Raises:
+            JobNotFound: Redis has no state for ``job_id``.
+            InvalidJobSpec: the spec the state records is not a valid job spec.
+            ServiceUnavailable: Redis or the broker did not answer.
+        """
+        state = self.get(job_id)
+        if not state.queued:
+            return Requeue(NOT_QUEUED, state)
+        spec = parse_job(state.job_json)
+        with _translated():
+            published = self._enqueue(spec, state, again=True)
+            state = self.get(job_id)
+        if published:
+            return Requeue(REQUEUED, state)
+        return Requeue(IN_PROGRESS if state.queued else NOT_QUEUED, state)
+
+    def _enqueue(self, spec: JobSpec, state: JobState, *, again: bool = False) -> bool:
         """Publish the attempt's message, once however many submits race: the enqueue is
-        claimed atomically first; a publish that fails gives the claim back."""
+        claimed atomically first; a publish that fails gives the claim back. With
+        ``again``, whether it was published before is not asked (``requeue``).
+
+        Returns whether this call published it.
+        """
         claim = uuid.uuid4().hex
-        if not store.claim_enqueue(self._redis, spec.job_id, state.attempt, claim):
-            return  # published already, or another submit is publishing it
+        take = store.reclaim_enqueue if again else store.claim_enqueue
+        if not take(self._redis, spec.job_id, state.attempt, claim):
+            return False  # published already, or another submit is publishing it
         try:
             queue.send_run(
                 self._celery,
@@ -138,6 +187,7 @@ class Client:
                 store.release_enqueue(self._redis, spec.job_id, state.attempt, claim)
             raise
         store.mark_enqueued(self._redis, spec.job_id, state.attempt, claim)
+        return True
 
     def get(self, job_id: str) -> JobState:
         """The job's state.

@@ -12,7 +12,7 @@ name those programs use is one of these).
     job         the job spec (JSON) of the current attempt
     submitted_at    when ``submit`` recorded the attempt (ms)
     enqueued    ``1`` once ``submit`` queued the attempt's message
-    enqueue_claim   ``<claim id> <lapses at ms>``: a ``submit`` is publishing the message
+    enqueue_claim   ``<claim id> <lapses at ms>``: a ``submit`` or ``requeue`` is publishing it
     spec_digest     digest of the current attempt's canonical job spec
     attempt_after   stream id after which the current attempt's events begin
     events_trimmed_until    id of the last event trimmed off the stream (absent: none)

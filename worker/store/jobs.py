@@ -71,6 +71,20 @@ def claim_enqueue(
     return _enqueue_op(client, job_id, "claim", attempt, claim, hold_ms=hold_ms)
 
 
+def reclaim_enqueue(
+    client: redis.Redis, job_id: str, attempt: int, claim: str, *, hold_ms: int = ENQUEUE_HOLD_MS
+) -> bool:
+    """Whether the caller may publish ``attempt``'s message again, whether or not it was
+    published before: it is the current attempt, still queued, and nobody else holds a
+    live claim (``enqueue.lua``, op ``reclaim``).
+
+    For a queued attempt whose message is gone from the broker (Redis restarted from an
+    older snapshot). Requeues and submits racing each other publish one at a time: while
+    one holds the claim, the others are refused.
+    """
+    return _enqueue_op(client, job_id, "reclaim", attempt, claim, hold_ms=hold_ms)
+
+
 def mark_enqueued(client: redis.Redis, job_id: str, attempt: int, claim: str) -> None:
     """Record that ``attempt``'s message was published (a resubmit will not again)."""
     _enqueue_op(client, job_id, "done", attempt, claim, hold_ms=0)

@@ -2,14 +2,18 @@
 --   claim: 1 when the caller may publish: the attempt is current and queued, its message
 --     not sent, and no other claim is live (a claim lapses hold_ms after it was taken, so
 --     a submitter that died between claim and publish does not block the job for good).
+--   reclaim: as claim, but whether the message was sent is not asked (``Client.requeue``:
+--     after Redis came back from an older snapshot, a queued attempt's message may have
+--     been consumed already); still only for the current attempt, queued, with no live
+--     claim, so requeues racing each other or a submit publish one message at a time.
 --   done: the message was published: enqueued = 1, the claim (if still ours) dropped.
 --   release: the publish failed: the claim (if still ours) dropped, so a retry publishes.
 -- done and release do nothing to a later attempt (0).
 local st = redis.call('HMGET', KEYS[2], 'attempt', 'status', 'enqueued', 'enqueue_claim')
 if st[1] ~= ARGV[2] then return 0 end
 local op = ARGV[1]
-if op == 'claim' then
-  if st[2] ~= 'queued' or st[3] == '1' then return 0 end
+if op == 'claim' or op == 'reclaim' then
+  if st[2] ~= 'queued' or (op == 'claim' and st[3] == '1') then return 0 end
   if st[4] then
     local lapses = tonumber(string.match(st[4], ' (%d+)$'))
     if lapses and lapses > now_ms() then return 0 end
