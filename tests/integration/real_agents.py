@@ -49,8 +49,6 @@ def _claude_env(home: Path, url: str) -> dict[str, str]:
 CODEX_CONFIG = """\
 model = "gpt-5.5"
 model_provider = "fake"
-approval_policy = "on-request"
-sandbox_mode = "workspace-write"
 
 [model_providers.fake]
 name = "fake"
@@ -163,12 +161,16 @@ async def agent_session(
     endpoint = ENDPOINTS[pack]
     home = tmp / "home"
     home.mkdir(exist_ok=True)
+    # Not above HOME: codex refuses to make its helper aliases (codex-linux-sandbox, which
+    # its bubblewrap sandbox execs) in a CODEX_HOME under the temp dir.
+    scratch = tmp / "tmp"
+    scratch.mkdir(exist_ok=True)
     argv, pack_env = launch(pack, closure, home)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "LANG": "C.UTF-8",
-        "TMPDIR": str(tmp),
+        "TMPDIR": str(scratch),
         "NO_PROXY": "127.0.0.1,localhost",
         **pack_env,
         **endpoint.env(home, fake.url),

@@ -31,6 +31,9 @@ pytestmark = [pytest.mark.conformance, pytest.mark.timeout(180)]
 
 SECRET = "the secret word is marmalade"
 WRITTEN = "written by the fake model\n"
+# The output is not in the command's text, so seeing it proves the command ran (no `$(...)`:
+# gemini-cli blocks command substitution).
+SHELL_CMD = "printf 'fake-shell-%s\\n' 42"
 SHELL_OUT = "fake-shell-42"
 
 
@@ -42,8 +45,12 @@ class Tools:
     read: Callable[[Path], Reply]
     write: Callable[[Path, str], Reply]
     shell: Callable[[str], Reply]
-    # Does writing a file ask session/request_permission first?
-    write_asks: bool = True
+    # The ACP session mode under which writing a file asks session/request_permission
+    # (None: the agent's default mode already asks).
+    write_mode: str | None = None
+    # Does a tool_call(_update) show the shell command's output (gemini-cli 0.61 sends
+    # the output to the model only: its updates carry no content)?
+    shell_output_shown: bool = True
 
 
 def _codex_patch(path: Path, content: str) -> Reply:
@@ -61,11 +68,14 @@ TOOLS = {
         read=lambda p: call("exec_command", cmd=f"cat {p}"),
         write=_codex_patch,
         shell=lambda cmd: call("exec_command", cmd=cmd),
+        # codex-acp's default mode ("workspace-write") patches the workspace unasked.
+        write_mode="read-only",
     ),
     "gemini-cli": Tools(
         read=lambda p: call("read_file", file_path=str(p)),
         write=lambda p, c: call("write_file", file_path=str(p), content=c),
         shell=lambda cmd: call("run_shell_command", command=cmd, description="Print a marker"),
+        shell_output_shown=False,
     ),
 }
 PACKS = sorted(ENDPOINTS)
@@ -108,13 +118,21 @@ def _explain(fake: FakeModel, session: Session | None = None) -> str:
 
 
 async def _run(
-    pack: str, closures: Path, tmp_path: Path, workspace: Path, script: list[Reply], *prompts: str
+    pack: str,
+    closures: Path,
+    tmp_path: Path,
+    workspace: Path,
+    script: list[Reply],
+    *prompts: str,
+    mode: str | None = None,
 ) -> tuple[FakeModel, Session, list[str]]:
     fake = ENDPOINTS[pack].fake(script)
     with fake:
         async with agent_session(
             pack, _closure(pack, closures), tmp_path, fake, workspace=workspace
         ) as session:
+            if mode is not None:
+                await session.client.set_mode(session.session_id, mode)
             stops = [await session.prompt(p) for p in prompts]
     assert not fake.errors, _explain(fake, session)
     assert not fake.script, f"unconsumed script {fake.script}\n{_explain(fake, session)}"
@@ -152,24 +170,25 @@ async def test_write(pack: str, closures: Path, tmp_path: Path, workspace: Path)
     target = workspace / "out.txt"
     script = [TOOLS[pack].write(target, WRITTEN), say("Wrote it")]
     fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, script, "Write out.txt"
+        pack, closures, tmp_path, workspace, script, "Write out.txt", mode=TOOLS[pack].write_mode
     )
     assert stops == ["end_turn"]
     assert target.read_text() == WRITTEN, _explain(fake, session)
-    if TOOLS[pack].write_asks:
-        assert session.permissions, _explain(fake, session)
+    assert len(session.permissions) == 1, _explain(fake, session)
     assert len(fake.main_requests) == 2
 
 
 @pytest.mark.parametrize("pack", PACKS)
 async def test_shell(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    script = [TOOLS[pack].shell("echo fake-shell-$((6*7))"), say("Ran it")]
+    script = [TOOLS[pack].shell(SHELL_CMD), say("Ran it")]
     fake, session, stops = await _run(
         pack, closures, tmp_path, workspace, script, "Run the marker command"
     )
     assert stops == ["end_turn"]
-    assert SHELL_OUT in session.tool_text(), _explain(fake, session)
-    assert SHELL_OUT in fake.main_requests[1].text
+    assert SHELL_OUT in fake.main_requests[1].text, _explain(fake, session)
+    assert [u.get("status") for u in session.tool_updates()][-1] == "completed"
+    shown = SHELL_OUT in session.tool_text()
+    assert shown == TOOLS[pack].shell_output_shown, session.tool_text()
 
 
 @pytest.mark.parametrize("pack", PACKS)
