@@ -50,7 +50,12 @@ class AnthropicFake(FakeModel):
         if reply.text:
             content.append({"type": "text", "text": reply.text})
         content.extend(
-            {"type": "tool_use", "id": self.new_id("toolu_fake"), "name": c.name, "input": c.arguments}
+            {
+                "type": "tool_use",
+                "id": self.new_id("toolu_fake"),
+                "name": c.name,
+                "input": c.arguments,
+            }
             for c in reply.calls
         )
         stop = "tool_use" if reply.calls else "end_turn"

@@ -39,7 +39,9 @@ class OpenAIResponsesFake(FakeModel):
         request.main = bool(body.get("tools"))
         reply = self.next_reply() if request.main else Reply(text=self.side_reply)
         custom = {
-            t.get("name") for t in body.get("tools", []) if isinstance(t, dict) and t.get("type") == "custom"
+            t.get("name")
+            for t in body.get("tools", [])
+            if isinstance(t, dict) and t.get("type") == "custom"
         }
         response_id = self.new_id("resp_fake")
         model = str(body.get("model", MODELS[0]))
@@ -159,5 +161,7 @@ def _item_events(seq: _Seq, index: int, item: JsonObject) -> list[tuple[str | No
 def _models() -> JsonObject:
     return {
         "object": "list",
-        "data": [{"id": m, "object": "model", "created": 1735689600, "owned_by": "fake"} for m in MODELS],
+        "data": [
+            {"id": m, "object": "model", "created": 1735689600, "owned_by": "fake"} for m in MODELS
+        ],
     }

@@ -49,6 +49,13 @@ def _claude_env(home: Path, url: str) -> dict[str, str]:
 CODEX_CONFIG = """\
 model = "gpt-5.5"
 model_provider = "fake"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[features]
+plugins = false
 
 [model_providers.fake]
 name = "fake"
@@ -68,6 +75,11 @@ def _codex_env(home: Path, url: str) -> dict[str, str]:
 
 
 def _gemini_env(home: Path, url: str) -> dict[str, str]:
+    # Its usage statistics (Clearcut, play.googleapis.com) are on unless the user's
+    # settings turn them off; GEMINI_TELEMETRY_ENABLED (the pack's) is OpenTelemetry only.
+    settings = home / ".gemini" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}}))
     return {"GEMINI_API_KEY": FAKE_KEY, "GOOGLE_GEMINI_BASE_URL": url}
 
 
@@ -155,7 +167,13 @@ class Session:
 
 @contextlib.asynccontextmanager
 async def agent_session(
-    pack: str, closure: Path, tmp: Path, fake: FakeModel, *, workspace: Path
+    pack: str,
+    closure: Path,
+    tmp: Path,
+    fake: FakeModel,
+    *,
+    workspace: Path,
+    extra_env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Session]:
     """Start the agent against ``fake``, initialize and open a session in ``workspace``."""
     endpoint = ENDPOINTS[pack]
@@ -174,6 +192,7 @@ async def agent_session(
         "NO_PROXY": "127.0.0.1,localhost",
         **pack_env,
         **endpoint.env(home, fake.url),
+        **(extra_env or {}),
     }
     stderr = tmp / f"{pack}.stderr"
     with stderr.open("wb") as err:

@@ -18,6 +18,8 @@ No sleeps: each wait is a turn's end (``session/prompt`` answered), bounded at 6
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_models import FakeModel, Reply, call, say
+from tests.fake_models.proxy import RecordingProxy
 from tests.integration.real_agents import ENDPOINTS, Session, agent_session, extract_closure
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(180)]
@@ -55,7 +58,9 @@ class Tools:
 
 def _codex_patch(path: Path, content: str) -> Reply:
     lines = "".join(f"+{line}\n" for line in content.splitlines())
-    return call("apply_patch", input=f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n")
+    return call(
+        "apply_patch", input=f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n"
+    )
 
 
 TOOLS = {
@@ -85,9 +90,6 @@ PACKS = sorted(ENDPOINTS)
 def closures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("fake-model-closures")
     yield root
-    import shutil
-    import subprocess
-
     subprocess.run(["chmod", "-R", "u+w", str(root)], check=False)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -125,11 +127,17 @@ async def _run(
     script: list[Reply],
     *prompts: str,
     mode: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[FakeModel, Session, list[str]]:
     fake = ENDPOINTS[pack].fake(script)
     with fake:
         async with agent_session(
-            pack, _closure(pack, closures), tmp_path, fake, workspace=workspace
+            pack,
+            _closure(pack, closures),
+            tmp_path,
+            fake,
+            workspace=workspace,
+            extra_env=extra_env,
         ) as session:
             if mode is not None:
                 await session.client.set_mode(session.session_id, mode)
@@ -204,3 +212,18 @@ async def test_history(pack: str, closures: Path, tmp_path: Path, workspace: Pat
         assert earlier in second.text, f"{earlier!r} not in the second request"
     assert session.said().endswith("Second answer: quince")
     assert json.dumps(second.body).count("First question") >= 1
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_no_other_host(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    """Configured as ``ENDPOINTS`` says, a turn (reading a file, so tools run too) tries
+    no host but the fake: a recording proxy in HTTPS_PROXY/HTTP_PROXY sees nothing. (Without
+    that configuration it sees claude → api.anthropic.com, codex → github.com,
+    api.github.com, chatgpt.com, gemini → play.googleapis.com: docs/agents-endpoints.md.)"""
+    proxy = RecordingProxy().start()
+    try:
+        script = [TOOLS[pack].read(workspace / "notes.txt"), say("Done")]
+        await _run(pack, closures, tmp_path, workspace, script, "Go", extra_env=proxy.env())
+    finally:
+        proxy.stop()
+    assert proxy.attempts == []
