@@ -128,7 +128,10 @@ class FakeModel:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"fake-{self.api}", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-{self.api}",
+            daemon=True,
         )
         self._thread.start()
         return self
