@@ -7,10 +7,14 @@ driven directly over ACP stdio (``real_agents.py``; not through the worker). Per
 - ``text``: a plain reply streams as agent_message_chunk and the turn ends ``end_turn``;
 - ``read``: the model reads a workspace file with the agent's tool, and the next model
   request carries the file's content;
-- ``write``: the model writes a file; the agent asks permission (answered allow) and the
-  file on disk changed;
-- ``shell``: the model runs a command; a tool call update shows its output;
-- ``history``: a second prompt in the same session; the fake sees the first turn.
+- ``write``: the model writes a new file; the agent asks permission (answered allow) and
+  the file on disk changed (codex-acp asks only in its ``read-only`` mode);
+- ``edit``: the model replaces a line of an existing file (claude reads it first), with
+  one permission asked and allowed;
+- ``shell``: the model runs a command; its output reaches the model, and a tool call update
+  shows it (not gemini-cli's: ``shell_output_shown``);
+- ``history``: a second prompt in the same session; the fake sees the first turn;
+- ``no_other_host``: a recording proxy in HTTPS_PROXY sees no host but the fake.
 
 No sleeps: each wait is a turn's end (``session/prompt`` answered), bounded at 60 s.
 """
@@ -47,6 +51,8 @@ class Tools:
 
     read: Callable[[Path], Reply]
     write: Callable[[Path, str], Reply]
+    # Replace one line of an existing file: the replies, in order (claude reads first).
+    edit: Callable[[Path, str, str], list[Reply]]
     shell: Callable[[str], Reply]
     # The ACP session mode under which writing a file asks session/request_permission
     # (None: the agent's default mode already asks).
@@ -63,15 +69,26 @@ def _codex_patch(path: Path, content: str) -> Reply:
     )
 
 
+def _codex_update(path: Path, old: str, new: str) -> list[Reply]:
+    patch = f"*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n"
+    return [call("apply_patch", input=patch)]
+
+
 TOOLS = {
     "claude-agent-acp": Tools(
         read=lambda p: call("Read", file_path=str(p)),
         write=lambda p, c: call("Write", file_path=str(p), content=c),
+        # Claude Code refuses to edit a file it has not read in the session.
+        edit=lambda p, old, new: [
+            call("Read", file_path=str(p)),
+            call("Edit", file_path=str(p), old_string=old, new_string=new),
+        ],
         shell=lambda cmd: call("Bash", command=cmd, description="Print a marker"),
     ),
     "codex-acp": Tools(
         read=lambda p: call("exec_command", cmd=f"cat {p}"),
         write=_codex_patch,
+        edit=_codex_update,
         shell=lambda cmd: call("exec_command", cmd=cmd),
         # codex-acp's default mode ("workspace-write") patches the workspace unasked.
         write_mode="read-only",
@@ -79,6 +96,15 @@ TOOLS = {
     "gemini-cli": Tools(
         read=lambda p: call("read_file", file_path=str(p)),
         write=lambda p, c: call("write_file", file_path=str(p), content=c),
+        edit=lambda p, old, new: [
+            call(
+                "replace",
+                file_path=str(p),
+                instruction="Change the secret word",
+                old_string=old,
+                new_string=new,
+            )
+        ],
         shell=lambda cmd: call("run_shell_command", command=cmd, description="Print a marker"),
         shell_output_shown=False,
     ),
@@ -184,6 +210,20 @@ async def test_write(pack: str, closures: Path, tmp_path: Path, workspace: Path)
     assert target.read_text() == WRITTEN, _explain(fake, session)
     assert len(session.permissions) == 1, _explain(fake, session)
     assert len(fake.main_requests) == 2
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_edit(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    target = workspace / "notes.txt"
+    edited = SECRET.replace("marmalade", "quince")
+    script = [*TOOLS[pack].edit(target, SECRET, edited), say("Edited it")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "Edit notes.txt", mode=TOOLS[pack].write_mode
+    )
+    assert stops == ["end_turn"]
+    assert target.read_text() == edited + "\n", _explain(fake, session)
+    assert len(session.permissions) == 1, _explain(fake, session)
+    assert len(fake.main_requests) == len(script)
 
 
 @pytest.mark.parametrize("pack", PACKS)
