@@ -1,0 +1,269 @@
+"""Real npm agents complete real turns against our scripted fake model APIs.
+
+Each agent (claude-agent-acp, codex-acp, gemini-cli) runs from its pinned pack closure as
+a real process, HOME in a tmp dir, pointed at a fake (``tests/fake_models``) on 127.0.0.1,
+driven directly over ACP stdio (``real_agents.py``; not through the worker). Per agent:
+
+- ``text``: a plain reply streams as agent_message_chunk and the turn ends ``end_turn``;
+- ``read``: the model reads a workspace file with the agent's tool, and the next model
+  request carries the file's content;
+- ``write``: the model writes a new file; the agent asks permission (answered allow) and
+  the file on disk changed (codex-acp asks only in its ``read-only`` mode);
+- ``edit``: the model replaces a line of an existing file (claude reads it first), with
+  one permission asked and allowed;
+- ``shell``: the model runs a command; its output reaches the model, and a tool call update
+  shows it (not gemini-cli's: ``shell_output_shown``);
+- ``history``: a second prompt in the same session; the fake sees the first turn;
+- ``no_other_host``: a recording proxy in HTTPS_PROXY sees no host but the fake.
+
+No sleeps: each wait is a turn's end (``session/prompt`` answered), bounded at 60 s.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fake_models import FakeModel, Reply, call, say
+from tests.fake_models.proxy import RecordingProxy
+from tests.integration.real_agents import ENDPOINTS, Session, agent_session, extract_closure
+
+pytestmark = [pytest.mark.conformance, pytest.mark.timeout(180)]
+
+SECRET = "the secret word is marmalade"
+WRITTEN = "written by the fake model\n"
+# The output is not in the command's text, so seeing it proves the command ran (no `$(...)`:
+# gemini-cli blocks command substitution).
+SHELL_CMD = "printf 'fake-shell-%s\\n' 42"
+SHELL_OUT = "fake-shell-42"
+
+
+@dataclass(frozen=True, slots=True)
+class Tools:
+    """How one agent's model calls its own tools (names and argument shapes as sent in
+    the agent's request to the model)."""
+
+    read: Callable[[Path], Reply]
+    write: Callable[[Path, str], Reply]
+    # Replace one line of an existing file: the replies, in order (claude reads first).
+    edit: Callable[[Path, str, str], list[Reply]]
+    shell: Callable[[str], Reply]
+    # The ACP session mode under which writing a file asks session/request_permission
+    # (None: the agent's default mode already asks).
+    write_mode: str | None = None
+    # Does a tool_call(_update) show the shell command's output (gemini-cli 0.61 sends
+    # the output to the model only: its updates carry no content)?
+    shell_output_shown: bool = True
+
+
+def _codex_patch(path: Path, content: str) -> Reply:
+    lines = "".join(f"+{line}\n" for line in content.splitlines())
+    return call(
+        "apply_patch", input=f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n"
+    )
+
+
+def _codex_update(path: Path, old: str, new: str) -> list[Reply]:
+    patch = f"*** Begin Patch\n*** Update File: {path}\n@@\n-{old}\n+{new}\n*** End Patch\n"
+    return [call("apply_patch", input=patch)]
+
+
+TOOLS = {
+    "claude-agent-acp": Tools(
+        read=lambda p: call("Read", file_path=str(p)),
+        write=lambda p, c: call("Write", file_path=str(p), content=c),
+        # Claude Code refuses to edit a file it has not read in the session.
+        edit=lambda p, old, new: [
+            call("Read", file_path=str(p)),
+            call("Edit", file_path=str(p), old_string=old, new_string=new),
+        ],
+        shell=lambda cmd: call("Bash", command=cmd, description="Print a marker"),
+    ),
+    "codex-acp": Tools(
+        read=lambda p: call("exec_command", cmd=f"cat {p}"),
+        write=_codex_patch,
+        edit=_codex_update,
+        shell=lambda cmd: call("exec_command", cmd=cmd),
+        # codex-acp's default mode ("workspace-write") patches the workspace unasked.
+        write_mode="read-only",
+    ),
+    "gemini-cli": Tools(
+        read=lambda p: call("read_file", file_path=str(p)),
+        write=lambda p, c: call("write_file", file_path=str(p), content=c),
+        edit=lambda p, old, new: [
+            call(
+                "replace",
+                file_path=str(p),
+                instruction="Change the secret word",
+                old_string=old,
+                new_string=new,
+            )
+        ],
+        shell=lambda cmd: call("run_shell_command", command=cmd, description="Print a marker"),
+        shell_output_shown=False,
+    ),
+}
+PACKS = sorted(ENDPOINTS)
+
+
+@pytest.fixture(scope="session")
+def closures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("fake-model-closures")
+    yield root
+    subprocess.run(["chmod", "-R", "u+w", str(root)], check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _closure(pack: str, closures: Path) -> Path:
+    archive = Path(__file__).resolve().parents[2] / "provider_packs" / pack / "dist"
+    if not any(archive.glob("*.tar")):
+        pytest.skip(f"pack {pack} is not built (make packs)")
+    return extract_closure(pack, closures)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text(SECRET + "\n")
+    return ws
+
+
+def _explain(fake: FakeModel, session: Session | None = None) -> str:
+    lines = [f"{r.method} {r.path} main={r.main}" for r in fake.requests]
+    lines += [f"unknown: {r.method} {r.path}" for r in fake.unknown]
+    lines += [f"fake error: {e}" for e in fake.errors]
+    if session is not None:
+        lines.append(f"updates: {session.kinds()}")
+        lines.append(f"stderr: {session.stderr.read_text()[-2000:]}")
+    return "\n".join(lines)
+
+
+async def _run(
+    pack: str,
+    closures: Path,
+    tmp_path: Path,
+    workspace: Path,
+    script: list[Reply],
+    *prompts: str,
+    mode: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[FakeModel, Session, list[str]]:
+    fake = ENDPOINTS[pack].fake(script)
+    with fake:
+        async with agent_session(
+            pack,
+            _closure(pack, closures),
+            tmp_path,
+            fake,
+            workspace=workspace,
+            extra_env=extra_env,
+        ) as session:
+            if mode is not None:
+                await session.client.set_mode(session.session_id, mode)
+            stops = [await session.prompt(p) for p in prompts]
+    assert not fake.errors, _explain(fake, session)
+    assert not fake.script, f"unconsumed script {fake.script}\n{_explain(fake, session)}"
+    return fake, session, stops
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_text(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, [say("Hello from the fake model")], "Say hello"
+    )
+    assert stops == ["end_turn"]
+    assert session.said().endswith("Hello from the fake model"), _explain(fake, session)
+    main = fake.main_requests
+    assert len(main) == 1
+    assert "Say hello" in main[0].text
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_read(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    script = [TOOLS[pack].read(workspace / "notes.txt"), say("It says marmalade")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "What does notes.txt say?"
+    )
+    assert stops == ["end_turn"]
+    main = fake.main_requests
+    assert len(main) == 2, _explain(fake, session)
+    assert SECRET not in main[0].text
+    assert SECRET in main[1].text, "the tool result never reached the model"
+    assert session.said().endswith("It says marmalade")
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_write(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    target = workspace / "out.txt"
+    script = [TOOLS[pack].write(target, WRITTEN), say("Wrote it")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "Write out.txt", mode=TOOLS[pack].write_mode
+    )
+    assert stops == ["end_turn"]
+    assert target.read_text() == WRITTEN, _explain(fake, session)
+    assert len(session.permissions) == 1, _explain(fake, session)
+    assert len(fake.main_requests) == 2
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_edit(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    target = workspace / "notes.txt"
+    edited = SECRET.replace("marmalade", "quince")
+    script = [*TOOLS[pack].edit(target, SECRET, edited), say("Edited it")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "Edit notes.txt", mode=TOOLS[pack].write_mode
+    )
+    assert stops == ["end_turn"]
+    assert target.read_text() == edited + "\n", _explain(fake, session)
+    assert len(session.permissions) == 1, _explain(fake, session)
+    assert len(fake.main_requests) == len(script)
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_shell(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    script = [TOOLS[pack].shell(SHELL_CMD), say("Ran it")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "Run the marker command"
+    )
+    assert stops == ["end_turn"]
+    assert SHELL_OUT in fake.main_requests[1].text, _explain(fake, session)
+    assert [u.get("status") for u in session.tool_updates()][-1] == "completed"
+    shown = SHELL_OUT in session.tool_text()
+    assert shown == TOOLS[pack].shell_output_shown, session.tool_text()
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_history(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    script = [say("First answer: apricot"), say("Second answer: quince")]
+    fake, session, stops = await _run(
+        pack, closures, tmp_path, workspace, script, "First question", "Second question"
+    )
+    assert stops == ["end_turn", "end_turn"]
+    first, second = fake.main_requests
+    assert "apricot" not in first.text
+    for earlier in ("First question", "First answer: apricot", "Second question"):
+        assert earlier in second.text, f"{earlier!r} not in the second request"
+    assert session.said().endswith("Second answer: quince")
+    assert json.dumps(second.body).count("First question") >= 1
+
+
+@pytest.mark.parametrize("pack", PACKS)
+async def test_no_other_host(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
+    """Configured as ``ENDPOINTS`` says, a turn (reading a file, so tools run too) tries
+    no host but the fake: a recording proxy in HTTPS_PROXY/HTTP_PROXY sees nothing. (Without
+    that configuration it sees claude → api.anthropic.com, codex → github.com,
+    api.github.com, chatgpt.com, gemini → play.googleapis.com: docs/agents-endpoints.md.)"""
+    proxy = RecordingProxy().start()
+    try:
+        script = [TOOLS[pack].read(workspace / "notes.txt"), say("Done")]
+        await _run(pack, closures, tmp_path, workspace, script, "Go", extra_env=proxy.env())
+    finally:
+        proxy.stop()
+    assert proxy.attempts == []
