@@ -33,11 +33,17 @@ async def echo_port() -> AsyncIterator[int]:
 
 
 class Harness:
-    def __init__(self, allow: list[str], limits: ProxyLimits | None = None) -> None:
+    def __init__(
+        self, allow: list[str], limits: ProxyLimits | None = None, private: list[str] | None = None
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="acpw-net-test-"))  # short: sun_path bound
         self.denials: list[NetworkDenial] = []
         self.proxy = AllowlistProxy(
-            allow, socket_path=self.dir / "p.sock", on_denial=self._denied, limits=limits
+            allow,
+            socket_path=self.dir / "p.sock",
+            on_denial=self._denied,
+            limits=limits,
+            private=private or (),
         )
 
     async def _denied(self, denial: NetworkDenial) -> None:
@@ -66,9 +72,12 @@ async def harness_factory() -> AsyncIterator[list[Harness]]:
 
 
 async def _harness(
-    made: list[Harness], allow: list[str], limits: ProxyLimits | None = None
+    made: list[Harness],
+    allow: list[str],
+    limits: ProxyLimits | None = None,
+    private: list[str] | None = None,
 ) -> Harness:
-    harness = Harness(allow, limits)
+    harness = Harness(allow, limits, private)
     await harness.proxy.start()
     made.append(harness)
     return harness
@@ -117,6 +126,30 @@ async def test_a_listed_name_that_resolves_to_loopback_is_refused(
     assert denial.reason == "private_address"
     assert "127.0.0.1" in denial.message
     assert h.proxy.stats.allowed == 0
+
+
+async def test_a_name_declared_private_may_resolve_to_loopback(
+    harness_factory: list[Harness], echo_port: int
+) -> None:
+    # An operator's model endpoint on this host or a private network (``private``).
+    h = await _harness(
+        harness_factory, [f"localhost:{echo_port}"], private=[f"localhost:{echo_port}"]
+    )
+    reader, writer = await h.connect(_connect(f"localhost:{echo_port}") + b"ping")
+    assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 200 Connection Established\r\n\r\n"
+    writer.write_eof()
+    assert await asyncio.wait_for(reader.read(), 10) == b"ping"
+    writer.close()
+    await writer.wait_closed()
+    assert h.denials == []
+
+
+async def test_private_applies_only_to_allowed_entries(
+    harness_factory: list[Harness], echo_port: int
+) -> None:
+    h = await _harness(harness_factory, ["a:1"], private=[f"localhost:{echo_port}"])
+    assert await h.status(_connect(f"localhost:{echo_port}")) == b"HTTP/1.1 403 Forbidden"
+    assert [d.reason for d in h.denials] == ["not_allowed"]
 
 
 @pytest.mark.parametrize(

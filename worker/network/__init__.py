@@ -9,7 +9,7 @@ to that socket, named by :func:`proxy_env`'s ``HTTP(S)_PROXY``/``ALL_PROXY`` var
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from worker.network import forward
@@ -43,9 +43,13 @@ def proxy_env() -> Mapping[str, str]:
     return env
 
 
-def forwarder_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """``argv`` run behind the in-sandbox forwarder."""
-    return [FORWARDER_PYTHON, "-I", "-S", SANDBOX_FORWARDER, "--", *argv]
+def forwarder_argv(
+    argv: list[str] | tuple[str, ...], tunnels: Sequence[tuple[int, str]] = ()
+) -> list[str]:
+    """``argv`` run behind the in-sandbox forwarder, which also opens ``tunnels``
+    (in-sandbox port, ``host:port`` reached by ``CONNECT`` through the proxy)."""
+    opts = [f"--tunnel={port}={target}" for port, target in tunnels]
+    return [FORWARDER_PYTHON, "-I", "-S", SANDBOX_FORWARDER, *opts, "--", *argv]
 
 
 __all__ = [

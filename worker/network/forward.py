@@ -4,7 +4,12 @@ Most tools speak TCP to a proxy (``HTTPS_PROXY=http://127.0.0.1:3128``), but the
 only way out is the Unix socket bound at ``SOCKET``. This script is bound read-only into
 the sandbox and run by it in front of the agent (stdlib only, ``python3 -I -S``):
 
-    python3 -I -S /run/acpw/forward.py -- AGENT ARGV...
+    python3 -I -S /run/acpw/forward.py [--tunnel=PORT=HOST:PORT ...] -- AGENT ARGV...
+
+Each ``--tunnel`` adds a listener on ``127.0.0.1:PORT`` whose connections go to the proxy
+already opened: the relay sends ``CONNECT HOST:PORT`` itself and, once the proxy answers
+``200``, copies bytes both ways, so a program that speaks plain HTTP to that port reaches
+``HOST:PORT`` (a plain-HTTP model endpoint the proxy allows) without knowing of a proxy.
 
 It binds and listens first (so the port is ready before the agent runs), double-forks a
 relay daemon — adopted by the sandbox's init, so it dies with the sandbox — and then
@@ -20,28 +25,26 @@ import os
 import socket
 import sys
 import threading
+from typing import NoReturn
 
 SOCKET = "/run/acpw/proxy.sock"
 HOST, PORT = "127.0.0.1", 3128
 MAX_CONNECTIONS = 64
 _CHUNK = 65536
+_MAX_REPLY_HEAD = 8192
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("usage: forward.py -- PROGRAM [ARG...]\n")
-        os._exit(2)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((HOST, PORT))
-    listener.listen(MAX_CONNECTIONS)
+    tunnels, program = _parse(argv[1:])
+    listeners: list[tuple[socket.socket, str | None]] = [(_listen(PORT), None)]
+    listeners += [(_listen(port), target) for port, target in tunnels]
     if os.fork() == 0:
         if os.fork() == 0:
-            _daemon(listener)
+            _daemon(listeners)
         os._exit(0)
     os.wait()
-    listener.close()
-    program = argv[2:]
+    for listener, _ in listeners:
+        listener.close()
     try:
         os.execvp(program[0], program)  # noqa: S606 - the sandbox's own argv, not a shell
     except OSError as exc:
@@ -49,25 +52,58 @@ def main(argv: list[str]) -> None:
         os._exit(127)
 
 
-def _daemon(listener: socket.socket) -> None:
+def _parse(args: list[str]) -> tuple[list[tuple[int, str]], list[str]]:
+    tunnels: list[tuple[int, str]] = []
+    while args and args[0].startswith("--tunnel="):
+        port, _, target = args.pop(0).removeprefix("--tunnel=").partition("=")
+        if not port.isdigit() or not target:
+            _usage()
+        tunnels.append((int(port), target))
+    if len(args) < 2 or args[0] != "--":
+        _usage()
+    return tunnels, args[1:]
+
+
+def _usage() -> NoReturn:
+    sys.stderr.write("usage: forward.py [--tunnel=PORT=HOST:PORT ...] -- PROGRAM [ARG...]\n")
+    os._exit(2)
+
+
+def _listen(port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((HOST, port))
+    listener.listen(MAX_CONNECTIONS)
+    return listener
+
+
+def _daemon(listeners: list[tuple[socket.socket, str | None]]) -> None:
     # Leave the agent's stdio alone: holding its stdout open would hide its EOF.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    for listener, target in listeners[1:]:
+        threading.Thread(target=_accept, args=(listener, target, slots), daemon=True).start()
+    _accept(*listeners[0], slots)
+
+
+def _accept(listener: socket.socket, target: str | None, slots: threading.BoundedSemaphore) -> None:
     while True:
         client, _ = listener.accept()
         if not slots.acquire(blocking=False):
             client.close()
             continue
-        threading.Thread(target=_serve, args=(client, slots), daemon=True).start()
+        threading.Thread(target=_serve, args=(client, target, slots), daemon=True).start()
 
 
-def _serve(client: socket.socket, slots: threading.BoundedSemaphore) -> None:
+def _serve(client: socket.socket, target: str | None, slots: threading.BoundedSemaphore) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with contextlib.suppress(OSError):
             upstream.connect(SOCKET)
+            if target is not None and not _connect(upstream, target):
+                return
             back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
             back.start()
             _copy(client, upstream)
@@ -76,6 +112,19 @@ def _serve(client: socket.socket, slots: threading.BoundedSemaphore) -> None:
         client.close()
         upstream.close()
         slots.release()
+
+
+def _connect(upstream: socket.socket, target: str) -> bool:
+    """Open the tunnel: ``CONNECT target``; True once the proxy answered 200 (its whole
+    head read, nothing of the tunnel's bytes)."""
+    upstream.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = upstream.recv(1)
+        if not byte or len(head) >= _MAX_REPLY_HEAD:
+            return False
+        head += byte
+    return head.split(b" ", 2)[1:2] == [b"200"]
 
 
 def _copy(src: socket.socket, dst: socket.socket) -> None:

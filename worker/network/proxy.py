@@ -6,9 +6,11 @@ out is this socket, bound into the sandbox. Each connection must start with
 authority equals an allowlist entry (after lowercasing). Hostnames are resolved here, on
 the host, and the proxy connects to the address it checked (no second lookup, so DNS
 rebinding cannot swap it): a private, loopback, link-local or otherwise non-global
-address is refused unless the allowlist names that IP literally. Anything else — another
-method, a malformed head, a destination not listed, too many connections — is answered
-with an HTTP error, closed, and reported to ``on_denial`` as a :class:`NetworkDenial`.
+address is refused unless the allowlist names that IP literally, or the entry was
+declared ``private`` (an operator's model endpoint, ``worker.network.endpoints``).
+Anything else — another method, a malformed head, a destination not listed, too many
+connections — is answered with an HTTP error, closed, and reported to ``on_denial`` as a
+:class:`NetworkDenial`.
 
 Connections, head size, idle time and bytes (per connection and in total) are bounded by
 :class:`ProxyLimits`. :meth:`AllowlistProxy.close` stops listening, cuts every relay and
@@ -117,9 +119,12 @@ _CHUNK = 64 * 1024
 class _Destination:
     """The policy: which ``CONNECT`` is allowed, and the checked address it reaches."""
 
-    def __init__(self, allow: frozenset[Endpoint], limits: ProxyLimits) -> None:
+    def __init__(
+        self, allow: frozenset[Endpoint], limits: ProxyLimits, private: frozenset[Endpoint]
+    ) -> None:
         self._allow = allow
         self._limits = limits
+        self._private = private
 
     def check(self, line: tuple[str, str]) -> Endpoint:
         """The endpoint of an allowed request line.
@@ -161,6 +166,8 @@ class _Destination:
         if endpoint.literal:  # named literally in the allowlist: any address class
             return ipaddress.ip_address(endpoint.host)
         found = await self._resolve(endpoint)
+        if endpoint in self._private:  # the operator declared it may be private
+            return found[0]
         usable = [a for a in found if _is_public(a)]
         if not usable:
             listed = ", ".join(sorted({str(a) for a in found}))
@@ -272,9 +279,12 @@ class AllowlistProxy:
         on_denial: DenialHandler | None = None,
         limits: ProxyLimits | None = None,
         socket_owner: tuple[int, int] | None = None,
+        private: Iterable[str] = (),
     ) -> None:
         """``socket_owner``: (uid, gid) given the socket (mode 0600), e.g. the sandbox's
-        host uid; None keeps the caller's.
+        host uid; None keeps the caller's. ``private``: entries of ``allow`` whose names may
+        resolve to non-public addresses (an operator's model endpoint on a private network
+        or on this host); other names must resolve to a public address.
 
         Raises:
             ValueError: an allowlist entry is malformed or the list is too long.
@@ -283,7 +293,9 @@ class AllowlistProxy:
         self.socket_path = socket_path
         self.limits = limits or ProxyLimits()
         self.stats = ProxyStats()
-        self._destination = _Destination(self.allow, self.limits)
+        self._destination = _Destination(
+            self.allow, self.limits, parse_allowlist(private) & self.allow
+        )
         self._denials = _Denials(self.stats, self.limits, on_denial)
         self._relay = _Relay(self.stats, self.limits)
         self._owner = socket_owner

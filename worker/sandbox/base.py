@@ -135,6 +135,12 @@ class SandboxSpec:
     network: str = "none"
     #: ``host:port`` entries (``worker.network.parse_endpoint``) for ``allowlist``.
     network_allow: Sequence[str] = field(default_factory=tuple)
+    #: Entries of ``network_allow`` that may resolve to non-public addresses (an
+    #: operator-declared model endpoint, ``worker.network.endpoints``).
+    network_private: Sequence[str] = field(default_factory=tuple)
+    #: (in-sandbox port, ``host:port``) plain tunnels through the proxy for ``allowlist``
+    #: (a plain-HTTP model endpoint); each target is also in ``network_allow``.
+    network_tunnels: Sequence[tuple[int, str]] = field(default_factory=tuple)
     #: Awaited for each request the proxy refuses (the runner emits a ``notice``).
     on_network_denial: DenialHandler | None = None
     extra_mounts: Sequence[ReadOnlyMount] = field(default_factory=tuple)

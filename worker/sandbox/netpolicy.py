@@ -17,11 +17,14 @@ import tempfile
 from pathlib import Path
 
 from worker.errors import SandboxError
-from worker.network import FORWARDER_PYTHON, AllowlistProxy, parse_allowlist
+from worker.network import FORWARDER_PYTHON, AllowlistProxy, parse_allowlist, parse_endpoint
+from worker.network.endpoints import TUNNEL_BASE_PORT
 from worker.sandbox.base import SandboxSpec
 
 NETWORKS = ("none", "allowlist")
 SOCKET_NAME = "proxy.sock"
+#: In-sandbox ports a tunnel may listen on: [first, end).
+TUNNEL_PORTS = (TUNNEL_BASE_PORT, 3200)
 
 
 def check(spec: SandboxSpec, *, python: Path | None = Path(FORWARDER_PYTHON)) -> None:
@@ -32,18 +35,30 @@ def check(spec: SandboxSpec, *, python: Path | None = Path(FORWARDER_PYTHON)) ->
 
     Raises:
         SandboxError: an unknown mode, an allowlist that is empty, malformed or too long,
-            entries without ``allowlist``, or no interpreter for the forwarder.
+            entries without ``allowlist``, private or tunnelled entries not allowed,
+            tunnel ports clashing or out of range, or no interpreter for the forwarder.
     """
     if spec.network not in NETWORKS:
         raise SandboxError(f"unknown network policy {spec.network!r}", network=spec.network)
     if spec.network == "none":
-        if spec.network_allow:
+        if spec.network_allow or spec.network_private or spec.network_tunnels:
             raise SandboxError("network_allow needs network 'allowlist'", network="none")
         return
     try:
         allow = parse_allowlist(spec.network_allow)
+        private = parse_allowlist(spec.network_private)
+        tunnels = [(port, parse_endpoint(target)) for port, target in spec.network_tunnels]
     except ValueError as exc:
         raise SandboxError(f"bad network allowlist: {exc}", network="allowlist") from exc
+    if not private <= allow or any(t not in allow for _, t in tunnels):
+        raise SandboxError("private and tunnelled entries must be allowed", network="allowlist")
+    ports = [port for port, _ in tunnels]
+    in_range = all(TUNNEL_PORTS[0] <= p < TUNNEL_PORTS[1] for p in ports)
+    if len(set(ports)) != len(ports) or not in_range:
+        raise SandboxError(
+            f"tunnel ports are distinct, in [{TUNNEL_PORTS[0]}, {TUNNEL_PORTS[1]})",
+            network="allowlist",
+        )
     if not allow:
         raise SandboxError("network 'allowlist' needs at least one host:port", network="allowlist")
     if python is not None and not python.is_file():
@@ -65,6 +80,7 @@ async def start_proxy(spec: SandboxSpec, owner: tuple[int, int] | None) -> Allow
         socket_path=directory / SOCKET_NAME,
         on_denial=spec.on_network_denial,
         socket_owner=owner,
+        private=spec.network_private,
     )
     try:
         await proxy.start()

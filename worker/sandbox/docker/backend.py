@@ -117,7 +117,8 @@ class DockerSandbox:
         """
         check_command(argv, env, cwd)
         if self._spec.network == "allowlist":
-            argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
+            argv = forwarder_argv(tuple(argv), self._spec.network_tunnels)
+            env = {**env, **proxy_env()}
         started = self.backend.engine.take_started(self._sandbox_id)
         if started is None:
             container = self._pending or await self._next_container()

@@ -130,7 +130,8 @@ class LocalSandbox:
         """
         check_command(argv, env, cwd)
         if self._spec.network == "allowlist":
-            argv, env = forwarder_argv(tuple(argv)), {**env, **proxy_env()}
+            argv = forwarder_argv(tuple(argv), self._spec.network_tunnels)
+            env = {**env, **proxy_env()}
         if before_launch is not None:
             await before_launch()
         with translate_oserror("spawn", self.sandbox_id):
