@@ -168,6 +168,13 @@ class ModelUnavailable(Refused):
     code = "model_unavailable"
 
 
+class EndpointRefused(Refused):
+    """The job names a model endpoint the operator did not declare for its pack, or its
+    pack cannot be pointed at one."""
+
+    code = "endpoint_refused"
+
+
 class ImageMismatch(Refused):
     """The engine's image for a pack is not the one pinned (id, labels or layers differ)."""
 

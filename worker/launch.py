@@ -53,10 +53,16 @@ def launch_plan(
     dialect: str | None,
     credentials: Mapping[str, str],
     authenticate: str | None = None,
+    endpoint_env: Mapping[str, str] | None = None,
+    endpoint_url: str | None = None,
 ) -> LaunchPlan:
-    """The plan for one job: base env, then the pack's, then the bound credentials."""
+    """The plan for one job: base env, then the pack's, then (with a model endpoint)
+    ``endpoint_env`` with ``{endpoint}`` as ``endpoint_url``, then the bound credentials."""
     full = dict(BASE_ENV)
     full.update({name: expand(value) for name, value in env.items()})
+    if endpoint_url is not None:
+        for name, value in (endpoint_env or {}).items():
+            full[name] = expand(value).replace("{endpoint}", endpoint_url)
     full.update(credentials)
     return LaunchPlan(
         argv=tuple(expand(a) for a in argv), env=full, dialect=dialect, authenticate=authenticate

@@ -18,6 +18,8 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from worker.endpoints import ModelEndpoint, check_endpoints
+
 _REPO_PACKS = Path(__file__).resolve().parent.parent / "provider_packs"
 
 
@@ -212,6 +214,16 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, description="Port of the Prometheus endpoint; none: no endpoint."
     )
+    model_endpoints: dict[str, ModelEndpoint] = Field(
+        default_factory=dict,
+        description="Model endpoints by name (JSON): where packs' agents find their model API "
+        "(a gateway, a self-hosted server); jobs pick among them (see docs/endpoints.md).",
+    )
+
+    @field_validator("model_endpoints")
+    @classmethod
+    def _endpoints(cls, value: dict[str, ModelEndpoint]) -> dict[str, ModelEndpoint]:
+        return check_endpoints(value)
 
     @property
     def session_root(self) -> Path:

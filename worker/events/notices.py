@@ -170,6 +170,16 @@ def workspace_disk_unbounded(disk_mb: int) -> Notice:
     )
 
 
+def model_endpoint(name: str, url: str, *, source: Literal["job", "default"]) -> Notice:
+    """The agent was given an operator-declared model endpoint."""
+    return Notice(
+        level="info",
+        code="model_endpoint",
+        message=f"the agent's model API is the operator's endpoint {name!r} ({url})",
+        details={"name": name, "url": url, "source": source},
+    )
+
+
 def network_denied(*, message: str, reason: str, target: str, seq: int) -> Notice:
     """One request the job's egress proxy refused (its fields, so that this module
     needs nothing of the proxy: ``message`` never contains relayed data)."""

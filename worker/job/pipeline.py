@@ -173,7 +173,9 @@ class Job:
         await self._boundary(cancel, "sandbox_create")
         await prepare.sandbox(pack, workspace)
         agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
-        return pack.launch_plan(agent_credentials)
+        endpoint = None if self._state.network is None else self._state.network.endpoint
+        url = None if endpoint is None else endpoint.agent_url
+        return pack.launch_plan(agent_credentials, endpoint_url=url)
 
     async def _boundary(self, cancel: asyncio.Event, next_phase: str) -> None:
         """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or

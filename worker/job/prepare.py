@@ -21,6 +21,7 @@ from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import SandboxError
 from worker.events import notices
 from worker.events.models import SandboxReady
+from worker.job.network import NetworkPlan, network_plan
 from worker.job.state import JobContext, JobState
 from worker.jobs.spec import JobSpec
 from worker.network import NetworkDenial
@@ -104,6 +105,11 @@ class Preparation:
             check_runtime, declaration, host_usr=ctx.backend.capabilities.runs_host_usr
         )
         self._sessions(declaration.manifest.launch.session_store)
+        plan = self._state.network = network_plan(ctx.settings, ctx.spec, declaration)
+        if plan.endpoint is not None:
+            endpoint = plan.endpoint
+            notice = notices.model_endpoint(endpoint.name, endpoint.agent_url, source=plan.source)
+            await ctx.emitter.emit(notice)
         return declaration
 
     async def credentials(self, agent_credentials: Sequence[str]) -> dict[str, str]:
@@ -171,6 +177,9 @@ class Preparation:
         """The job's sandbox (``sandbox.ready``)."""
         ctx, state = self._ctx, self._state
         limits = ctx.spec.limits
+        net = state.network or NetworkPlan(
+            mode=ctx.spec.network.mode, allow=tuple(ctx.spec.network.allow)
+        )
         spec = SandboxSpec(
             job_id=ctx.spec.job_id,
             attempt=ctx.attempt,
@@ -180,8 +189,10 @@ class Preparation:
                 memory_bytes=limits.memory_mb * 1024 * 1024, cpus=limits.cpus, pids=limits.pids
             ),
             labels=self._labels(),
-            network=ctx.spec.network.mode,
-            network_allow=tuple(ctx.spec.network.allow),
+            network=net.mode,
+            network_allow=net.allow,
+            network_private=net.private,
+            network_tunnels=net.tunnels,
             on_network_denial=self._network_denied,
             state_mounts=await self._state_mounts(),
             lease_deadline=ctx.lease_deadline,

@@ -20,6 +20,7 @@ from worker.events import notices
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.interactions import InteractionBroker, InteractionStore
+from worker.job.network import NetworkPlan
 from worker.job.outcome import Timings
 from worker.jobs.spec import JobSpec
 from worker.sandbox import base
@@ -81,6 +82,8 @@ class JobState:
     deadline: float = float("inf")
     provider: str = "cursor"
     sessions: JobSessions | None = None
+    #: The job's network and model endpoint (set with the declaration).
+    network: NetworkPlan | None = None
     #: A shared lock on the pack closure's digest (``hold_closure``): a pack-cache gc
     #: keeps the closure while the job runs. Released after the sandbox is destroyed.
     pack_hold: int | None = None

@@ -231,6 +231,12 @@ class JobSpec(_Strict):
     prompt: str | list[TextBlock] = Field(description="Prompt text or ACP content blocks.")
     model: ModelSpec | None = None
     mode: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    model_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",
+        description="An operator-declared model endpoint for the pack, by name "
+        "(`ACPW_MODEL_ENDPOINTS`); default: the pack's default endpoint, if any.",
+    )
     credentials: dict[str, str] = Field(
         default_factory=dict,
         max_length=16,

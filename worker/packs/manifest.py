@@ -154,6 +154,16 @@ class Runtime(_Strict):
         return major, minor, patch
 
 
+class EndpointUse(_Strict):
+    """How the agent is pointed at an operator's model endpoint (``worker.endpoints``)."""
+
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(
+        min_length=1,
+        description="Variables set when the job has a model endpoint; `{endpoint}` is its "
+        "base URL as the agent reaches it (e.g. `ANTHROPIC_BASE_URL`).",
+    )
+
+
 class Launch(_Strict):
     """How the agent starts: fixed argv, fixed env, the credentials it may receive."""
 
@@ -176,6 +186,27 @@ class Launch(_Strict):
         description="What the launch needs outside its closure (e.g. the host's Node.js); "
         "checked before every launch on backends that share the host's /usr.",
     )
+    endpoint: EndpointUse | None = Field(
+        default=None,
+        description="How to point the agent at a model endpoint; none: the pack's agent "
+        "cannot use one (a job naming one is refused).",
+    )
+    hosts: list[str] | None = Field(
+        default=None,
+        max_length=16,
+        description="`host:port` the agent contacts by default (its vendor's API): added to "
+        "an `allowlist` job's list when the job has no model endpoint.",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_ports(cls, value: list[str] | None) -> list[str] | None:
+        from worker.network.allow import parse_endpoint
+
+        try:
+            return None if value is None else [str(parse_endpoint(h)) for h in value]
+        except ValueError as exc:
+            raise ValueError(f"launch.hosts: {exc}") from exc
 
     @field_validator("session_store")
     @classmethod

@@ -40,12 +40,17 @@ class PreparedPack:
     closure: Path
     stats: VerifyStats
 
-    def launch_plan(self, credentials: Mapping[str, str]) -> LaunchPlan:
-        """The fixed argv and closed environment, with the bound *credentials*."""
+    def launch_plan(
+        self, credentials: Mapping[str, str], *, endpoint_url: str | None = None
+    ) -> LaunchPlan:
+        """The fixed argv and closed environment, with the bound *credentials* and, when
+        the job has a model endpoint, the pack's ``launch.endpoint`` variables for it."""
         launch = self.pack.manifest.launch
+        endpoint_env = None if launch.endpoint is None else launch.endpoint.env
         return launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
+            endpoint_env=endpoint_env, endpoint_url=endpoint_url,
         )  # fmt: skip
 
     def event_data(self) -> PackReady:
