@@ -78,8 +78,10 @@ start() {
   fi
   cleanup_leftovers
   rm -f "$SOCK"
-  CONTAINERS_CONF="$CONF" CONTAINERS_STORAGE_CONF="$STORAGE_CONF" TMPDIR="$DIR/tmp" \
-    setsid podman system service --time=0 "unix://$SOCK" >"$LOG" 2>&1 </dev/null 9>&- &
+  # From its run dir: conmon inherits the service's cwd and leaves an empty `oom` file
+  # there when a container's cgroup reports OOM events (it did in the repo's root).
+  (cd "$RUN" && CONTAINERS_CONF="$CONF" CONTAINERS_STORAGE_CONF="$STORAGE_CONF" TMPDIR="$DIR/tmp" \
+    exec setsid podman system service --time=0 "unix://$SOCK" >"$LOG" 2>&1 </dev/null 9>&-) &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 100); do
     if answers; then
