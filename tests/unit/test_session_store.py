@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.test_packs import _manifest
 from worker.errors import InvalidInput, SandboxError, SessionNotFound
-from worker.packs.manifest import parse_manifest
+from worker.packs.manifest import SessionFiles, parse_manifest
 from worker.safetree import Bounds, OverBound, copy_tree
 from worker.sandbox.base import (
     ResourceLimits,
@@ -24,6 +24,7 @@ from worker.sandbox.base import (
 from worker.sandbox.docker.containers import ImagePlan, _binds, _state_tmpfs
 from worker.sandbox.local import BindSources, HostLayout, build_bwrap_options
 from worker.sessions import JobSessions, SessionStore, reap_sessions
+from worker.sessions.files import Selection
 from worker.sessions.store import check_session_id
 from worker.settings import Settings
 
@@ -185,19 +186,39 @@ def test_pack_names_are_checked(tmp_path: Path) -> None:
 # -- one job's sessions -------------------------------------------------------------------
 
 
-def _job_sessions(tmp_path: Path, resume: str | None, **settings: Any) -> JobSessions:
+CURSOR_FILES = SessionFiles(dir=".cursor/acp-sessions", keep=["{session}"])
+
+
+def _job_sessions(
+    tmp_path: Path,
+    resume: str | None,
+    files: SessionFiles = CURSOR_FILES,
+    pack: str = "cursor-emulator",
+    **settings: Any,
+) -> JobSessions:
     conf = Settings(work_dir=tmp_path / "work", **settings)
-    made = JobSessions.for_job(
-        conf, pack="cursor-emulator", home_path=".cursor/acp-sessions", resume=resume
-    )
+    made = JobSessions.for_job(conf, pack=pack, files=files, resume=resume)
     assert made is not None
     return made
 
 
 def test_no_declared_store_means_no_session_state(tmp_path: Path) -> None:
     conf = Settings(work_dir=tmp_path / "work")
-    assert JobSessions.for_job(conf, pack="p", home_path=None, resume=SID) is None
+    assert JobSessions.for_job(conf, pack="p", files=None, resume=None) is None
     assert conf.session_root == tmp_path / "sessions"  # next to the work dir by default
+
+
+def test_a_resume_on_a_pack_that_keeps_no_sessions_is_refused(tmp_path: Path) -> None:
+    conf = Settings(work_dir=tmp_path / "work")
+    with pytest.raises(SessionNotFound) as caught:
+        JobSessions.for_job(conf, pack="gemini-cli", files=None, resume=SID)
+    assert "keeps no sessions" in caught.value.message
+    assert caught.value.details == {
+        "session_id": SID,
+        "store": str(tmp_path / "sessions" / "gemini-cli"),
+        "reason": "not_kept",
+    }
+    assert caught.value.to_dict()["code"] == "session_not_found"
 
 
 def test_an_unknown_resume_is_refused_naming_the_session_and_the_store(tmp_path: Path) -> None:
@@ -388,3 +409,152 @@ def test_a_resume_or_a_save_restarts_the_keep(tmp_path: Path) -> None:
 def test_the_session_keep_setting_has_a_default() -> None:
     assert Settings().session_keep_s == 30 * DAY
     assert Settings(session_keep_s=0).session_keep_s == 0
+
+
+# -- declared session files (launch.sessions) -----------------------------------------------
+
+OTHER = "1f1f1f1f-0000-4000-8000-000000000000"
+CLAUDE_FILES = SessionFiles(dir=".claude/projects", keep=["*/{session}.jsonl", "*/{session}"])
+CODEX_FILES = SessionFiles(dir=".codex/sessions", keep=["*/*/*/rollout-*-{session}.jsonl"])
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_selection_takes_the_matches_the_way_to_them_and_what_they_hold() -> None:
+    sel = Selection(CLAUDE_FILES.keep, SID)
+    assert sel("-workspace", "dir")  # on the way to a match
+    assert not sel("-workspace", "file")  # a file named like the way is not a match
+    assert sel(f"-workspace/{SID}.jsonl", "file")
+    assert sel(f"-workspace/{SID}", "dir")
+    assert sel(f"-workspace/{SID}/tool-results/x.txt", "file")  # inside a matched dir
+    assert not sel(f"-workspace/{OTHER}.jsonl", "file")
+    assert not sel(f"{SID}.jsonl", "file")  # `*` is one name, never none or several
+    assert not sel(f"a/b/{SID}.jsonl", "file")
+    assert sel.matched == 2
+    assert not sel(f"-workspace/{SID}.jsonl", "symlink") or sel.matched == 2  # no count
+
+
+def test_a_selection_escapes_the_session_id() -> None:
+    sel = Selection(["{session}.jsonl"], "a.b")
+    assert sel("a.b.jsonl", "file")
+    assert not sel("axb.jsonl", "file")
+
+
+def test_claude_layout_keeps_only_the_sessions_files(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, None, CLAUDE_FILES, "claude-agent-acp")
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    mount = sessions.prepare(job_dir, OWNER)
+    assert mount.target == "/home/agent/.claude/projects"
+    _write(
+        mount.source,
+        {
+            f"-workspace/{SID}.jsonl": "turn 1",
+            f"-workspace/{SID}/tool-results/out.txt": "long output",
+            f"-workspace/{OTHER}.jsonl": "another session",
+            "-workspace/memory/notes.md": "not the session's",
+        },
+    )
+    assert sessions.save(SID) == []
+    kept = tmp_path / "sessions" / "claude-agent-acp" / SID
+    assert _tree(kept) == {
+        "-workspace": "<dir>",
+        f"-workspace/{SID}.jsonl": "turn 1",
+        f"-workspace/{SID}": "<dir>",
+        f"-workspace/{SID}/tool-results": "<dir>",
+        f"-workspace/{SID}/tool-results/out.txt": "long output",
+    }
+    sessions.remove()
+    resumed = _job_sessions(tmp_path, SID, CLAUDE_FILES, "claude-agent-acp")
+    resumed.check()
+    job2 = tmp_path / "work" / "job2"
+    job2.mkdir()
+    mount2 = resumed.prepare(job2, OWNER)
+    assert _tree(mount2.source) == _tree(kept)
+
+
+def test_codex_layout_keeps_the_dated_rollout_only(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, None, CODEX_FILES, "codex-acp")
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    mount = sessions.prepare(job_dir, OWNER)
+    mine = f"2026/12/01/rollout-2026-12-01T16-27-15-{SID}.jsonl"
+    _write(
+        mount.source,
+        {mine: "rollout", f"2026/12/01/rollout-2026-12-01T16-27-16-{OTHER}.jsonl": "other"},
+    )
+    assert sessions.save(SID) == []
+    kept = tmp_path / "sessions" / "codex-acp" / SID
+    assert {k for k, v in _tree(kept).items() if v != "<dir>"} == {mine}
+
+
+def test_what_is_not_selected_is_never_entered_nor_counted(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, None, CLAUDE_FILES, "claude-agent-acp", session_max_files=5)
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    mount = sessions.prepare(job_dir, OWNER)
+    _write(mount.source, {f"-workspace/{SID}.jsonl": "turn 1"})
+    _write(mount.source, {f"junk/{i}/f": "x" for i in range(20)})  # over the entry bound
+    (mount.source / "-workspace" / "loop").symlink_to(mount.source)
+    assert sessions.save(SID) == []  # neither the junk nor the unselected link is seen
+    assert (tmp_path / "sessions" / "claude-agent-acp" / SID / "-workspace").is_dir()
+
+
+def test_a_recording_holding_nothing_of_the_declaration_is_not_found(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions", BIG)
+    # A recording in the Cursor layout, resumed with claude's declaration.
+    store.save("claude-agent-acp", SID, _session(tmp_path / "one"))
+    resumed = _job_sessions(tmp_path, SID, CLAUDE_FILES, "claude-agent-acp")
+    resumed.check()  # the recording exists …
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    with pytest.raises(SessionNotFound) as caught:  # … but holds none of its files
+        resumed.prepare(job_dir, OWNER)
+    assert caught.value.details["reason"] == "not_recorded"
+
+
+def test_manifest_sessions_declaration() -> None:
+    launch = _manifest()["launch"]
+    declared = {"dir": ".codex/sessions", "keep": ["*/*/*/rollout-*-{session}.jsonl"]}
+    ok = parse_manifest(_manifest(launch={**launch, "sessions": declared}), path="p")
+    assert ok.launch.session_files == SessionFiles(**declared)  # type: ignore[arg-type]
+    old = parse_manifest(
+        _manifest(launch={**launch, "session_store": ".cursor/acp-sessions"}), path="p"
+    )
+    assert old.launch.session_files == CURSOR_FILES
+    assert parse_manifest(_manifest(), path="p").launch.session_files is None
+    bad_declarations: list[dict[str, Any]] = [
+        {"dir": "../x", "keep": ["{session}"]},
+        {"dir": "/abs", "keep": ["{session}"]},
+        {"dir": ".c", "keep": []},
+        {"dir": ".c", "keep": ["no-session-named"]},
+        {"dir": ".c", "keep": ["../{session}"]},
+        {"dir": ".c", "keep": ["./{session}"]},
+        {"dir": ".c", "keep": ["**/{session}"]},
+        {"dir": ".c", "keep": ["a//{session}"]},
+        {"dir": ".c", "keep": ["/{session}"]},
+        {"dir": ".c", "keep": ["{session}?"]},
+        {"dir": ".c", "keep": ["/".join(["*"] * 9) + "/{session}"]},
+        {"dir": ".c", "keep": ["{session}"], "more": 1},
+    ]
+    for bad in bad_declarations:
+        with pytest.raises(InvalidInput):
+            parse_manifest(_manifest(launch={**launch, "sessions": bad}), path="p")
+    both = {**launch, "sessions": declared, "session_store": ".cursor/acp-sessions"}
+    with pytest.raises(InvalidInput, match="exclusive"):
+        parse_manifest(_manifest(launch=both), path="p")
+
+
+def test_the_npm_packs_declare_their_session_files() -> None:
+    from worker.packs.manifest import load_pack
+
+    packs = Path(__file__).resolve().parents[2] / "provider_packs"
+    assert load_pack(packs, "claude-agent-acp").manifest.launch.session_files == CLAUDE_FILES
+    assert load_pack(packs, "codex-acp").manifest.launch.session_files == CODEX_FILES
+    assert load_pack(packs, "cursor-emulator").manifest.launch.session_files == CURSOR_FILES

@@ -26,7 +26,7 @@ from worker.job.state import JobContext, JobState
 from worker.jobs.spec import JobSpec
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
-from worker.packs.manifest import Pack
+from worker.packs.manifest import Pack, SessionFiles
 from worker.packs.runtime import PreparedPack, check_runtime, load_declaration, prepare_pack
 from worker.sandbox import base
 from worker.sandbox.base import SandboxSpec
@@ -104,7 +104,7 @@ class Preparation:
         await asyncio.to_thread(
             check_runtime, declaration, host_usr=ctx.backend.capabilities.runs_host_usr
         )
-        self._sessions(declaration.manifest.launch.session_store)
+        self._sessions(declaration.manifest.launch.session_files)
         plan = self._state.network = network_plan(ctx.settings, ctx.spec, declaration)
         if plan.endpoint is not None:
             endpoint = plan.endpoint
@@ -202,11 +202,11 @@ class Preparation:
         ready = SandboxReady(backend=ctx.backend.name, sandbox_id=state.sandbox.sandbox_id)
         await ctx.emitter.emit(ready)
 
-    def _sessions(self, home_path: str | None) -> None:
+    def _sessions(self, files: SessionFiles | None) -> None:
         spec = self._ctx.spec
         resume = spec.session.resume if spec.session is not None else None
         self._state.sessions = JobSessions.for_job(
-            self._ctx.settings, pack=spec.pack.name, home_path=home_path, resume=resume
+            self._ctx.settings, pack=spec.pack.name, files=files, resume=resume
         )
         if self._state.sessions is not None:
             self._state.sessions.check()

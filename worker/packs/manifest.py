@@ -20,13 +20,21 @@ outside the closure: the npm packs' closures hold ``node_modules`` only and run 
 ``/usr/bin/node`` (bound read-only with ``/usr``), so they declare
 ``"runtime": {"node": ">=20"}`` and the worker checks it before launching
 (``worker.packs.requirements``).
-``launch.session_store`` (optional) is where the agent records its sessions, relative to
-its HOME, one directory per session id: the worker keeps them between jobs there
-(``worker.sessions``), so ``session.resume`` works across jobs.
+``launch.sessions`` (optional) says what the agent records of one session, so the worker
+keeps it between jobs (``worker.sessions``) and ``session.resume`` works across jobs:
+``dir``, a directory relative to HOME, and ``keep``, the paths in it that belong to one
+session, ``{session}`` standing for its id and ``*`` for any characters of one name::
+
+    "sessions": {"dir": ".claude/projects", "keep": ["*/{session}.jsonl", "*/{session}"]}
+
+``launch.session_store`` (the older form, still read) is a directory holding one
+subdirectory per session id: ``"session_store": "D"`` is
+``"sessions": {"dir": "D", "keep": ["{session}"]}``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -164,6 +172,54 @@ class EndpointUse(_Strict):
     )
 
 
+#: One name of a ``keep`` pattern: plain characters, ``*`` and ``{session}``.
+_KEEP_PART = re.compile(r"^(?:[A-Za-z0-9._-]|\*|\{session\})+$")
+SESSION_SLOT = "{session}"
+
+
+class SessionFiles(_Strict):
+    """What the agent records of one session, below one HOME-relative directory."""
+
+    dir: Annotated[str, Field(pattern=_HOME_PATH, max_length=255)] = Field(
+        description="The directory (relative to HOME) where the agent records its sessions: "
+        "each job gets a fresh one, holding only the resumed session's files.",
+    )
+    keep: list[Annotated[str, Field(max_length=255)]] = Field(
+        min_length=1,
+        max_length=8,
+        description="The paths in `dir` that belong to one session: `/`-separated names "
+        "where `{session}` is the session id and `*` any characters but `/`; each names "
+        "`{session}`. A directory matched is kept whole.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_below_home(cls, value: str) -> str:
+        problem = path_problem(value)
+        if problem:
+            raise ValueError(f"sessions.dir must be a path relative to HOME: {problem}")
+        return value
+
+    @field_validator("keep")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            parts = pattern.split("/")
+            bad = [p for p in parts if p in (".", "..") or "**" in p or not _KEEP_PART.match(p)]
+            if bad or len(parts) > MAX_KEEP_DEPTH:
+                raise ValueError(
+                    f"sessions.keep {pattern!r}: at most {MAX_KEEP_DEPTH} names of letters, "
+                    "digits, `._-`, `*` and `{session}` (no `.`, `..` or `**`)"
+                )
+            if SESSION_SLOT not in pattern:
+                raise ValueError(f"sessions.keep {pattern!r} must name `{SESSION_SLOT}`")
+        return value
+
+
+#: The most names a ``keep`` pattern may have.
+MAX_KEEP_DEPTH = 8
+
+
 class Launch(_Strict):
     """How the agent starts: fixed argv, fixed env, the credentials it may receive."""
 
@@ -173,7 +229,13 @@ class Launch(_Strict):
     session_store: Annotated[str, Field(pattern=_HOME_PATH, max_length=255)] | None = Field(
         default=None,
         description="Where the agent records its sessions, relative to HOME, one directory "
-        "per session id (e.g. `.cursor/acp-sessions`); enables resume across jobs.",
+        "per session id (e.g. `.cursor/acp-sessions`); enables resume across jobs. The "
+        'older form of `sessions` (`{dir: <it>, keep: ["{session}"]}`).',
+    )
+    sessions: SessionFiles | None = Field(
+        default=None,
+        description="What the agent records of one session (enables resume across jobs); "
+        "not with `session_store`.",
     )
 
     authenticate: Annotated[str, Field(pattern=_SLUG, max_length=64)] | None = Field(
@@ -215,6 +277,19 @@ class Launch(_Strict):
         if problem:
             raise ValueError(f"session_store must be a path relative to HOME: {problem}")
         return value
+
+    @model_validator(mode="after")
+    def _one_session_form(self) -> Launch:
+        if self.session_store is not None and self.sessions is not None:
+            raise ValueError("launch.session_store and launch.sessions are exclusive")
+        return self
+
+    @property
+    def session_files(self) -> SessionFiles | None:
+        """What the worker keeps of one session (either form), or None: no resume."""
+        if self.session_store is not None:
+            return SessionFiles(dir=self.session_store, keep=[SESSION_SLOT])
+        return self.sessions
 
     @model_validator(mode="after")
     def _runtime_outside_closure(self) -> Launch:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.safetree.bounds import Bounds, Tally
-from worker.safetree.kinds import PLAIN, kind_of
+from worker.safetree.kinds import PLAIN, Kind, kind_of
 from worker.safetree.walk import Found, Skipped, Walk
 
 CHUNK = 1024 * 1024
@@ -90,13 +90,19 @@ class CopyReport:
 
 
 def copy_tree(
-    source: Path, dest: Path, bounds: Bounds, *, owner: tuple[int, int] | None = None
+    source: Path,
+    dest: Path,
+    bounds: Bounds,
+    *,
+    owner: tuple[int, int] | None = None,
+    select: Callable[[str, Kind], bool] | None = None,
 ) -> CopyReport:
     """Copy the directory ``source`` (itself not a symlink) to the new directory ``dest``.
 
     Only directories and single-link regular files are copied; links, FIFOs, sockets,
     devices and hard-linked files are reported in ``skipped``. ``owner`` (uid, gid) is
-    given to everything made; directories are made 0700.
+    given to everything made; directories are made 0700. ``select``: only the entries it
+    accepts (see :class:`Walk`) are copied, the rest passed over.
 
     Raises:
         OverBound: the tree exceeds ``bounds`` (``dest`` is left partial).
@@ -104,7 +110,7 @@ def copy_tree(
     """
     report = CopyReport()
     changed = "an entry changed while it was copied"
-    with Walk(source, policy=PLAIN, bounds=bounds, changed=changed) as walk:
+    with Walk(source, policy=PLAIN, bounds=bounds, changed=changed, select=select) as walk:
         _mkdir(dest, owner)
         report.dirs += 1
         for step in walk:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -79,7 +79,9 @@ class Walk:
 
     ``follow_root``: the root itself may be a link to a directory (a caller's path);
     nothing below it is followed either way. ``changed`` is the message of the
-    ``OSError`` raised when the tree changes under the walk.
+    ``OSError`` raised when the tree changes under the walk. ``select`` (the entry's
+    ``rel`` path and kind): an entry it refuses is passed over as if absent, neither
+    counted, reported nor entered (a walk of part of a tree).
     """
 
     def __init__(
@@ -90,8 +92,10 @@ class Walk:
         bounds: Bounds = UNBOUNDED,
         follow_root: bool = False,
         changed: str = "the tree changed while it was walked",
+        select: Callable[[str, Kind], bool] | None = None,
     ) -> None:
         self.root = root
+        self._select = select
         self.policy = policy
         self.tally = Tally(bounds)
         self._follow_root = follow_root
@@ -139,6 +143,8 @@ class Walk:
             name, info = item
             kind = kind_of(info)
             rel = level.rel + name
+            if self._select is not None and not self._select(rel, kind):
+                continue
             if not self.policy.keeps(kind):
                 yield Skipped(rel, kind)
                 continue

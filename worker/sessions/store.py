@@ -1,18 +1,21 @@
 """Agent sessions kept between jobs, so ``session.resume`` works on fresh sandboxes.
 
 A sandbox's HOME is a private tmpfs that dies with the job, and with it whatever the
-agent recorded there. A pack that declares ``launch.session_store`` (where its agent
-records sessions, relative to HOME, one directory per session id) therefore gets, per
-job, a fresh host directory bound read-write at that path::
+agent recorded there. A pack that declares what its agent records of a session
+(``launch.sessions``: a directory relative to HOME and the paths in it that belong to one
+session, :mod:`worker.sessions.files`; or the older ``launch.session_store``) therefore
+gets, per job, a fresh host directory bound read-write at that directory::
 
-    <session_root>/<pack>/<session id>/     the store (ACPW_SESSION_DIR)
+    <session_root>/<pack>/<session id>/     the store (ACPW_SESSION_DIR): the session's
+                                            paths, relative to the declared directory
     <job dir>/agent-state/                  the per-job directory: removed after the job,
                                             or by the reaper with the job's work dir
 
 A resume job starts with exactly its one recorded session copied in (never the others),
-or is refused before anything launches when the store does not hold it. After the job,
-once the sandbox is gone, the session the job used is saved back, if the agent recorded
-it. What the agent left is untrusted (:func:`worker.safetree.copy_tree`): directories
+or is refused before anything launches when the store does not hold it (or the pack
+keeps no sessions). After the job, once the sandbox is gone, the session the job used is
+saved back, if the agent recorded it: only the paths its pack declares for that session
+id. What the agent left is untrusted (:func:`worker.safetree.copy_tree`): directories
 and single-link regular files only, links never followed, bounded in bytes, entries and
 depth; a
 save over a bound keeps the previous recording and says why in a ``notice``. A save
@@ -41,9 +44,11 @@ from worker.errors import SandboxError, SessionNotFound
 from worker.events import notices
 from worker.events.models import Notice
 from worker.jobs.spec import SESSION_ID as SESSION_ID_PATTERN
+from worker.packs.manifest import SESSION_SLOT, SessionFiles
 from worker.packs.names import check_pack_name
 from worker.safetree import Bounds, CopyReport, OverBound, copy_tree, remove_tree
 from worker.sandbox.base import HOME, WritableMount
+from worker.sessions.files import Selection
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged
 
@@ -86,9 +91,16 @@ class SessionStore:
         return _is_dir(self.path(pack, session_id))
 
     def restore(
-        self, pack: str, session_id: str, dest: Path, owner: tuple[int, int] | None
+        self,
+        pack: str,
+        session_id: str,
+        dest: Path,
+        owner: tuple[int, int] | None,
+        selection: Selection | None = None,
     ) -> CopyReport:
-        """Copy the recorded session to the new directory ``dest``, owned by ``owner``.
+        """Copy the recorded session (only what ``selection`` takes, when given:
+        ``selection.matched`` 0 then means it held nothing of it) to the new directory
+        ``dest``, owned by ``owner``.
 
         Raises:
             OverBound: the recording exceeds the bounds.
@@ -96,25 +108,33 @@ class SessionStore:
         """
         path = self.path(pack, session_id)
         _touch(path)  # in use: the reaper's retention (``reap_sessions``) counts from now
-        return copy_tree(path, dest, self.bounds, owner=owner)
+        return copy_tree(path, dest, self.bounds, owner=owner, select=selection)
 
-    def save(self, pack: str, session_id: str, source: Path) -> CopyReport:
-        """Replace the recording of the session with a bounded copy of ``source``.
+    def save(
+        self, pack: str, session_id: str, source: Path, selection: Selection | None = None
+    ) -> CopyReport:
+        """Replace the recording of the session with a bounded copy of ``source``, or of
+        what ``selection`` takes of it (``selection.matched`` 0: it took nothing, and
+        the recording is left as it was).
 
         Raises:
-            OverBound: ``source`` exceeds the bounds (the old recording stays).
+            OverBound: the copy exceeds the bounds (the old recording stays).
             OSError: ``source`` is not a directory or the copy failed (the old stays).
         """
         target = self.path(pack, session_id)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         _sweep(target.parent, session_id)
         tmp = target.with_name(f".{session_id}.{secrets.token_hex(4)}.tmp")
+        kept = True
         try:
-            report = copy_tree(source, tmp, self.bounds)
-            _replace_dir(tmp, target)
+            report = copy_tree(source, tmp, self.bounds, select=selection)
+            kept = selection is None or selection.matched > 0
+            if kept:
+                _replace_dir(tmp, target)
         finally:
             remove_tree(tmp)
-        _touch(target)  # whatever times the agent gave its files, it was saved now
+        if kept:
+            _touch(target)  # whatever times the agent gave its files, it was saved now
         return report
 
 
@@ -218,29 +238,54 @@ class JobSessions:
 
     store: SessionStore
     pack: str
-    #: ``launch.session_store``: where the agent records sessions, relative to HOME.
-    home_path: str
+    #: The pack's ``launch.sessions`` (or its ``session_store``, in that form).
+    files: SessionFiles
     resume: str | None
     host_dir: Path | None = None
 
     @classmethod
     def for_job(
-        cls, settings: Settings, *, pack: str, home_path: str | None, resume: str | None
+        cls, settings: Settings, *, pack: str, files: SessionFiles | None, resume: str | None
     ) -> JobSessions | None:
-        """The job's sessions, or None when the pack declares no session store."""
-        if home_path is None:
+        """The job's sessions, or None when the pack keeps none.
+
+        Raises:
+            SessionNotFound: the job resumes a session, and the pack keeps none (no
+                session of it can be in the store).
+        """
+        root = settings.session_root
+        if files is None:
+            if resume is not None:
+                raise SessionNotFound(
+                    f"session {resume!r} cannot be resumed: pack {pack!r} keeps no sessions "
+                    "between jobs (its manifest declares no launch.sessions)",
+                    session_id=resume,
+                    store=str(root / pack),
+                    reason="not_kept",
+                )
             return None
         bounds = Bounds(
             max_bytes=settings.session_max_bytes,
             max_entries=settings.session_max_files,
             max_depth=MAX_DEPTH,
         )
-        return cls(SessionStore(settings.session_root, bounds), pack, home_path, resume)
+        return cls(SessionStore(root, bounds), pack, files, resume)
+
+    @property
+    def per_session_dir(self) -> bool:
+        """The declaration is one directory per session (``keep`` just ``{session}``:
+        the Cursor layout, and what ``session_store`` says): that directory itself is
+        the recording, so it is restored and saved whole."""
+        return self.files.keep == [SESSION_SLOT]
 
     @property
     def target(self) -> str:
         """Where the per-job directory appears inside the sandbox."""
-        return f"{HOME}/{self.home_path}"
+        return f"{HOME}/{self.files.dir}"
+
+    def selection(self, session_id: str) -> Selection:
+        """What belongs to ``session_id`` in the per-job directory (and its recording)."""
+        return Selection(self.files.keep, session_id)
 
     def check(self) -> None:
         """Refuse a resume the store cannot serve, before anything launches.
@@ -271,6 +316,10 @@ class JobSessions:
             SandboxError: the directory could not be made.
         """
         host = job_dir / STATE_DIR
+        if self.resume is not None and not self.per_session_dir:
+            self.host_dir = host  # made by the restore, with exactly the session's paths
+            self._restore(host, owner, self.selection(self.resume))
+            return WritableMount(host, self.target)
         try:
             host.mkdir(mode=0o700)
             self.host_dir = host
@@ -280,14 +329,20 @@ class JobSessions:
                 f"the agent state directory could not be made: {exc.strerror or exc}",
                 path=str(host),
             ) from exc
-        if self.resume is not None:
-            try:
-                self.store.restore(self.pack, self.resume, host / self.resume, owner)
-            except OverBound as exc:
-                raise self._not_found("is over the bounds", "too_large", limit=str(exc)) from exc
-            except OSError as exc:
-                raise self._not_found("could not be restored", "unreadable") from exc
+        if self.resume is not None:  # one directory per session: restored as it was
+            self._restore(host / self.resume, owner, None)
         return WritableMount(host, self.target)
+
+    def _restore(self, dest: Path, owner: tuple[int, int], selection: Selection | None) -> None:
+        assert self.resume is not None
+        try:
+            self.store.restore(self.pack, self.resume, dest, owner, selection)
+        except OverBound as exc:
+            raise self._not_found("is over the bounds", "too_large", limit=str(exc)) from exc
+        except OSError as exc:
+            raise self._not_found("could not be restored", "unreadable") from exc
+        if selection is not None and not selection.matched:  # another declaration's
+            raise self._not_found("holds none of its files", "not_recorded")
 
     def save(self, session_id: str | None) -> list[Notice]:
         """Keep what the agent recorded of ``session_id``; the notices to emit.
@@ -303,11 +358,14 @@ class JobSessions:
                     session_id, reason="invalid_session_id", why="it is not a safe name"
                 )
             ]
-        source = self.host_dir / session_id
-        if not os.path.lexists(source):
-            return []  # the agent recorded nothing (e.g. no turn was taken)
+        if self.per_session_dir:
+            source, selection = self.host_dir / session_id, None
+            if not os.path.lexists(source):
+                return []  # the agent recorded nothing (e.g. no turn was taken)
+        else:
+            source, selection = self.host_dir, self.selection(session_id)
         try:
-            report = self.store.save(self.pack, session_id, source)
+            report = self.store.save(self.pack, session_id, source, selection)
         except OverBound as exc:
             return [
                 notices.session_not_saved(session_id, reason="too_large", why=f"it holds {exc}")
@@ -318,6 +376,8 @@ class JobSessions:
                     session_id, reason="unreadable", why=exc.strerror or str(exc)
                 )
             ]
+        # Nothing kept (selection.matched 0): the agent recorded nothing of it (e.g. no turn
+        # was taken), or only what a copy skips.
         return _skipped(session_id, report)
 
     def remove(self) -> None:
