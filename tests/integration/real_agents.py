@@ -174,10 +174,13 @@ async def agent_session(
     *,
     workspace: Path,
     extra_env: Mapping[str, str] | None = None,
+    resume: str | None = None,
+    home: Path | None = None,
 ) -> AsyncIterator[Session]:
-    """Start the agent against ``fake``, initialize and open a session in ``workspace``."""
+    """Start the agent against ``fake``, initialize and open a session in ``workspace``
+    (``session/load`` of ``resume`` when given; HOME ``home``, default ``tmp/home``)."""
     endpoint = ENDPOINTS[pack]
-    home = tmp / "home"
+    home = tmp / "home" if home is None else home
     home.mkdir(exist_ok=True)
     # Not above HOME: codex refuses to make its helper aliases (codex-linux-sandbox, which
     # its bubblewrap sandbox execs) in a CODEX_HOME under the temp dir.
@@ -194,7 +197,7 @@ async def agent_session(
         **endpoint.env(home, fake.url),
         **(extra_env or {}),
     }
-    stderr = tmp / f"{pack}.stderr"
+    stderr = home.parent / f"{pack}.{home.name}.stderr"
     with stderr.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -234,10 +237,13 @@ async def agent_session(
         initialized = await client.initialize(ClientCapabilities(fs=False, terminal=False))
         if endpoint.authenticate:
             await client.authenticate(endpoint.authenticate, initialized.get("authMethods"))
-        opened = await client.new_session(str(workspace))
+        if resume is None:
+            opened = await client.new_session(str(workspace))
+        else:
+            await client.load_session(resume, str(workspace))
         yield Session(
             client=client,
-            session_id=str(opened["sessionId"]),
+            session_id=resume if resume is not None else str(opened["sessionId"]),
             initialized=initialized,
             updates=updates,
             permissions=permissions,

@@ -14,7 +14,9 @@ driven directly over ACP stdio (``real_agents.py``; not through the worker). Per
 - ``shell``: the model runs a command; its output reaches the model, and a tool call update
   shows it (not gemini-cli's: ``shell_output_shown``);
 - ``history``: a second prompt in the same session; the fake sees the first turn;
-- ``no_other_host``: a recording proxy in HTTPS_PROXY sees no host but the fake.
+- ``no_other_host``: a recording proxy in HTTPS_PROXY sees no host but the fake;
+- ``load_from_the_kept_files_alone`` (packs declaring ``launch.sessions``): a fresh HOME
+  holding only the session's declared files is enough for ``session/load``.
 
 No sleeps: each wait is a turn's end (``session/prompt`` answered), bounded at 60 s.
 """
@@ -32,7 +34,17 @@ import pytest
 
 from tests.fake_models import FakeModel, Reply, call, say
 from tests.fake_models.proxy import RecordingProxy
-from tests.integration.real_agents import ENDPOINTS, Session, agent_session, extract_closure
+from tests.integration.real_agents import (
+    ENDPOINTS,
+    REPO,
+    Session,
+    agent_session,
+    extract_closure,
+)
+from worker.packs.manifest import load_pack
+from worker.safetree import Bounds
+from worker.sessions import SessionStore
+from worker.sessions.files import Selection
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(180)]
 
@@ -267,3 +279,46 @@ async def test_no_other_host(pack: str, closures: Path, tmp_path: Path, workspac
     finally:
         proxy.stop()
     assert proxy.attempts == []
+
+
+RESUMABLE = [p for p in PACKS if load_pack(REPO / "provider_packs", p).manifest.launch.sessions]
+
+
+@pytest.mark.parametrize("pack", RESUMABLE)
+async def test_load_from_the_kept_files_alone(
+    pack: str, closures: Path, tmp_path: Path, workspace: Path
+) -> None:
+    """What the pack's ``launch.sessions`` declares is all ``session/load`` needs: the
+    session's files, saved by the worker's store and restored into a fresh HOME (nothing
+    else of the first HOME: no config, state databases or caches), load, and the next
+    model request carries the first turn (docs/sessions.md)."""
+    files = load_pack(REPO / "provider_packs", pack).manifest.launch.sessions
+    assert files is not None
+    closure = _closure(pack, closures)
+    store = SessionStore(tmp_path / "store", Bounds(max_bytes=1 << 24, max_entries=1000))
+    with ENDPOINTS[pack].fake([say("First answer: apricot")]) as fake:
+        async with agent_session(
+            pack, closure, tmp_path, fake, workspace=workspace, home=tmp_path / "one"
+        ) as session:
+            assert await session.prompt("First question: remember tangerine") == "end_turn"
+            session_id = session.session_id
+    kept = Selection(files.keep, session_id)
+    store.save(pack, session_id, tmp_path / "one" / files.dir, kept)
+    assert kept.matched, _explain(fake, session)
+    fresh = tmp_path / "two" / files.dir
+    fresh.parent.mkdir(parents=True)
+    store.restore(pack, session_id, fresh, None, Selection(files.keep, session_id))
+    with ENDPOINTS[pack].fake([say("Second answer: quince")]) as fake:
+        async with agent_session(
+            pack,
+            closure,
+            tmp_path,
+            fake,
+            workspace=workspace,
+            home=tmp_path / "two",
+            resume=session_id,
+        ) as session:
+            assert await session.prompt("Second question") == "end_turn"
+    [request] = fake.main_requests
+    for earlier in ("remember tangerine", "First answer: apricot", "Second question"):
+        assert earlier in request.text, f"{earlier!r} not in the request after the load"
