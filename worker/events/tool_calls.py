@@ -16,7 +16,7 @@ from worker.events.attribution import ToolOwners
 from worker.events.bounded import bound
 from worker.events.content import ContentMapper, opt_str, terminal_meta, title
 from worker.events.delegations import Delegations
-from worker.events.models import EventData, ToolCompleted, ToolStarted, ToolUpdated
+from worker.events.models import Bounded, EventData, ToolCompleted, ToolStarted, ToolUpdated
 
 Out = list[EventData]
 
@@ -98,6 +98,7 @@ class ToolCalls:
         if update.get("title") is not None:
             fields["title"] = title(update["title"])
         terminal = terminal_meta(update.get("_meta"))
+        output: Bounded | None
         if terminal.output is not None:
             self._remember_terminal(tool_call_id)
             output = bound(terminal.output, self._content.limit)
