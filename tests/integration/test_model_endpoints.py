@@ -110,9 +110,9 @@ class Agent:
     credential: str
     shell: Callable[[str], Reply]
     url_path: str = ""  # what the endpoint URL adds to the fake's root
-    #: What a job of this agent must say: codex-acp needs a model it has metadata for (else
-    #: it offers no tools) and its `agent-full-access` mode (its own sandbox needs user
-    #: namespaces, which ours does not give; ours is the isolation).
+    #: What a job of this agent must say: codex-acp needs a model it has metadata for, else
+    #: it offers no tools (its pack sets its `agent-full-access` mode: codex's own sandbox
+    #: needs user namespaces, which ours does not give; ours is the isolation).
     job: dict[str, Any] = field(default_factory=dict)
 
 
@@ -127,7 +127,7 @@ AGENTS = {
         "OPENAI_API_KEY",
         lambda cmd: call("exec_command", cmd=cmd),
         url_path="/v1",
-        job={"model": {"id": "gpt-5.5"}, "mode": "agent-full-access"},
+        job={"model": {"id": "gpt-5.5"}},
     ),
     "gemini-cli": Agent(
         GeminiFake,

@@ -67,3 +67,20 @@ def test_the_offer_shown_is_bounded() -> None:
     shown = info.value.details["available"]
     assert len(shown) == 50
     assert all(len(m) == 100 for m in shown)
+
+
+def test_a_packs_mode_is_in_its_launch_plan_and_a_jobs_mode_comes_first() -> None:
+    """codex-acp's pack sets `agent-full-access` (its own sandbox cannot run in ours); the
+    session sets a job's own mode instead when it names one (``AcpSession._configure``:
+    ``spec.mode or wiring.default_mode``)."""
+    from pathlib import Path
+
+    from worker.packs.manifest import load_pack
+    from worker.packs.runtime import PreparedPack
+
+    codex = load_pack(Path(__file__).resolve().parents[2] / "provider_packs", "codex-acp")
+    prepared = PreparedPack.__new__(PreparedPack)
+    object.__setattr__(prepared, "pack", codex)
+    assert prepared.launch_plan({}).default_mode == "agent-full-access"
+    offered = {"modes": {"availableModes": [{"id": "agent-full-access"}, {"id": "read-only"}]}}
+    check_mode(offered, "agent-full-access")  # what codex offers (tests/unit fixtures)

@@ -48,6 +48,8 @@ class SessionWiring:
     terminal_output_bytes: int
     #: The pack's ``authenticate`` method id, called right after ``initialize``.
     authenticate: str | None = None
+    #: The pack's session mode for jobs that name none (``launch.mode``).
+    default_mode: str | None = None
 
 
 class AcpSession:
@@ -136,7 +138,7 @@ class AcpSession:
             normalizer.replay = False
 
     async def _configure(self, session_id: str, session: Mapping[str, Any]) -> None:
-        mode = self._spec.mode
+        mode = self._spec.mode or self._wiring.default_mode
         if mode is not None:
             check_mode(session, mode)
             await self.client.set_mode(session_id, mode)

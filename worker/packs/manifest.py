@@ -230,6 +230,12 @@ class Launch(_Strict):
         description="How to point the agent at a model endpoint; none: the pack's agent "
         "cannot use one (a job naming one is refused).",
     )
+    mode: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")] | None = Field(
+        default=None,
+        description="The session mode set when the job names none (checked against the "
+        "modes the agent offers, as a job's): e.g. codex-acp's `agent-full-access`, whose "
+        "own sandbox cannot run inside ours.",
+    )
     files: HomeFiles | None = Field(
         default=None,
         description="Files written into the agent's HOME before every launch (its private "
