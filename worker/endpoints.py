@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 #: Endpoint and pack names: the pack name pattern.
 NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+_PATH = re.compile(r"^[A-Za-z0-9._~/%+-]*$")
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")
 
 
@@ -61,6 +62,9 @@ def parse_base_url(url: str) -> BaseUrl:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
         raise ValueError(f"bad port in {url!r}") from exc
+    if not _PATH.match(parts.path):
+        # The URL goes into environment variables and config files (TOML, JSON) verbatim.
+        raise ValueError(f"an endpoint URL's path is letters, digits and ._~/%+- only: {url!r}")
     host = parts.hostname.lower()
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return BaseUrl(parts.scheme, authority, parts.path.rstrip("/"))

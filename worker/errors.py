@@ -23,6 +23,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── CredentialRefused        credential_refused       3
     │   ├── AdmissionRefused         admission_refused        3
     │   ├── ModelUnavailable         model_unavailable        3
+    │   │   └── ModeUnavailable      model_unavailable        3
     │   ├── ImageMismatch            image_mismatch           3
     │   └── RuntimeUnavailable       runtime_unavailable      3
     ├── SandboxError                 sandbox_failed           1
@@ -166,6 +167,12 @@ class AdmissionRefused(Refused):
 
 class ModelUnavailable(Refused):
     code = "model_unavailable"
+
+
+class ModeUnavailable(ModelUnavailable):
+    """The job's ``mode`` is not among the modes the agent offered in its session
+    (``details``: ``mode``, ``available``). Same code as a model or config option the
+    agent does not offer: what the job asked of the session cannot be had."""
 
 
 class EndpointRefused(Refused):

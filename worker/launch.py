@@ -37,6 +37,9 @@ class LaunchPlan:
     #: The ``authenticate`` method id the worker calls after ``initialize`` (the pack's
     #: ``launch.authenticate``); ``None``: the agent reads its credentials itself.
     authenticate: str | None = None
+    #: The session mode the worker sets when the job names none (the pack's
+    #: ``launch.mode``); ``None``: the agent's own default.
+    default_mode: str | None = None
 
 
 def expand(template: str) -> str:
@@ -55,6 +58,7 @@ def launch_plan(
     authenticate: str | None = None,
     endpoint_env: Mapping[str, str] | None = None,
     endpoint_url: str | None = None,
+    default_mode: str | None = None,
 ) -> LaunchPlan:
     """The plan for one job: base env, then the pack's, then (with a model endpoint)
     ``endpoint_env`` with ``{endpoint}`` as ``endpoint_url``, then the bound credentials."""
@@ -65,5 +69,9 @@ def launch_plan(
             full[name] = expand(value).replace("{endpoint}", endpoint_url)
     full.update(credentials)
     return LaunchPlan(
-        argv=tuple(expand(a) for a in argv), env=full, dialect=dialect, authenticate=authenticate
+        argv=tuple(expand(a) for a in argv),
+        env=full,
+        dialect=dialect,
+        authenticate=authenticate,
+        default_mode=default_mode,
     )

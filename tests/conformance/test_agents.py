@@ -14,6 +14,7 @@ the grace period, and an agent that does not answer the cancel is killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -45,6 +46,7 @@ from tests.conformance.agents import (
 )
 from tests.conformance.wiretap import TappedBackend, WireTap
 from tests.procs import finish
+from worker.events.content import terminal_meta
 from worker.events.normalizer import KNOWN_FIELDS
 from worker.events.schema import event_schema
 from worker.events.sinks import MemorySink
@@ -261,17 +263,46 @@ Event = Mapping[str, Any]
 
 
 class _CancelAfterStart:
-    """An event sink that cancels the job ``delay`` seconds after ``session.started``."""
+    """An event sink that cancels the job ``delay`` seconds after ``session.started``, and
+    not before the agent wrote every notification ``sends`` names (bounded by
+    ``patience``): codex-acp pushes ``_auth/status_update`` whenever its account read
+    completes (after the initialize reply, again on a session create), which on a cold
+    machine can be after the prompt started; cancelling before it raced the check that
+    it is sent. Waiting for it keeps that check as strict; an agent that never sends it
+    still fails it, after ``patience``."""
 
-    def __init__(self, cancel: asyncio.Event, delay: float) -> None:
+    def __init__(
+        self,
+        cancel: asyncio.Event,
+        delay: float,
+        *,
+        tap: WireTap,
+        sends: frozenset[str],
+        patience: float = 30.0,
+    ) -> None:
         self.cancel, self.delay = cancel, delay
+        self.tap, self.sends, self.patience = tap, sends, patience
+        self._task: asyncio.Task[None] | None = None
 
     async def write(self, event: Event, line: str) -> None:
-        if event["type"] == "session.started":
-            asyncio.get_running_loop().call_later(self.delay, self.cancel.set)
+        if event["type"] == "session.started" and self._task is None:
+            self._task = asyncio.create_task(self._cancel_when_ready())
+
+    async def _cancel_when_ready(self) -> None:
+        await asyncio.sleep(self.delay)
+        await self.tap.until(lambda tap: self.sends <= _sent(tap), timeout=self.patience)
+        self.cancel.set()
 
     async def close(self) -> None:
-        return None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _sent(tap: WireTap) -> set[str]:
+    """The notification kinds on the wire so far (as ``Agent.sends`` names them)."""
+    return {_kind(m["method"], m.get("params")) for m in tap.messages() if _is_notification(m)}
 
 
 def _is_notification(message: Mapping[str, Any]) -> bool:
@@ -314,6 +345,10 @@ def _events_of(method: str, params: Any) -> list[Callable[[Event], bool]]:
         return [_unmapped_of(named, params)]
     wanted = [_canonical_of(kind)]
     extra = {k: v for k, v in update.items() if k not in KNOWN_FIELDS[kind]}
+    if kind == "tool_call_update" and "_meta" in update:  # only its terminal keys are mapped
+        unmapped = terminal_meta(update["_meta"]).unmapped
+        if unmapped != {}:
+            extra["_meta"] = unmapped
     if extra:  # fields no canonical field holds: kept beside it, marked partial
         wanted.append(_unmapped_of(kind, extra, partial=True))
     return wanted
@@ -355,7 +390,7 @@ async def test_every_notification_on_the_wire_becomes_an_event(
         spec,
         settings=settings,
         backend=TappedBackend(LocalBackend(LocalConfig.from_settings(settings)), tap),
-        sinks=[memory, _CancelAfterStart(cancel, 2.0)],
+        sinks=[memory, _CancelAfterStart(cancel, 2.0, tap=tap, sends=agent.sends)],
         environ={},
         base_dir=tmp_path,
         cancel=cancel,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,28 @@ class WireTap:
     """What the agent wrote to its stdout, split into lines."""
 
     data: bytearray = field(default_factory=bytearray)
+    _grew: list[asyncio.Event] = field(default_factory=list)
+
+    def feed(self, chunk: bytes) -> None:
+        """Append what the agent wrote and wake whoever waits in :meth:`until`."""
+        self.data += chunk
+        waiters, self._grew = self._grew, []
+        for waiter in waiters:
+            waiter.set()
+
+    async def until(self, done: Callable[[WireTap], bool], *, timeout: float) -> bool:
+        """Wait until ``done(self)`` holds (checked as the agent writes); False after
+        ``timeout`` seconds without it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done(self):
+            waiter = asyncio.Event()
+            self._grew.append(waiter)
+            try:
+                await asyncio.wait_for(waiter.wait(), deadline - loop.time())
+            except TimeoutError:
+                return done(self)
+        return True
 
     def messages(self) -> list[dict[str, Any]]:
         """Every complete line that parses as a JSON object, in order."""
@@ -59,7 +81,7 @@ class _TappedProcess:
     async def _copy(self) -> None:
         try:
             while chunk := await self._inner.stdout.read(_CHUNK):
-                self._tap.data += chunk
+                self._tap.feed(chunk)
                 self._stdout.feed_data(chunk)
         finally:
             self._stdout.feed_eof()

@@ -251,6 +251,7 @@ async def agent_session(
         )
     finally:
         await connection.aclose()
+        _record(pack, updates)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -259,3 +260,14 @@ async def agent_session(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+
+
+def _record(pack: str, updates: list[dict[str, Any]]) -> None:
+    """With ``ACPW_RECORD_UPDATES=DIR``, append the session's updates to
+    ``DIR/<pack>.jsonl`` (one update a line): how the fixtures of real shapes under
+    ``tests/unit/fixtures/`` were captured."""
+    where = os.environ.get("ACPW_RECORD_UPDATES")
+    if not where:
+        return
+    with (Path(where) / f"{pack}.jsonl").open("a", encoding="utf-8") as out:
+        out.writelines(json.dumps(update, sort_keys=True) + "\n" for update in updates)

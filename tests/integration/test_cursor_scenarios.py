@@ -3,6 +3,7 @@ artifacts, unmapped fields, permission policies, fs/terminal, models, session re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,8 @@ def test_unknown_kinds_and_fields_are_kept(tmp_path: Path) -> None:
         ("hologram_update", False),
         ("agent_message_chunk", True),
     ]
-    assert '"messageId": "m-1"' in unmapped[1]["raw"]["text"]
+    # messageId is a known chunk field (it only groups chunks); the unknown _meta is kept.
+    assert json.loads(unmapped[1]["raw"]["text"]) == {"_meta": {"cursor": {"x": 1}}}
     assert _of(events, "config.updated")[0]["config_options"][0]["id"] == "mode"
     assert _of(events, "usage.reported") == [
         {
@@ -141,3 +143,22 @@ def test_unknown_kinds_and_fields_are_kept(tmp_path: Path) -> None:
     # An entitlement refusal is plain text: kept as text, the turn still ends normally.
     assert _text(events).endswith("\n\nError: Upgrade your plan to continue.")
     assert events[-1]["data"]["status"] == "succeeded"
+
+
+def test_an_offered_mode_is_set(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: hello", mode="ask")
+    assert _of(events, "mode.changed")[0] == {"mode": "ask"}
+    assert _of(events, "job.completed")[0]["status"] == "succeeded"
+
+
+def test_a_mode_the_agent_does_not_offer_fails_the_job_before_set_mode(tmp_path: Path) -> None:
+    """``code`` is a legacy alias the emulator would accept on ``session/set_mode``; it
+    is not among the modes its ``session/new`` offers, so the job never sends it."""
+    events = run_job(tmp_path, "scenario: hello", mode="code")
+    [completed] = _of(events, "job.completed")
+    assert completed["status"] == "failed"
+    assert completed["error"]["code"] == "model_unavailable"
+    assert completed["error"]["details"] == {"mode": "code", "available": ["agent", "plan", "ask"]}
+    assert "agent, plan, ask" in completed["error"]["message"]
+    assert _of(events, "mode.changed") == []
+    assert _of(events, "message.delta") == []

@@ -11,12 +11,22 @@ the job's proxy, by the tunnel the sandbox's forwarder opens.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fake_models import AnthropicFake, FakeModel, call, say
+from tests.fake_models import (
+    AnthropicFake,
+    FakeModel,
+    GeminiFake,
+    OpenAIResponsesFake,
+    Reply,
+    call,
+    say,
+)
 from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
@@ -36,10 +46,12 @@ def pack_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pack-cache")
 
 
-def _settings(tmp_path: Path, fake: FakeModel, cache: Path, **endpoint: Any) -> Settings:
+def _settings(
+    tmp_path: Path, fake: FakeModel, cache: Path, pack: str = "claude-agent-acp", **endpoint: Any
+) -> Settings:
     declared = {
-        "packs": ["claude-agent-acp"],
-        "url": fake.url,
+        "packs": [pack],
+        "url": fake.url + AGENTS[pack].url_path,
         "plain_http": True,
         "private": True,
         "default": True,
@@ -51,23 +63,23 @@ def _settings(tmp_path: Path, fake: FakeModel, cache: Path, **endpoint: Any) -> 
         secrets_dir=tmp_path / "secrets",
         results_dir=tmp_path / "results",
         worker_id="w-endpoints",
-        model_endpoints={"fake-anthropic": declared},
+        model_endpoints={f"fake-{fake.api}": declared},
     )
 
 
-def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Any:
+def _job(tmp_path: Path, prompt: str, pack: str = "claude-agent-acp", **overrides: Any) -> Any:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "notes.txt").write_text(SECRET + "\n")
     (tmp_path / "secrets").mkdir(exist_ok=True)
-    (tmp_path / "secrets" / "anthropic").write_text(KEY + "\n")
+    (tmp_path / "secrets" / "key").write_text(KEY + "\n")
     job: dict[str, Any] = {
         "v": 1,
         "job_id": f"ep-{tmp_path.name[-16:]}".replace("_", "-"),
-        "pack": {"name": "claude-agent-acp"},
+        "pack": {"name": pack},
         "workspace": {"kind": "local", "path": str(ws)},
         "prompt": prompt,
-        "credentials": {"ANTHROPIC_API_KEY": "file:anthropic"},
+        "credentials": {AGENTS[pack].credential: "file:key"},
         "limits": {"timeout_s": 120, "memory_mb": 2048, "pids": 256},
         "network": {"mode": "none"},
     }
@@ -76,8 +88,9 @@ def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Any:
 
 
 async def _run(settings: Settings, spec: Any) -> tuple[str, list[dict[str, Any]]]:
-    if not any((REPO / "provider_packs" / "claude-agent-acp" / "dist").glob("*.tar")):
-        pytest.skip("pack claude-agent-acp is not built (make packs)")
+    pack = spec.pack.name
+    if not any((REPO / "provider_packs" / pack / "dist").glob("*.tar")):
+        pytest.skip(f"pack {pack} is not built (make packs)")
     sink = MemorySink()
     outcome = await run_job(
         spec,
@@ -87,6 +100,44 @@ async def _run(settings: Settings, spec: Any) -> tuple[str, list[dict[str, Any]]
         environ={},
     )
     return outcome.status, [dict(e) for e in sink.events]
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """One npm agent pack against its fake model API."""
+
+    fake: type[FakeModel]
+    credential: str
+    shell: Callable[[str], Reply]
+    url_path: str = ""  # what the endpoint URL adds to the fake's root
+    #: What a job of this agent must say: codex-acp needs a model it has metadata for, else
+    #: it offers no tools (its pack sets its `agent-full-access` mode: codex's own sandbox
+    #: needs user namespaces, which ours does not give; ours is the isolation).
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+AGENTS = {
+    "claude-agent-acp": Agent(
+        AnthropicFake,
+        "ANTHROPIC_API_KEY",
+        lambda cmd: call("Bash", command=cmd, description="Print a marker"),
+    ),
+    "codex-acp": Agent(
+        OpenAIResponsesFake,
+        "OPENAI_API_KEY",
+        lambda cmd: call("exec_command", cmd=cmd),
+        url_path="/v1",
+        job={"model": {"id": "gpt-5.5"}},
+    ),
+    "gemini-cli": Agent(
+        GeminiFake,
+        "GEMINI_API_KEY",
+        lambda cmd: call("run_shell_command", command=cmd, description="Print a marker"),
+    ),
+}
+# The output is not in the command's text: seeing it proves the command ran.
+SHELL_CMD = "printf 'fake-shell-%s\\n' 42"
+SHELL_OUT = "fake-shell-42"
 
 
 def _text(events: list[dict[str, Any]]) -> str:
@@ -126,7 +177,8 @@ async def test_the_agent_reads_a_file_and_the_model_sees_it(
         )
         requests = fake.main_requests
     assert status == "succeeded", json.dumps(events[-3:], indent=1)
-    assert any(e["type"] == "tool.started" for e in events)
+    # The command as a tool event (gemini-cli 0.61 sends only the completed call).
+    assert any(e["type"] in ("tool.started", "tool.completed") for e in events)
     assert SECRET in requests[-1].text  # the tool result went back to the model
     assert "done reading" in _text(events)
 
@@ -160,3 +212,24 @@ async def test_a_private_endpoint_not_declared_private_is_denied_with_a_notice(
     assert denied, json.dumps(events[-3:], indent=1)
     assert denied[0]["details"]["reason"] == "private_address"
     assert status != "succeeded"
+
+
+@pytest.mark.parametrize("pack", sorted(AGENTS))
+async def test_every_agent_answers_and_runs_a_command_through_its_endpoint(
+    tmp_path: Path, pack_cache: Path, pack: str
+) -> None:
+    agent = AGENTS[pack]
+    script = [agent.shell(SHELL_CMD), say("the command ran")]
+    with agent.fake(script) as fake:
+        settings = _settings(tmp_path, fake, pack_cache, pack=pack)
+        policy = {"policy": "allow_all"}
+        spec = _job(tmp_path, "Run the command.", pack=pack, permissions=policy, **agent.job)
+        status, events = await _run(settings, spec)
+        requests = fake.main_requests
+    assert status == "succeeded", json.dumps(events[-4:], indent=1)
+    assert "the command ran" in _text(events)
+    assert len(requests) == 2, [r.path for r in fake.requests]
+    assert SHELL_OUT in requests[-1].text  # the command's output went back to the model
+    assert KEY not in json.dumps(events)
+    # The command as a tool event (gemini-cli 0.61 sends only the completed call).
+    assert any(e["type"] in ("tool.started", "tool.completed") for e in events)

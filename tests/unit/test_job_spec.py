@@ -119,3 +119,14 @@ def test_job_id_is_kept_for_the_terminal_event_when_readable() -> None:
     with pytest.raises(InvalidJobSpec) as info:
         parse_job(_job(prompt=5))
     assert info.value.details["job_id"] == "job-1"
+
+
+@pytest.mark.parametrize("mode", ["plan", "acceptEdits", "read-only", "bypassPermissions", "a.b:c"])
+def test_mode_takes_any_safe_id(mode: str) -> None:
+    assert parse_job(_job(mode=mode)).mode == mode
+
+
+@pytest.mark.parametrize("mode", ["", "-x", "a b", "../x", "a/b", "x" * 65, "mode\n", "é"])
+def test_mode_refuses_unsafe_ids(mode: str) -> None:
+    with pytest.raises(InvalidJobSpec, match="mode"):
+        parse_job(_job(mode=mode))

@@ -22,7 +22,7 @@ from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.selection import ModelSelector
 from worker.acp.terminal import Terminals
-from worker.errors import Unsupported
+from worker.errors import ModeUnavailable, Unsupported
 from worker.events.emitter import Emit
 from worker.events.models import AgentInitialized, ModelSelected, SessionStarted
 from worker.events.normalizer import Normalizer
@@ -48,6 +48,8 @@ class SessionWiring:
     terminal_output_bytes: int
     #: The pack's ``authenticate`` method id, called right after ``initialize``.
     authenticate: str | None = None
+    #: The pack's session mode for jobs that name none (``launch.mode``).
+    default_mode: str | None = None
 
 
 class AcpSession:
@@ -136,8 +138,10 @@ class AcpSession:
             normalizer.replay = False
 
     async def _configure(self, session_id: str, session: Mapping[str, Any]) -> None:
-        if self._spec.mode is not None:
-            await self.client.set_mode(session_id, self._spec.mode)
+        mode = self._spec.mode or self._wiring.default_mode
+        if mode is not None:
+            check_mode(session, mode)
+            await self.client.set_mode(session_id, mode)
         model = self._spec.model
         if model is not None:
             selector = ModelSelector(
@@ -145,6 +149,35 @@ class AcpSession:
             )
             selected = await selector.select(session, model.id, model.params)
             await self._emit(ModelSelected(**selected))
+
+
+def offered_modes(session: Mapping[str, Any]) -> list[str]:
+    """The mode ids of a ``session/new`` (or ``session/load``) result's
+    ``modes.availableModes``, in the agent's order."""
+    modes = session.get("modes")
+    listed = modes.get("availableModes") if isinstance(modes, Mapping) else None
+    return [
+        str(m["id"])
+        for m in (listed if isinstance(listed, list) else [])
+        if isinstance(m, Mapping) and isinstance(m.get("id"), str)
+    ]
+
+
+def check_mode(session: Mapping[str, Any], mode: str) -> None:
+    """Refuse a mode the agent did not offer, before asking for it.
+
+    Raises:
+        ModeUnavailable: ``mode`` is not among the offered ids (or none were offered).
+    """
+    offered = offered_modes(session)
+    if mode in offered:
+        return
+    shown = [m[:100] for m in offered[:50]]  # the agent's strings: bounded
+    raise ModeUnavailable(
+        f"mode {mode!r} is not offered by the agent (it offers: {', '.join(shown) or 'none'})",
+        mode=mode,
+        available=shown,
+    )
 
 
 def initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:

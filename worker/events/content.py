@@ -62,8 +62,9 @@ class ContentMapper:
             return None
         return bound_json(redacted(raw_input), self.limit)
 
-    def output(self, update: Mapping[str, Any]) -> Bounded | None:
-        """A tool's output: its text content blocks joined, else its raw output."""
+    def output(self, update: Mapping[str, Any], *, raw: bool = True) -> Bounded | None:
+        """A tool's output: its text content blocks joined, else (with ``raw``) its raw
+        output."""
         texts = [
             str(block["content"]["text"])
             for block in update.get("content") or []
@@ -74,7 +75,7 @@ class ContentMapper:
         ]
         if texts:
             return bound("\n".join(texts), self.limit)
-        if update.get("rawOutput") is not None:
+        if raw and update.get("rawOutput") is not None:
             return bound_json(update["rawOutput"], self.limit)
         return None
 
@@ -125,6 +126,58 @@ class ContentMapper:
                 return normalized
         refused.append(notices.path_outside_workspace(path))
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalMeta:
+    """What a ``tool_call_update``'s terminal ``_meta`` says (:func:`terminal_meta`)."""
+
+    output: str | None  # the command output this update adds (a chunk)
+    exit_code: int | None
+    #: What of ``_meta`` no canonical field holds: its other keys, or the whole value
+    #: when it is no object; empty when all of it was mapped.
+    unmapped: Any
+
+
+_NO_TERMINAL = TerminalMeta(output=None, exit_code=None, unmapped={})
+#: The output chunk of a command, by convention: ``terminal_output_delta`` (codex-acp,
+#: for a client that declares neither), ``terminal_output`` (Zed's; codex-acp and
+#: claude-agent-acp for a client declaring ``_meta.terminal_output``). Both are
+#: ``{"data": str, "terminal_id": str}`` and carry text to append.
+_TERMINAL_OUTPUT = ("terminal_output_delta", "terminal_output")
+
+
+def terminal_meta(meta: Any) -> TerminalMeta:
+    """The command output and exit status in a ``tool_call_update``'s ``_meta``.
+
+    Agents that run a command in a terminal of their own (the client offering none)
+    stream its output there instead of in ``content``: ``terminal_output_delta`` or
+    ``terminal_output`` ``{data, terminal_id}`` (the text to append) and, at its end,
+    ``terminal_exit`` ``{exit_code: int | null, signal: str | null, terminal_id}``. The
+    ``terminal_id`` is the tool call's own. A key of another shape, a second output key
+    in the same update, a ``signal`` (no canonical field holds it), and every other
+    ``_meta`` key (``terminal_info``, agents' own) stay in ``unmapped``.
+    """
+    if not isinstance(meta, Mapping):
+        return _NO_TERMINAL if meta is None else TerminalMeta(None, None, meta)
+    unmapped: dict[str, Any] = {}
+    output = exit_code = None
+    for key, value in meta.items():
+        if key in _TERMINAL_OUTPUT and output is None and _is_chunk(value):
+            output = value["data"]
+        elif key == "terminal_exit" and isinstance(value, Mapping):
+            code = value.get("exit_code")
+            if type(code) is int:
+                exit_code = code
+            if (code is not None and type(code) is not int) or value.get("signal") is not None:
+                unmapped[key] = value
+        else:
+            unmapped[key] = value
+    return TerminalMeta(output=output, exit_code=exit_code, unmapped=unmapped)
+
+
+def _is_chunk(value: Any) -> bool:
+    return isinstance(value, Mapping) and isinstance(value.get("data"), str)
 
 
 def plan_entries(update: Mapping[str, Any]) -> list[PlanEntry]:

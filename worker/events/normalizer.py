@@ -49,12 +49,17 @@ Out = list[EventData]
 Handler = Callable[[Mapping[str, Any], str | None], Out]
 
 _TOOL = ("sessionUpdate", "toolCallId", "title", "kind", "status", "rawInput", "locations")
+# ``messageId`` (ACP's message id, sent by claude-agent-acp and codex-acp on every chunk)
+# only groups chunks into messages, which the stream of deltas already does.
+_CHUNK = frozenset({"sessionUpdate", "content", "messageId"})
 KNOWN_FIELDS: dict[str, frozenset[str]] = {
-    "agent_message_chunk": frozenset({"sessionUpdate", "content"}),
-    "agent_thought_chunk": frozenset({"sessionUpdate", "content"}),
-    "user_message_chunk": frozenset({"sessionUpdate", "content"}),
+    "agent_message_chunk": _CHUNK,
+    "agent_thought_chunk": _CHUNK,
+    "user_message_chunk": _CHUNK,
     "tool_call": frozenset(_TOOL),
-    "tool_call_update": frozenset({*_TOOL, "rawOutput", "content"}),
+    # ``_meta``: only its terminal keys are mapped (content.terminal_meta), the rest is
+    # reported as partial.
+    "tool_call_update": frozenset({*_TOOL, "rawOutput", "content", "_meta"}),
     "plan": frozenset({"sessionUpdate", "entries"}),
     "available_commands_update": frozenset({"sessionUpdate", "availableCommands"}),
     "current_mode_update": frozenset({"sessionUpdate", "currentModeId"}),
@@ -160,7 +165,11 @@ class Normalizer:
         except (KeyError, TypeError, ValueError, AttributeError):
             return [self.provider_unmapped(kind, raw)]
         known = KNOWN_FIELDS[kind]
-        if len(update) > len(known) or any(key not in known for key in update):
+        if (
+            len(update) > len(known)
+            or any(key not in known for key in update)
+            or (kind == "tool_call_update" and "_meta" in update)
+        ):
             out.extend(self._partial(kind, update, known))
         return out
 
@@ -192,6 +201,11 @@ class Normalizer:
 
     def _partial(self, kind: str, update: Mapping[str, Any], known: frozenset[str]) -> Out:
         extra = {key: value for key, value in update.items() if key not in known}
+        if kind == "tool_call_update" and "_meta" in update:
+            # Of a tool update's ``_meta``, only what its terminal keys do not map.
+            unmapped = content.terminal_meta(update["_meta"]).unmapped
+            if unmapped != {}:
+                extra["_meta"] = unmapped
         if not extra:
             return []
         return [ProviderUnmapped(kind=kind, raw=bound_json(extra, self._limit), partial=True)]

@@ -21,6 +21,7 @@ from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import SandboxError
 from worker.events import notices
 from worker.events.models import SandboxReady
+from worker.job.home import home_files, stage_home_files
 from worker.job.network import NetworkPlan, network_plan
 from worker.job.state import JobContext, JobState
 from worker.jobs.spec import JobSpec
@@ -194,7 +195,7 @@ class Preparation:
             network_private=net.private,
             network_tunnels=net.tunnels,
             on_network_denial=self._network_denied,
-            state_mounts=await self._state_mounts(),
+            state_mounts=await self._state_mounts(pack),
             lease_deadline=ctx.lease_deadline,
         )
         state.sandbox = await ctx.backend.create(spec)
@@ -211,12 +212,23 @@ class Preparation:
         if self._state.sessions is not None:
             self._state.sessions.check()
 
-    async def _state_mounts(self) -> tuple[base.WritableMount, ...]:
+    async def _state_mounts(self, pack: PreparedPack) -> tuple[base.WritableMount, ...]:
+        """The pack's files in HOME, then the session store (which may lie inside them)."""
         sessions, job_dir = self._state.sessions, self._state.job_dir
-        if sessions is None or job_dir is None:
+        if job_dir is None:
             return ()
         owner = self._ctx.backend.stage_owner()
-        return (await asyncio.to_thread(sessions.prepare, job_dir, owner),)
+        endpoint = None if self._state.network is None else self._state.network.endpoint
+        files = home_files(
+            pack.pack.manifest.launch, None if endpoint is None else endpoint.agent_url
+        )
+        mounts = await asyncio.to_thread(stage_home_files, job_dir, files, owner)
+        if sessions is not None:
+            mounts += (await asyncio.to_thread(sessions.prepare, job_dir, owner),)
+        targets = [m.target for m in mounts]
+        if len(set(targets)) != len(targets):
+            raise SandboxError("the pack's HOME files and its session store share a directory")
+        return mounts
 
     async def _network_denied(self, denial: NetworkDenial) -> None:
         notice = notices.network_denied(

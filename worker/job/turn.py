@@ -110,6 +110,7 @@ class Turn:
                 host_workspace=state.host_workspace,
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
+                default_mode=plan.default_mode,
             ),
         )
         state.agent.start()

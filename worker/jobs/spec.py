@@ -230,7 +230,13 @@ class JobSpec(_Strict):
     workspace: Workspace
     prompt: str | list[TextBlock] = Field(description="Prompt text or ACP content blocks.")
     model: ModelSpec | None = None
-    mode: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    mode: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$",
+        description="An ACP session mode id the agent offers (`modes.availableModes` of"
+        " `session/new`), e.g. Cursor's `plan`, claude's `acceptEdits`, codex's `read-only`;"
+        " checked against the offer before `session/set_mode`.",
+    )
     model_endpoint: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",

@@ -162,14 +162,53 @@ class Runtime(_Strict):
         return major, minor, patch
 
 
+#: Files a pack writes into its agent's HOME: at most this many, each at most this big.
+MAX_HOME_FILES = 8
+MAX_HOME_FILE_BYTES = 64 * 1024
+
+HomeFiles = dict[Annotated[str, Field(pattern=_HOME_PATH, max_length=255)], str]
+
+
+def _check_home_files(value: dict[str, str] | None, field: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > MAX_HOME_FILES:
+        raise ValueError(f"{field}: at most {MAX_HOME_FILES} files")
+    for path, content in value.items():
+        problem = path_problem(path)
+        if problem or "/" not in path:
+            why = problem or "a file directly in HOME (it goes in a directory of its own)"
+            raise ValueError(f"{field}: {path!r} must be a path below a directory of HOME: {why}")
+        if len(content.encode()) > MAX_HOME_FILE_BYTES:
+            raise ValueError(f"{field}: {path!r} is over {MAX_HOME_FILE_BYTES} bytes")
+    return value
+
+
 class EndpointUse(_Strict):
-    """How the agent is pointed at an operator's model endpoint (``worker.endpoints``)."""
+    """How the agent is pointed at an operator's model endpoint (``worker.endpoints``):
+    variables, files, or both; ``{endpoint}`` is the endpoint's base URL as the agent
+    reaches it."""
 
     env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(
-        min_length=1,
-        description="Variables set when the job has a model endpoint; `{endpoint}` is its "
-        "base URL as the agent reaches it (e.g. `ANTHROPIC_BASE_URL`).",
+        default_factory=dict,
+        description="Variables set when the job has a model endpoint (e.g. `ANTHROPIC_BASE_URL`).",
     )
+    files: HomeFiles | None = Field(
+        default=None,
+        description="Files written into HOME when the job has a model endpoint, in place of "
+        "`launch.files` of the same path (e.g. codex's `.codex/config.toml`).",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return _check_home_files(value, "launch.endpoint.files")
+
+    @model_validator(mode="after")
+    def _something(self) -> EndpointUse:
+        if not self.env and not self.files:
+            raise ValueError("launch.endpoint needs env or files")
+        return self
 
 
 #: One name of a ``keep`` pattern: plain characters, ``*`` and ``{session}``.
@@ -253,12 +292,29 @@ class Launch(_Strict):
         description="How to point the agent at a model endpoint; none: the pack's agent "
         "cannot use one (a job naming one is refused).",
     )
+    mode: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")] | None = Field(
+        default=None,
+        description="The session mode set when the job names none (checked against the "
+        "modes the agent offers, as a job's): e.g. codex-acp's `agent-full-access`, whose "
+        "own sandbox cannot run inside ours.",
+    )
+    files: HomeFiles | None = Field(
+        default=None,
+        description="Files written into the agent's HOME before every launch (its private "
+        "configuration: telemetry off, no update checks), each below a directory of HOME; "
+        "that directory is the job's own and writable by the agent.",
+    )
     hosts: list[str] | None = Field(
         default=None,
         max_length=16,
         description="`host:port` the agent contacts by default (its vendor's API): added to "
         "an `allowlist` job's list when the job has no model endpoint.",
     )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return _check_home_files(value, "launch.files")
 
     @field_validator("hosts")
     @classmethod

@@ -50,7 +50,7 @@ class PreparedPack:
         return launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
-            endpoint_env=endpoint_env, endpoint_url=endpoint_url,
+            endpoint_env=endpoint_env, endpoint_url=endpoint_url, default_mode=launch.mode,
         )  # fmt: skip
 
     def event_data(self) -> PackReady:

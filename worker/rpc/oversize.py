@@ -6,8 +6,8 @@ from that prefix by a small scanner that follows the JSON structure (string esca
 nesting) without parsing the whole: the top-level ``method`` and ``id``, whether it is a
 response (``result``/``error``), and for a ``session/update`` its ``sessionId`` and the
 scalar fields of ``update`` (``sessionUpdate``, ``toolCallId``, ``status``, ``title``),
-plus the text of a tool's content blocks as far as the prefix reaches (a preview). A
-field that comes after the cut is simply not known.
+plus the text of a tool's content blocks (or of its terminal ``_meta`` output) as far as
+the prefix reaches (a preview). A field that comes after the cut is simply not known.
 """
 
 from __future__ import annotations
@@ -38,8 +38,17 @@ _WANTED: frozenset[_Path] = frozenset(
         (*_UPDATE, "title"),
     }
 )
-#: The text of a tool's ``content`` blocks (``[{type: content, content: {type: text, text}}]``).
-_TEXT: _Path = (*_UPDATE, "content", None, "content", "text")
+#: Where a tool's output text is: its ``content`` blocks (``[{type: content, content:
+#: {type: text, text}}]``) and the command output chunk of its terminal ``_meta``
+#: (``terminal_output_delta`` / ``terminal_output`` ``{data}``, as
+#: ``worker.events.content.terminal_meta`` reads them).
+_TEXTS: frozenset[_Path] = frozenset(
+    {
+        (*_UPDATE, "content", None, "content", "text"),
+        (*_UPDATE, "_meta", "terminal_output_delta", "data"),
+        (*_UPDATE, "_meta", "terminal_output", "data"),
+    }
+)
 
 _SPACE = re.compile(r"[ \t\r\n]*")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -149,7 +158,7 @@ class _Scanner:
         match = _STRING.match(self.text, self._i)
         path = _path(self._frames)
         if match is None:  # the cut falls inside this string
-            if not self._expect_key and path == _TEXT:
+            if not self._expect_key and path in _TEXTS:
                 self.texts.extend(_partial(self.text[self._i + 1 :]))
             return False
         value = _decoded(match.group())
@@ -177,7 +186,7 @@ class _Scanner:
     def _record(self, path: _Path, value: JsonValue) -> None:
         if path in _WANTED:
             self.values.setdefault(path, value)
-        elif path == _TEXT and isinstance(value, str):
+        elif path in _TEXTS and isinstance(value, str):
             self.texts.append(value)
 
 

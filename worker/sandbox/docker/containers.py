@@ -203,10 +203,13 @@ def _state_tmpfs(spec: SandboxSpec, *, podman: bool) -> dict[str, str]:
     its own config dir (``~/.cursor`` above ``~/.cursor/acp-sessions``)."""
     home = _tmpfs(podman=podman)[HOME]
     parents: dict[str, str] = {}
+    targets = {mount.target for mount in spec.state_mounts}
     for mount in spec.state_mounts:
         parts = home_relative(mount.target).split("/")[:-1]
         for depth in range(1, len(parts) + 1):
-            parents[f"{HOME}/{'/'.join(parts[:depth])}"] = home
+            parent = f"{HOME}/{'/'.join(parts[:depth])}"
+            if parent not in targets:  # a mount of its own (the pack's HOME files)
+                parents[parent] = home
     return parents
 
 

@@ -1,0 +1,86 @@
+"""The job's ``mode`` is checked against the modes the agent offered before
+``session/set_mode`` is sent (``worker.acp.session.check_mode``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from worker.acp.session import check_mode, offered_modes
+from worker.errors import ModelUnavailable, ModeUnavailable
+
+# claude-agent-acp's and codex-acp 2.6.0's offers (ids as in their code; fewer of claude's).
+_CLAUDE = {
+    "modes": {
+        "currentModeId": "default",
+        "availableModes": [
+            {"id": "default", "name": "Default"},
+            {"id": "acceptEdits", "name": "Accept Edits"},
+            {"id": "plan", "name": "Plan Mode"},
+        ],
+    }
+}
+_CODEX = {
+    "modes": {
+        "currentModeId": "workspace-write",
+        "availableModes": [
+            {"id": "read-only", "name": "Read-only"},
+            {"id": "workspace-write", "name": "Workspace access"},
+            {"id": "agent", "name": "Auto review"},
+            {"id": "agent-full-access", "name": "Full access"},
+        ],
+    }
+}
+
+
+@pytest.mark.parametrize(("session", "mode"), [(_CLAUDE, "acceptEdits"), (_CODEX, "read-only")])
+def test_an_offered_mode_passes(session: dict[str, Any], mode: str) -> None:
+    check_mode(session, mode)
+
+
+def test_an_unknown_mode_names_the_offered_ids() -> None:
+    with pytest.raises(ModeUnavailable) as info:
+        check_mode(_CLAUDE, "yolo")
+    error = info.value
+    assert isinstance(error, ModelUnavailable)
+    assert error.code == "model_unavailable"
+    assert error.exit_code == 3
+    assert error.details == {"mode": "yolo", "available": ["default", "acceptEdits", "plan"]}
+    assert "default, acceptEdits, plan" in error.message
+
+
+@pytest.mark.parametrize(
+    "session",
+    [{}, {"modes": None}, {"modes": {"availableModes": "x"}}, {"modes": {"availableModes": [1]}}],
+)
+def test_no_offer_refuses_every_mode(session: dict[str, Any]) -> None:
+    assert offered_modes(session) == []
+    with pytest.raises(ModeUnavailable, match="it offers: none"):
+        check_mode(session, "plan")
+
+
+def test_the_offer_shown_is_bounded() -> None:
+    many = {"modes": {"availableModes": [{"id": f"{i}" + "m" * 200} for i in range(80)]}}
+    with pytest.raises(ModeUnavailable) as info:
+        check_mode(many, "plan")
+    shown = info.value.details["available"]
+    assert len(shown) == 50
+    assert all(len(m) == 100 for m in shown)
+
+
+def test_a_packs_mode_is_in_its_launch_plan_and_a_jobs_mode_comes_first() -> None:
+    """codex-acp's pack sets `agent-full-access` (its own sandbox cannot run in ours); the
+    session sets a job's own mode instead when it names one (``AcpSession._configure``:
+    ``spec.mode or wiring.default_mode``)."""
+    from pathlib import Path
+
+    from worker.packs.manifest import load_pack
+    from worker.packs.runtime import PreparedPack
+
+    codex = load_pack(Path(__file__).resolve().parents[2] / "provider_packs", "codex-acp")
+    prepared = PreparedPack.__new__(PreparedPack)
+    object.__setattr__(prepared, "pack", codex)
+    assert prepared.launch_plan({}).default_mode == "agent-full-access"
+    offered = {"modes": {"availableModes": [{"id": "agent-full-access"}, {"id": "read-only"}]}}
+    check_mode(offered, "agent-full-access")  # what codex offers (tests/unit fixtures)
