@@ -1,7 +1,7 @@
 """Multi-turn across jobs for the npm agents, through the worker (issue 14, item 3).
 
-The real claude-agent-acp pack runs in real bubblewrap against our scripted fake Anthropic
-API, declared as the operator's default model endpoint (as in
+The real claude-agent-acp and codex-acp packs run in real bubblewrap against our scripted
+fake model APIs, declared as the operator's default model endpoint (as in
 ``test_model_endpoints.py``). Job 1 opens a session and tells the model something; job 2,
 a new job in a new sandbox with a fresh HOME, resumes it (``session.resume`` with the id
 from job 1's ``session.started``): the worker restored exactly the files the pack
@@ -13,17 +13,23 @@ sessions, is refused before anything launches.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fake_models import AnthropicFake, FakeModel, say
-from tests.integration.test_model_endpoints import _job, _run, _settings, _text
+from tests.fake_models import say
+from tests.integration.test_model_endpoints import AGENTS, _job, _run, _settings, _text
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 
-PACK = "claude-agent-acp"
+#: Where each pack's recording holds the session (its ``launch.sessions``, as recorded
+#: from the sandbox's cwd /workspace).
+RECORDED = {
+    "claude-agent-acp": r"-workspace/{id}\.jsonl",
+    "codex-acp": r"\d{{4}}/\d\d/\d\d/rollout-[0-9T-]+-{id}\.jsonl",
+}
 UNKNOWN = "0badc0de-0000-4000-8000-000000000000"
 
 
@@ -43,36 +49,40 @@ def _types(events: list[dict[str, Any]]) -> list[str]:
 
 
 async def _job_run(
-    tmp_path: Path, fake: FakeModel, cache: Path, job_id: str, prompt: str, **spec: Any
+    tmp_path: Path, fake: Any, cache: Path, job_id: str, prompt: str, pack: str, **spec: Any
 ) -> tuple[str, list[dict[str, Any]]]:
-    return await _run(
-        _settings(tmp_path, fake, cache), _job(tmp_path, prompt, job_id=job_id, **spec)
-    )
+    settings = _settings(tmp_path, fake, cache, pack)
+    job = _job(tmp_path, prompt, pack, job_id=job_id, **AGENTS[pack].job, **spec)
+    return await _run(settings, job)
 
 
+@pytest.mark.parametrize("pack", sorted(RECORDED))
 async def test_a_second_job_resumes_the_first_jobs_session(
-    tmp_path: Path, pack_cache: Path
+    pack: str, tmp_path: Path, pack_cache: Path
 ) -> None:
-    with AnthropicFake([say("Noted: the code word is tangerine.")]) as fake:
+    fake_model = AGENTS[pack].fake
+    with fake_model([say("Noted: the code word is tangerine.")]) as fake:
         status, first = await _job_run(
-            tmp_path, fake, pack_cache, "mt-one", "Remember the code word tangerine."
+            tmp_path, fake, pack_cache, "mt-one", "Remember the code word tangerine.", pack
         )
     assert status == "succeeded", json.dumps(first[-3:], indent=1)
     started = _started(first)
     session_id = started["session_id"]
     assert started["resumed"] is False
-    kept = tmp_path / "sessions" / PACK / session_id
+    kept = tmp_path / "sessions" / pack / session_id
     files = sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file())
-    assert files == [f"-workspace/{session_id}.jsonl"], files  # exactly the declared files
+    assert len(files) == 1, files  # exactly the declared files
+    assert re.fullmatch(RECORDED[pack].format(id=re.escape(session_id)), files[0]), files
     assert list((tmp_path / "work").iterdir()) == []  # the per-job directory is gone
 
-    with AnthropicFake([say("The code word was tangerine.")]) as fake:
+    with fake_model([say("The code word was tangerine.")]) as fake:
         status, second = await _job_run(
             tmp_path,
             fake,
             pack_cache,
             "mt-two",
             "What was the code word?",
+            pack,
             session={"resume": session_id},
         )
         requests = fake.main_requests
@@ -89,16 +99,22 @@ async def test_a_second_job_resumes_the_first_jobs_session(
     assert "The code word was tangerine." in _text(
         [e for e in second if not e["data"].get("replay")]
     )
-    saved_back = (kept / "-workspace" / f"{session_id}.jsonl").read_text()
+    saved_back = (kept / files[0]).read_text()
     assert "What was the code word?" in saved_back  # the second turn was saved too
 
 
 async def test_an_unknown_session_is_refused_before_anything_launches(
     tmp_path: Path, pack_cache: Path
 ) -> None:
-    with AnthropicFake([say("never")]) as fake:
+    with AGENTS["claude-agent-acp"].fake([say("never")]) as fake:
         status, events = await _job_run(
-            tmp_path, fake, pack_cache, "mt-unknown", "Hello?", session={"resume": UNKNOWN}
+            tmp_path,
+            fake,
+            pack_cache,
+            "mt-unknown",
+            "Hello?",
+            "claude-agent-acp",
+            session={"resume": UNKNOWN},
         )
         assert fake.requests == []
     assert status == "failed"
@@ -114,11 +130,17 @@ async def test_a_pack_that_keeps_no_sessions_refuses_a_resume_before_launch(
     tmp_path: Path, pack_cache: Path
 ) -> None:
     """gemini-cli declares no ``launch.sessions``: its resume cannot be served."""
-    with AnthropicFake([say("never")]) as fake:
-        spec = {"pack": {"name": "gemini-cli"}, "credentials": {}}
+    with AGENTS["gemini-cli"].fake([say("never")]) as fake:
         status, events = await _job_run(
-            tmp_path, fake, pack_cache, "mt-gemini", "Hello?", session={"resume": UNKNOWN}, **spec
+            tmp_path,
+            fake,
+            pack_cache,
+            "mt-gemini",
+            "Hello?",
+            "gemini-cli",
+            session={"resume": UNKNOWN},
         )
+        assert fake.requests == []
     assert status == "failed"
     error = events[-1]["data"]["error"]
     assert error["code"] == "session_not_found"
