@@ -9,6 +9,7 @@ error's exit code. No traceback for anticipated errors.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -27,33 +28,52 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+#: Which module registers each sub-command: only the module of the command given is
+#: imported (a plain ``run`` must not pay for the service's Celery, Redis and boto3
+#: imports, nor the image builder's docker SDK); ``--help``, no command or an unknown
+#: one registers them all.
+_COMMANDS = {
+    "run": "run",
+    "schema": "run",
+    "pack": "packs",
+    "admission": "admission",
+    "serve": "service",
+    "reap": "service",
+    "ready": "service",
+    "submit": "service",
+    "events": "service",
+    "status": "service",
+    "cancel": "service",
+    "requeue": "service",
+    "answer": "interactions",
+    "interactions": "interactions",
+    "image": "images",
+    "agents": "agents",
+}
+_MODULES = ("run", "packs", "admission", "service", "interactions", "images", "agents")
+
+
+def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="acp-worker", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in _registrars():
+    for register in _registrars(_command(sys.argv[1:] if argv is None else argv)):
         register(sub)
     return parser
 
 
-def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    from worker.cli import admission as admission_cli
-    from worker.cli import agents as agents_cli
-    from worker.cli import images as images_cli
-    from worker.cli import interactions as interactions_cli
-    from worker.cli import packs as packs_cli
-    from worker.cli import run as run_cli
-    from worker.cli import service as service_cli
+def _command(argv: Sequence[str]) -> str | None:
+    """The sub-command's name: the first argument that is not an option (the only
+    top-level option, ``--json``, takes no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
-    return [
-        run_cli.register,
-        packs_cli.register,
-        admission_cli.register,
-        service_cli.register,
-        interactions_cli.register,
-        images_cli.register,
-        agents_cli.register,
-    ]
+
+def _registrars(
+    command: str | None = None,
+) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
+    module = _COMMANDS.get(command or "")
+    names = _MODULES if module is None else (module,)
+    return [importlib.import_module(f"worker.cli.{name}").register for name in names]
 
 
 def _report(exc: WorkerError, *, as_json: bool) -> None:
@@ -64,7 +84,7 @@ def _report(exc: WorkerError, *, as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    parser = _build_parser(argv)
     args = parser.parse_args(argv)
     try:
         settings = Settings()
