@@ -9,6 +9,7 @@ error's exit code. No traceback for anticipated errors.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -103,6 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # pydantic-settings: a bad ACPW_* variable
         print(f"acp-worker: invalid settings: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    finally:
+        _before_exit()
+
+
+def _before_exit() -> None:
+    """The command is over (a job's sandbox destroyed, its events written and flushed):
+    keep the interpreter's exit short. Its final garbage collections walk every object
+    the run made (pydantic's validators, the modules' own) and took about 150 ms after
+    ``job.completed``; frozen objects are not walked, and still freed as the modules
+    are torn down. Nothing of the worker relies on a cycle's finalizer (cleanup is in
+    ``finally`` and ``async with``), and atexit handlers and buffered streams still run
+    and flush as before."""
+    gc.freeze()
 
 
 if __name__ == "__main__":
