@@ -45,12 +45,6 @@ class VerifyStats:
     hashed_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    size: int
-    st_mode: int
-
-
 def verify_closure(
     path: Path,
     lock: ClosureLock,
@@ -100,7 +94,7 @@ def _mismatch(root: Path, rel: str, what: str, expected: object, actual: object)
     )
 
 
-def _scan(root: Path, *, read_only: bool) -> tuple[dict[str, _Found | None], Identities]:
+def _scan(root: Path, *, read_only: bool) -> tuple[dict[str, os.stat_result | None], Identities]:
     """Every entry below *root*: files map to their lstat facts, directories to None;
     and the identities of all of them (:mod:`worker.packs.verified`).
 
@@ -114,7 +108,7 @@ def _scan(root: Path, *, read_only: bool) -> tuple[dict[str, _Found | None], Ide
         raise _mismatch(root, "", "closure directory is missing", "directory", "absent")
     identities = Identities(top)
     names, numbers = identities.names.append, identities.numbers.extend
-    found: dict[str, _Found | None] = {}
+    found: dict[str, os.stat_result | None] = {}
     writable = 0o222 if read_only else 0
     pending = [""]
     base = os.fspath(root)
@@ -137,7 +131,7 @@ def _scan(root: Path, *, read_only: bool) -> tuple[dict[str, _Found | None], Ide
                     pending.append(rel)
                     found[rel] = None
                 else:
-                    found[rel] = _Found(info.st_size, mode)
+                    found[rel] = info
     return found, identities
 
 
@@ -159,24 +153,24 @@ def _parents(lock: ClosureLock) -> set[str]:
     return parents
 
 
-def _compare_tree(root: Path, lock: ClosureLock, found: dict[str, _Found | None]) -> None:
+def _compare_tree(root: Path, lock: ClosureLock, found: dict[str, os.stat_result | None]) -> None:
     parents = _parents(lock)
     for entry in lock.files:
         facts = found.pop(entry.path, None)
         if facts is None:
             raise _mismatch(root, entry.path, "missing file", entry.sha256, "absent")
-        if facts.size != entry.size or normalize_mode(facts.st_mode) != entry.mode:
+        if facts.st_size != entry.size or normalize_mode(facts.st_mode) != entry.mode:
             _compare_facts(root, entry, facts)
     for rel, facts in sorted(found.items()):
         if facts is not None:
-            raise _mismatch(root, rel, "unexpected file", "absent", facts.size)
+            raise _mismatch(root, rel, "unexpected file", "absent", facts.st_size)
         if rel not in parents:
             raise _mismatch(root, rel, "unexpected directory", "absent", "directory")
 
 
-def _compare_facts(root: Path, entry: FileEntry, facts: _Found) -> None:
-    if facts.size != entry.size:
-        raise _mismatch(root, entry.path, "size differs", entry.size, facts.size)
+def _compare_facts(root: Path, entry: FileEntry, facts: os.stat_result) -> None:
+    if facts.st_size != entry.size:
+        raise _mismatch(root, entry.path, "size differs", entry.size, facts.st_size)
     mode = normalize_mode(facts.st_mode)
     if mode != entry.mode:
         raise _mismatch(root, entry.path, "mode differs", entry.mode, mode)
