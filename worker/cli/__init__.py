@@ -105,17 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"acp-worker: invalid settings: {exc}", file=sys.stderr)
         return EXIT_INVALID
     finally:
-        _before_exit()
+        if argv is None:  # the program itself (`acp-worker`, `python -m worker.cli`)
+            _before_exit()
 
 
 def _before_exit() -> None:
-    """The command is over (a job's sandbox destroyed, its events written and flushed):
-    keep the interpreter's exit short. Its final garbage collections walk every object
-    the run made (pydantic's validators, the modules' own) and took about 150 ms after
-    ``job.completed``; frozen objects are not walked, and still freed as the modules
-    are torn down. Nothing of the worker relies on a cycle's finalizer (cleanup is in
-    ``finally`` and ``async with``), and atexit handlers and buffered streams still run
-    and flush as before."""
+    """The command is over (a job's sandbox destroyed, its events written and flushed)
+    and the process is about to exit: keep the interpreter's exit short (not done for a
+    caller that passes ``argv``, a test, whose process goes on). The interpreter's final
+    garbage collections walk every object the run made (pydantic's validators, the
+    modules' own) and took about 150 ms after ``job.completed``; frozen objects are not
+    walked, and still freed as the modules are torn down. Nothing of the worker relies
+    on a cycle's finalizer (cleanup is in ``finally`` and ``async with``), and atexit
+    handlers and buffered streams still run and flush as before."""
     gc.freeze()
 
 
