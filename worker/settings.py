@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         default_factory=default_cache_dir,
         description="Content-addressed cache of materialized pack closures.",
     )
+    pack_rehash_s: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="Seconds a closure's verified record stands in for re-hashing it before "
+        "a launch (any change to a file still forces the re-hash); 0: re-hash every launch.",
+    )
     packs_dir: Path = Field(
         default=_REPO_PACKS, description="Folder of pack declarations, one folder per pack."
     )

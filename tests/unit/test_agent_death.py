@@ -103,3 +103,14 @@ async def test_an_agent_the_shutdown_had_to_signal_says_so() -> None:
     await agent.shutdown(eof_grace=0.01, term_grace=30)
     assert agent.signalled  # the teardown does not read this status as the agent's own
     assert await agent.process.exit_diagnosis() == ExitDiagnosis(None, "SIGTERM")
+
+
+async def test_an_agent_deaf_to_eof_and_sigterm_is_killed_after_both_graces() -> None:
+    """What bounds the wait for a slow agent after its turn (issue 14): the EOF grace,
+    then the SIGTERM grace; never the agent's own exit (this one would take a minute)."""
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    agent = await _agent(code)
+    await asyncio.sleep(0.2)  # let it install its handler
+    await agent.shutdown(eof_grace=0.01, term_grace=0.01)
+    assert agent.signalled
+    assert await agent.process.exit_diagnosis() == ExitDiagnosis(None, "SIGKILL")

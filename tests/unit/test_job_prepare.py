@@ -26,7 +26,9 @@ def _preparing(monkeypatch: pytest.MonkeyPatch, closure: Path, *, appears_at: in
     removed it before the hold until then)."""
     calls: list[int] = []
 
-    def prepare_pack(settings: Settings, declaration: Any, platform: str | None) -> Any:
+    def prepare_pack(
+        settings: Settings, declaration: Any, platform: str | None, *, sandbox_uids: Any = None
+    ) -> Any:
         calls.append(len(calls) + 1)
         if len(calls) >= appears_at:
             closure.mkdir(parents=True, exist_ok=True)

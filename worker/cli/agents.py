@@ -184,7 +184,7 @@ async def run_probe(
 ) -> dict[str, Any]:
     """The probe's report: *pack* prepared and its closure held as a job's is (a gc
     keeps it until the sandbox is destroyed), then the agent in a sandbox."""
-    prepared, hold = await hold_pack(settings, pack, platform=platform)
+    prepared, hold = await hold_pack(settings, pack, platform=platform, backend=backend)
     try:
         report: dict[str, Any] = {
             "pack": prepared.event_data().wire(),

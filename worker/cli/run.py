@@ -9,6 +9,10 @@ the job's keys their TTL. ``status``, ``events``, ``cancel`` and ``answer`` work
 job as on a served one. If Redis stays away longer than ``sink_retry_s``, the job fails
 with ``sink_unavailable`` while stdout and ``--events-out`` still get its
 ``job.completed``; its lease is then left to expire, so a reaper settles it ``lost``.
+
+Only what the job uses is imported: the redis package, the lease and the ownership
+modules only with ``--redis`` (docs/figures.md, "One-shot overhead", for what a plain
+run loads and how long its start takes).
 """
 
 from __future__ import annotations
@@ -25,22 +29,23 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import redis.asyncio as aioredis
-import redis.exceptions
+from typing import TYPE_CHECKING
 
 from worker.cli import add_json_flag
 from worker.errors import InvalidInput, InvalidJobSpec, SinkUnavailable
 from worker.events.progress import ProgressSink
-from worker.events.schema import event_schema
 from worker.events.sinks import EventSink, JsonlSink
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, LocalWorkspace, parse_job
 from worker.sandbox import BACKENDS, backend_config, get_backend
 from worker.sandbox.base import LeaseDeadline
-from worker.service.ownership import Claim, LeaseRefusedError, Owned, owning
 from worker.settings import Settings
-from worker.store.lease import Refusal, redis_client
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from worker.service.ownership import Claim, Owned
+    from worker.store.lease import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _schema(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.events.schema import event_schema  # builds every event's model: only here
+
     print(json.dumps(event_schema(), indent=2))
     return 0
 
@@ -145,6 +152,9 @@ async def _own(
         InvalidInput: the attempt has settled, or a live owner holds its lease.
         SinkUnavailable: Redis did not answer.
     """
+    from worker.service.ownership import Claim, LeaseRefusedError
+    from worker.store.lease import redis_client
+
     client = redis_client(url)
     stack.push_async_callback(client.aclose)
     claim = Claim(spec.job_id, _recorded(spec, base_dir))
@@ -178,6 +188,8 @@ async def _enter(
     stack: AsyncExitStack,
     cancel: asyncio.Event,
 ) -> Owned:
+    from worker.service.ownership import owning
+
     ownership = owning(client, claim, settings=settings, cancel=cancel, raise_when_broken=True)
     return await stack.enter_async_context(ownership)
 
@@ -211,6 +223,8 @@ def _refused(refusal: Refusal) -> InvalidInput:
 
 @contextlib.contextmanager
 def _reaching_redis() -> Iterator[None]:
+    import redis.exceptions
+
     try:
         yield
     except (redis.exceptions.RedisError, OSError) as exc:

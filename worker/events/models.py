@@ -20,7 +20,10 @@ EVENT_VERSION = 1
 
 
 class _Data(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # defer_build: a model's validator and serializer are built on its first use, not at
+    # import; a job uses a dozen of these types, and building all of them took about a
+    # third of this module's import (docs/figures.md, "One-shot overhead").
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class EventData(_Data):
@@ -535,7 +538,7 @@ TERMINAL_TYPE = JobCompleted.TYPE
 class Envelope(BaseModel):
     """Every event: ``seq`` starts at 1 and has no gaps within an attempt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     v: Literal[1]
     job_id: str

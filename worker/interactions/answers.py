@@ -9,6 +9,7 @@ interaction open; :class:`AnswerInvalid` carries the stable ``code`` and a reaso
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -25,13 +26,13 @@ class AnswerInvalid(Exception):
 
 
 class _Answer(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     turn: int | None = Field(default=None, description="When given, must be the open turn.")
 
 
 class Selection(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     question_id: str
     option_ids: list[str] = Field(min_length=1, max_length=256)
@@ -67,13 +68,18 @@ class Selected(_Answer):
     option_id: str
 
 
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {
-    "question": TypeAdapter(
-        Annotated[Answered | Skipped | Cancelled, Field(discriminator="outcome")]
-    ),
-    "plan": TypeAdapter(Annotated[Accepted | Rejected | Cancelled, Field(discriminator="outcome")]),
-    "permission": TypeAdapter(Annotated[Selected | Cancelled, Field(discriminator="outcome")]),
+_ANSWERS: dict[str, Any] = {
+    "question": Annotated[Answered | Skipped | Cancelled, Field(discriminator="outcome")],
+    "plan": Annotated[Accepted | Rejected | Cancelled, Field(discriminator="outcome")],
+    "permission": Annotated[Selected | Cancelled, Field(discriminator="outcome")],
 }
+
+
+@functools.cache
+def _adapter(kind: str) -> TypeAdapter[Any]:
+    """Built on the first answer of its kind: most jobs get none (a run without Redis
+    never does), and building the three took about a tenth of a CLI start."""
+    return TypeAdapter(_ANSWERS[kind])
 
 
 def validate_answer(
@@ -85,7 +91,7 @@ def validate_answer(
         AnswerInvalid: the shape or the content does not fit the request.
     """
     try:
-        answer: _Answer = _ADAPTERS[kind].validate_python(raw)
+        answer: _Answer = _adapter(kind).validate_python(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "answer"

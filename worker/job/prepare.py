@@ -30,7 +30,7 @@ from worker.packs.cache import hold_closure
 from worker.packs.manifest import Pack, SessionFiles
 from worker.packs.runtime import PreparedPack, check_runtime, load_declaration, prepare_pack
 from worker.sandbox import base
-from worker.sandbox.base import SandboxSpec
+from worker.sandbox.base import SandboxBackend, SandboxSpec
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
@@ -42,17 +42,28 @@ PACK_ATTEMPTS = 3
 
 
 async def hold_pack(
-    settings: Settings, declaration: Pack, *, platform: str | None
+    settings: Settings,
+    declaration: Pack,
+    *,
+    platform: str | None,
+    backend: SandboxBackend | None = None,
 ) -> tuple[PreparedPack, int]:
     """The pack's closure, materialized and verified, and a shared hold on it (a
     descriptor: close it once the sandbox using the closure is destroyed).
+
+    With the ``backend`` that will run it, an unchanged closure is checked against its
+    verified record rather than re-hashed, unless that backend's sandboxes run as the
+    worker's own uid (``worker.packs.verified``).
 
     Raises:
         SandboxError: a gc kept removing the closure before it could be held.
         And whatever ``prepare_pack`` raises.
     """
+    sandbox_uids = None if backend is None else (backend.stage_owner()[0],)
     for _ in range(PACK_ATTEMPTS):
-        pack = await asyncio.to_thread(prepare_pack, settings, declaration, platform)
+        pack = await asyncio.to_thread(
+            prepare_pack, settings, declaration, platform, sandbox_uids=sandbox_uids
+        )
         hold = await asyncio.to_thread(hold_closure, settings.cache_dir, pack.closure)
         if hold is not None:
             return pack, hold
@@ -130,7 +141,7 @@ class Preparation:
         """The pack prepared and its closure held (``pack.ready``)."""
         ctx, state = self._ctx, self._state
         pack, state.pack_hold = await hold_pack(
-            ctx.settings, declaration, platform=ctx.spec.pack.platform
+            ctx.settings, declaration, platform=ctx.spec.pack.platform, backend=ctx.backend
         )
         state.timings.mark("pack_verify")
         await ctx.emitter.emit(pack.event_data())

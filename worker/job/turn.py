@@ -20,7 +20,6 @@ from worker.acp.session import AcpSession, SessionWiring
 from worker.admission import Note
 from worker.errors import WorkerError
 from worker.events import notices
-from worker.interactions import AnswerReader
 from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
 from worker.packs.runtime import LaunchPlan
@@ -153,6 +152,8 @@ class Turn:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if self._ctx.control is not None:
+                    from worker.interactions.control import AnswerReader  # redis: only here
+
                     reader = AnswerReader(self._ctx.control, broker)
                     await stack.enter_async_context(reader.running())
                 return await self._prompt(client, session_id, cancel, deadline)

@@ -52,6 +52,11 @@ def closure_path(cache_dir: Path, digest: str) -> Path:
     return cache_dir / "closures" / digest.removeprefix("sha256:")
 
 
+def verified_dir(cache_dir: Path) -> Path:
+    """Where the verified records of closures live (``worker.packs.verified``)."""
+    return cache_dir / "verified"
+
+
 def materialize(
     pack: Pack,
     cache_dir: Path,
@@ -59,6 +64,7 @@ def materialize(
     platform: str | None = None,
     verify_existing: bool = True,
     limits: ExtractLimits = DEFAULT_LIMITS,
+    lock: ClosureLock | None = None,
 ) -> Path:
     """The verified closure directory of *pack* for *platform*, extracting it if needed.
 
@@ -72,7 +78,8 @@ def materialize(
     space, refused before a byte is written).
     """
     target = pack.for_platform(platform)
-    lock = pack.read_lock(target)
+    if lock is None:  # a caller that holds the lock already passes it (reading costs)
+        lock = pack.read_lock(target)
     final = closure_path(cache_dir, lock.closure_digest)
     if not _published(final):
         with _digest_lock(cache_dir, final.name):

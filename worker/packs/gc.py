@@ -182,6 +182,9 @@ def _remove(entry: CacheEntry) -> None:
     if entry.kind != "closure":
         remove_tree(entry.path)
         return
+    # Its verified record would never match a closure extracted again (new inodes), but
+    # need not outlive it.
+    (entry.path.parent.parent / "verified" / f"{entry.name}.json").unlink(missing_ok=True)
     # Out of closures/ in one rename, then deleted: never seen half removed there.
     aside = entry.path.parent.parent / "tmp" / f"{entry.name}.gc-{os.getpid()}"
     aside.parent.mkdir(parents=True, exist_ok=True)

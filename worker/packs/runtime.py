@@ -5,20 +5,24 @@ verified closure.
 host's Node.js for the npm packs; see ``worker.packs.requirements``), before anything is
 prepared. ``prepare_pack`` runs before every launch (in a thread: it is blocking I/O). It
 materializes the closure when the cache lacks it and always re-verifies it, so the agent
-starts only from bytes that match the pins at that moment.
+starts only from bytes that match the pins at that moment: by re-hashing every file, or,
+for a launch whose closure is exactly as its last full verification left it (every
+file's identity, ctime included), by that verification's record
+(``worker.packs.verified``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.events.models import PackReady
 from worker.launch import LaunchPlan, launch_plan
-from worker.packs.cache import materialize
+from worker.packs.cache import materialize, verified_dir
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.requirements import check_runtime
+from worker.packs.verified import Recheck
 from worker.packs.verify import VerifyStats, verify_closure
 from worker.settings import Settings
 
@@ -75,12 +79,29 @@ def load_declaration(settings: Settings, name: str) -> Pack:
     return load_pack(settings.packs_dir, name)
 
 
-def prepare_pack(settings: Settings, pack: Pack, platform: str | None = None) -> PreparedPack:
+def prepare_pack(
+    settings: Settings,
+    pack: Pack,
+    platform: str | None = None,
+    *,
+    sandbox_uids: Collection[int] | None = None,
+) -> PreparedPack:
     """Materialize (if needed) and verify *pack*'s closure for *platform*.
+
+    With *sandbox_uids* (a launch: the host uids its sandbox runs as), an unchanged
+    closure is checked against its verified record instead of re-hashed
+    (``worker.packs.verified``); without, every file is re-hashed.
 
     Raises InvalidInput, PlatformUnsupported, DigestMismatch or ArchiveRefused.
     """
     target = pack.for_platform(platform)
-    closure = materialize(pack, settings.cache_dir, platform=platform, verify_existing=False)
-    stats = verify_closure(closure, pack.read_lock(target))
+    lock = pack.read_lock(target)  # once: parsing a large lock costs tens of ms
+    closure = materialize(
+        pack, settings.cache_dir, platform=platform, verify_existing=False, lock=lock
+    )
+    recheck = None
+    if sandbox_uids is not None:
+        records = verified_dir(settings.cache_dir)
+        recheck = Recheck(records, settings.pack_rehash_s, frozenset(sandbox_uids))
+    stats = verify_closure(closure, lock, recheck=recheck)
     return PreparedPack(pack, target, closure, stats)

@@ -11,20 +11,24 @@ outside the service (no lease, token ``None``) writes unfenced.
 
 The control plane reads the records synchronously (:func:`read_record`,
 :func:`read_records`) before it sends an answer.
+
+The redis package is imported only by a store that is built: the interaction broker
+names this module for every job, a job without Redis never builds one (and a CLI run
+without ``--redis`` loads no redis module).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import redis
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Any
 
 from worker.errors import LeaseLost, ServiceUnavailable
-from worker.store import keys, scripts
-from worker.store.lease import REDIS_ERRORS
+from worker.store import keys
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aioredis
 
 OPEN = "open"
 RESOLVED = "resolved"
@@ -41,6 +45,8 @@ class InteractionStore:
         self._keys = [keys.lease(job_id), keys.interactions(job_id)]
         self._key = keys.interactions(job_id)
         self._ttl = ttl_s
+        from worker.store import scripts  # redis: only for a job that has it
+
         self._token = "" if token is None else str(token)
         self._put = scripts.bound(client, scripts.PUT_INTERACTION)
 
@@ -51,6 +57,8 @@ class InteractionStore:
             LeaseLost: the job's lease is not this writer's token; nothing was written.
             ServiceUnavailable: Redis did not take the write.
         """
+        from worker.store.lease import REDIS_ERRORS
+
         text = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         args = (self._token, record["interaction_id"], text, self._ttl)
         try:

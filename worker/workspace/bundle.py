@@ -9,6 +9,9 @@ into a private temporary file (``TMPDIR``), checked against the digest the captu
 measured, and uploaded from there: the worker never holds a whole file in memory, and
 the bound is checked with each file's captured size before it is read.
 
+boto3 (``worker.workspace.s3``) is imported only when a bundle is uploaded: a job that
+names no bucket never loads it (it costs more than the rest of a CLI start).
+
 The manifest is UTF-8 JSON: a name or link target that is not UTF-8 is written as in
 ``workspace.changed``, its bytes as ``\\xNN`` with ``<key>_escaped: true`` beside it.
 """
@@ -28,7 +31,6 @@ from typing import Any, BinaryIO
 from worker.errors import ResultUploadFailed
 from worker.workspace.capture import Change, Entry
 from worker.workspace.changes import Captured, named, shown
-from worker.workspace.s3 import _CLIENT_ERRORS, put_file, put_object
 
 _CHUNK = 1024 * 1024
 
@@ -56,9 +58,11 @@ def upload_bundle(
             since capture, or the bundle is over its bound. Nothing is reported as
             uploaded then.
     """
+    from worker.workspace import s3  # boto3: only when there is something to upload
+
     try:
         return _upload(client, target, captured, workspace, job_id=job_id, attempt=attempt)
-    except _CLIENT_ERRORS as exc:
+    except s3.CLIENT_ERRORS as exc:
         raise ResultUploadFailed(
             f"result bundle upload to s3://{target.bucket}/{target.prefix} failed: {exc}",
             bucket=target.bucket,
@@ -80,6 +84,8 @@ def _upload(
     job_id: str,
     attempt: int,
 ) -> dict[str, Any]:
+    from worker.workspace import s3
+
     uploader = _Blobs(client, target)
     patch = {
         **uploader.put(captured.patch.text, "text/x-diff"),
@@ -102,7 +108,7 @@ def _upload(
     }
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
     key = f"{target.prefix}/jobs/{job_id}/{attempt}/manifest.json".lstrip("/")
-    put_object(client, bucket=target.bucket, key=key, body=body, content_type="application/json")
+    s3.put_object(client, bucket=target.bucket, key=key, body=body, content_type="application/json")
     digest = hashlib.sha256(body).hexdigest()
     return {"kind": "s3", "bucket": target.bucket, "key": key, "sha256": digest}
 
@@ -142,6 +148,9 @@ class _Blobs:
     toward the bound. The bound is checked with the size before anything is read."""
 
     def __init__(self, client: Any, target: BundleTarget) -> None:
+        from worker.workspace import s3
+
+        self._s3 = s3
         self._client = client
         self._target = target
         self._sent = 0
@@ -151,7 +160,7 @@ class _Blobs:
         """Upload bytes held in memory (the patch, bounded by its own limit)."""
 
         def send(key: str) -> None:
-            put_object(self._client, bucket=self._target.bucket, key=key, body=data,
+            self._s3.put_object(self._client, bucket=self._target.bucket, key=key, body=data,
                        content_type=content_type)  # fmt: skip
 
         return self._put(hashlib.sha256(data).hexdigest(), len(data), send)
@@ -163,7 +172,7 @@ class _Blobs:
 
         def send(key: str) -> None:
             with _verified_copy(path, entry, name=name) as spool:
-                put_file(self._client, bucket=self._target.bucket, key=key, body=spool,
+                self._s3.put_file(self._client, bucket=self._target.bucket, key=key, body=spool,
                          sha256=digest, content_type="application/octet-stream")  # fmt: skip
 
         return self._put(digest, entry.size, send)
@@ -188,7 +197,7 @@ class _Blobs:
         """Whether the bucket holds this blob already (any doubt: no, upload it)."""
         try:
             head = self._client.head_object(Bucket=self._target.bucket, Key=key)
-        except _CLIENT_ERRORS:
+        except self._s3.CLIENT_ERRORS:
             return False
         return bool(
             head.get("ContentLength") == size and head.get("Metadata", {}).get("sha256") == digest

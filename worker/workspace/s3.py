@@ -22,7 +22,7 @@ from worker.packs.archive import ArchiveFormat, ExtractLimits, extract_tar
 from worker.settings import Settings
 
 _CHUNK = 1024 * 1024
-_CLIENT_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+CLIENT_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 
 
 def s3_client(settings: Settings) -> Any:
@@ -68,7 +68,7 @@ def fetch_snapshot(
 def _download(client: Any, *, bucket: str, key: str, path: Path, max_bytes: int) -> str:
     try:
         return _stream(client, bucket=bucket, key=key, path=path, max_bytes=max_bytes)
-    except _CLIENT_ERRORS as exc:
+    except CLIENT_ERRORS as exc:
         raise WorkspaceUnavailable(
             f"cannot fetch s3://{bucket}/{key}: {exc}", bucket=bucket, key=key
         ) from None
@@ -104,7 +104,7 @@ def _is_gzip(path: Path) -> bool:
 
 
 @retry(
-    retry=retry_if_exception_type(_CLIENT_ERRORS),
+    retry=retry_if_exception_type(CLIENT_ERRORS),
     stop=stop_after_attempt(4),
     wait=wait_exponential(multiplier=0.2, max=3),
     reraise=True,
@@ -118,7 +118,7 @@ def put_object(client: Any, *, bucket: str, key: str, body: bytes, content_type:
 
 
 @retry(
-    retry=retry_if_exception_type(_CLIENT_ERRORS),
+    retry=retry_if_exception_type(CLIENT_ERRORS),
     stop=stop_after_attempt(4),
     wait=wait_exponential(multiplier=0.2, max=3),
     reraise=True,
