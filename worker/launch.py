@@ -40,6 +40,10 @@ class LaunchPlan:
     #: The session mode the worker sets when the job names none (the pack's
     #: ``launch.mode``); ``None``: the agent's own default.
     default_mode: str | None = None
+    #: Whether the agent exits on its own once its stdin closes (the pack's
+    #: ``launch.exits_on_eof``); if not, the teardown signals it at once instead of
+    #: waiting ``shutdown_eof_grace`` for an exit that does not come soon.
+    exits_on_eof: bool = True
 
 
 def expand(template: str) -> str:
@@ -59,6 +63,7 @@ def launch_plan(
     endpoint_env: Mapping[str, str] | None = None,
     endpoint_url: str | None = None,
     default_mode: str | None = None,
+    exits_on_eof: bool = True,
 ) -> LaunchPlan:
     """The plan for one job: base env, then the pack's, then (with a model endpoint)
     ``endpoint_env`` with ``{endpoint}`` as ``endpoint_url``, then the bound credentials."""
@@ -74,4 +79,5 @@ def launch_plan(
         dialect=dialect,
         authenticate=authenticate,
         default_mode=default_mode,
+        exits_on_eof=exits_on_eof,
     )

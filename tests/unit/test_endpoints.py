@@ -119,6 +119,7 @@ def test_an_endpoint_opens_a_none_job_to_it_alone() -> None:
 def test_an_undeclared_endpoint_or_a_pack_that_cannot_use_one_is_refused() -> None:
     with pytest.raises(EndpointRefused, match="not declared"):
         _plan({}, model_endpoint="gw")
-    codex = ModelEndpoint(packs=["codex-acp"], url="https://gw.example", default=True)
+    # The emulator pack has no launch.endpoint: it cannot be pointed at one.
+    emulator = ModelEndpoint(packs=["cursor-emulator"], url="https://gw.example", default=True)
     with pytest.raises(EndpointRefused, match=r"no launch\.endpoint"):
-        _plan({"gw": codex}, pack="codex-acp")
+        _plan({"gw": emulator}, pack="cursor-emulator")

@@ -81,6 +81,8 @@ def test_a_packs_mode_is_in_its_launch_plan_and_a_jobs_mode_comes_first() -> Non
     codex = load_pack(Path(__file__).resolve().parents[2] / "provider_packs", "codex-acp")
     prepared = PreparedPack.__new__(PreparedPack)
     object.__setattr__(prepared, "pack", codex)
-    assert prepared.launch_plan({}).default_mode == "agent-full-access"
+    plan = prepared.launch_plan({})
+    assert plan.default_mode == "agent-full-access"
+    assert plan.exits_on_eof is False  # codex takes 2 s to exit on EOF: signalled at once
     offered = {"modes": {"availableModes": [{"id": "agent-full-access"}, {"id": "read-only"}]}}
     check_mode(offered, "agent-full-access")  # what codex offers (tests/unit fixtures)

@@ -93,6 +93,8 @@ class JobState:
     host_workspace: Path | None = None
     sandbox: Sandbox | None = None
     agent: AgentProcess | None = None
+    #: The launch's ``exits_on_eof`` (see ``LaunchPlan``): how the teardown stops it.
+    agent_exits_on_eof: bool = True
     #: Why the agent ended, when it ended on its own (the teardown did not signal it).
     agent_exit: ExitDiagnosis | None = None
     acp: AcpSession | None = None

@@ -74,7 +74,7 @@ class Teardown:
         finally:
             if state.agent is not None:
                 await state.agent.shutdown(
-                    eof_grace=settings.shutdown_eof_grace,
+                    eof_grace=settings.shutdown_eof_grace if state.agent_exits_on_eof else 0.0,
                     term_grace=settings.shutdown_term_grace,
                 )
                 await self._diagnose(state.agent)

@@ -87,6 +87,7 @@ class Turn:
         """The agent started in the job's sandbox, its session wired (``agent_spawn``)."""
         ctx, state = self._ctx, self._state
         assert state.sandbox is not None
+        state.agent_exits_on_eof = plan.exits_on_eof
         state.agent = await launch_agent(
             state.sandbox,
             plan,

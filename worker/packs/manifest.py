@@ -298,6 +298,12 @@ class Launch(_Strict):
         "modes the agent offers, as a job's): e.g. codex-acp's `agent-full-access`, whose "
         "own sandbox cannot run inside ours.",
     )
+    exits_on_eof: bool | None = Field(
+        default=None,
+        description="`false`: the agent does not exit promptly once its stdin closes "
+        "(codex-acp takes 2 s), so the teardown sends SIGTERM right after closing it "
+        "instead of waiting `ACPW_SHUTDOWN_EOF_GRACE`. Default: it does.",
+    )
     files: HomeFiles | None = Field(
         default=None,
         description="Files written into the agent's HOME before every launch (its private "

@@ -55,6 +55,7 @@ class PreparedPack:
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
             endpoint_env=endpoint_env, endpoint_url=endpoint_url, default_mode=launch.mode,
+            exits_on_eof=launch.exits_on_eof is not False,
         )  # fmt: skip
 
     def event_data(self) -> PackReady:
