@@ -37,6 +37,8 @@ class LaunchPlan:
     #: The ``authenticate`` method id the worker calls after ``initialize`` (the pack's
     #: ``launch.authenticate``); ``None``: the agent reads its credentials itself.
     authenticate: str | None = None
+    #: Offer the agent the client's fs methods (the pack's ``launch.client_fs``).
+    client_fs: bool = True
 
 
 def expand(template: str) -> str:
@@ -53,6 +55,7 @@ def launch_plan(
     dialect: str | None,
     credentials: Mapping[str, str],
     authenticate: str | None = None,
+    client_fs: bool = True,
     endpoint_env: Mapping[str, str] | None = None,
     endpoint_url: str | None = None,
 ) -> LaunchPlan:
@@ -65,5 +68,9 @@ def launch_plan(
             full[name] = expand(value).replace("{endpoint}", endpoint_url)
     full.update(credentials)
     return LaunchPlan(
-        argv=tuple(expand(a) for a in argv), env=full, dialect=dialect, authenticate=authenticate
+        argv=tuple(expand(a) for a in argv),
+        env=full,
+        dialect=dialect,
+        authenticate=authenticate,
+        client_fs=client_fs,
     )

@@ -50,6 +50,7 @@ class PreparedPack:
         return launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
+            client_fs=launch.client_fs is not False,
             endpoint_env=endpoint_env, endpoint_url=endpoint_url,
         )  # fmt: skip
 
