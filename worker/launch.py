@@ -44,6 +44,8 @@ class LaunchPlan:
     #: ``launch.exits_on_eof``); if not, the teardown signals it at once instead of
     #: waiting ``shutdown_eof_grace`` for an exit that does not come soon.
     exits_on_eof: bool = True
+    #: Offer the agent the client's fs methods (the pack's ``launch.client_fs``).
+    client_fs: bool = True
 
 
 def expand(template: str) -> str:
@@ -60,6 +62,7 @@ def launch_plan(
     dialect: str | None,
     credentials: Mapping[str, str],
     authenticate: str | None = None,
+    client_fs: bool = True,
     endpoint_env: Mapping[str, str] | None = None,
     endpoint_url: str | None = None,
     default_mode: str | None = None,
@@ -80,4 +83,5 @@ def launch_plan(
         authenticate=authenticate,
         default_mode=default_mode,
         exits_on_eof=exits_on_eof,
+        client_fs=client_fs,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.fake_models.base import Exchange, FakeModel, JsonObject, Reply, Request
+from tests.fake_models.base import Exchange, FakeModel, JsonObject, Reply, Request, held
 
 MODELS = ("claude-sonnet-4-5", "claude-opus-4-1", "claude-haiku-4-5")
 
@@ -89,6 +89,8 @@ class AnthropicFake(FakeModel):
             )
         )
         events.append(("message_stop", {"type": "message_stop"}))
+        if reply.hang:
+            return Exchange(events=held(events, "content_block_delta"), stream=True, hold=True)
         return Exchange(events=events, stream=True)
 
 

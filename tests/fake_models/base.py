@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,10 +40,19 @@ class Reply:
 
     text: str = ""
     calls: tuple[ToolCall, ...] = ()
+    #: Stream ``text`` but never finish: the response stays open (the model "thinking")
+    #: until :meth:`FakeModel.release` (or :meth:`FakeModel.stop`), or until the client
+    #: drops it, which the fake records (:attr:`FakeModel.dropped`).
+    hang: bool = False
 
 
 def say(text: str) -> Reply:
     return Reply(text=text)
+
+
+def hang(text: str) -> Reply:
+    """A reply that starts streaming ``text`` and then holds the response open."""
+    return Reply(text=text, hang=True)
 
 
 def call(name: str, **arguments: Any) -> Reply:
@@ -73,6 +84,7 @@ class Exchange:
     body: Any = None
     events: list[tuple[str | None, JsonObject]] = field(default_factory=list)
     stream: bool = False
+    hold: bool = False  # after the events, keep the response open (a hanging reply)
 
 
 class FakeModel:
@@ -90,6 +102,12 @@ class FakeModel:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        # Hanging replies: ``holding`` is set once a response is held open, ``dropped``
+        # once a client closed a held response (the agent gave up on its model request);
+        # ``release`` ends them.
+        self._released = threading.Event()
+        self.holding = threading.Event()
+        self.dropped = threading.Event()
 
     # The script.
 
@@ -136,7 +154,12 @@ class FakeModel:
         self._thread.start()
         return self
 
+    def release(self) -> None:
+        """End every held (hanging) response, now and from now on."""
+        self._released.set()
+
     def stop(self) -> None:
+        self.release()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -154,6 +177,16 @@ class FakeModel:
     def handle(self, request: Request) -> Exchange | None:
         """The answer to ``request``, or None for a path this API does not have."""
         raise NotImplementedError
+
+
+def held(
+    events: list[tuple[str | None, JsonObject]], last: str
+) -> list[tuple[str | None, JsonObject]]:
+    """A hanging reply's events: ``events`` up to the last one named ``last`` (the text
+    streamed so far), nothing that would finish the response."""
+    names = [name if name is not None else data.get("type") for name, data in events]
+    cut = max(i for i, name in enumerate(names) if name == last)
+    return events[: cut + 1]
 
 
 def sse(events: list[tuple[str | None, JsonObject]]) -> Iterator[bytes]:
@@ -214,6 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
             for chunk in sse(answer.events):
                 self.wfile.write(chunk)
                 self.wfile.flush()
+            if answer.hold:
+                self._hold()
             self.close_connection = True
             return
         data = json.dumps(answer.body if answer.body is not None else {}).encode()
@@ -223,3 +258,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _hold(self) -> None:
+        """Keep a streamed response open until the fake is released or the client closes
+        the connection (recorded in ``dropped``)."""
+        owner = self.owner
+        owner.holding.set()
+        conn = self.connection
+        while not owner._released.is_set():
+            readable, _, _ = select.select([conn], [], [], 0.05)
+            if not readable:
+                continue
+            try:
+                peeked = conn.recv(1, socket.MSG_PEEK)
+            except OSError:
+                peeked = b""
+            if not peeked:
+                owner.dropped.set()
+                return
+            conn.recv(65536)  # the client sent more (nothing expected): drop it

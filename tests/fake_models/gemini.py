@@ -80,6 +80,9 @@ class GeminiFake(FakeModel):
         }
         if not stream:
             return Exchange(body=_chunk(parts, model, usage, final=True))
+        if reply.hang:  # the text so far, unfinished
+            chunk = _chunk([{"text": reply.text}], model, usage, final=False)
+            return Exchange(events=[(None, chunk)], stream=True, hold=True)
         # One chunk per part, the last one finishing, as the service streams them.
         chunks = [
             _chunk([part], model, usage, final=i == len(parts) - 1) for i, part in enumerate(parts)

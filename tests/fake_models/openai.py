@@ -18,7 +18,15 @@ import json
 import time
 from typing import Any
 
-from tests.fake_models.base import Exchange, FakeModel, JsonObject, Reply, Request, ToolCall
+from tests.fake_models.base import (
+    Exchange,
+    FakeModel,
+    JsonObject,
+    Reply,
+    Request,
+    ToolCall,
+    held,
+)
 
 MODELS = ("gpt-5", "gpt-5-codex", "gpt-5-mini")
 
@@ -86,6 +94,9 @@ class OpenAIResponsesFake(FakeModel):
         for index, item in enumerate(items):
             events.extend(_item_events(seq, index, item))
         events.append(seq.event("response.completed", response=response))
+        if reply.hang:
+            last = "response.output_text.delta"
+            return Exchange(events=held(events, last), stream=True, hold=True)
         return Exchange(events=events, stream=True)
 
     def _call_item(self, tool: ToolCall, custom: set[Any]) -> JsonObject:

@@ -11,141 +11,52 @@ the job's proxy, by the tunnel the sandbox's forwarder opens.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fake_models import (
-    AnthropicFake,
-    FakeModel,
-    GeminiFake,
-    OpenAIResponsesFake,
-    Reply,
-    call,
-    say,
+from tests.fake_models import AnthropicFake, FakeModel, call, say
+from tests.integration.agent_tools import SHELL_CMD, SHELL_OUT
+from tests.integration.endpoint_jobs import (
+    AGENTS,
+    KEY,
+    endpoint_job,
+    endpoint_settings,
+    notices,
+    run_endpoint_job,
+    said,
 )
-from worker.events.sinks import MemorySink
-from worker.job import run_job
-from worker.jobs.spec import parse_job
-from worker.sandbox import backend_config, get_backend
+from worker.jobs.spec import JobSpec
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parents[2]
-KEY = "fake-anthropic-key-77e1b0"
 SECRET = "the secret word is quince"
 
 
 @pytest.fixture(scope="module")
 def pack_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One pack cache for the module: claude's closure is materialized once."""
+    """One pack cache for the module: each closure is materialized once."""
     return tmp_path_factory.mktemp("pack-cache")
 
 
 def _settings(
     tmp_path: Path, fake: FakeModel, cache: Path, pack: str = "claude-agent-acp", **endpoint: Any
 ) -> Settings:
-    declared = {
-        "packs": [pack],
-        "url": fake.url + AGENTS[pack].url_path,
-        "plain_http": True,
-        "private": True,
-        "default": True,
-        **endpoint,
-    }
-    return Settings(
-        cache_dir=cache,
-        work_dir=tmp_path / "work",
-        secrets_dir=tmp_path / "secrets",
-        results_dir=tmp_path / "results",
-        worker_id="w-endpoints",
-        model_endpoints={f"fake-{fake.api}": declared},
-    )
+    return endpoint_settings(tmp_path, fake, cache, pack, **endpoint)
 
 
-def _job(tmp_path: Path, prompt: str, pack: str = "claude-agent-acp", **overrides: Any) -> Any:
-    ws = tmp_path / "ws"
-    ws.mkdir(exist_ok=True)
-    (ws / "notes.txt").write_text(SECRET + "\n")
-    (tmp_path / "secrets").mkdir(exist_ok=True)
-    (tmp_path / "secrets" / "key").write_text(KEY + "\n")
-    job: dict[str, Any] = {
-        "v": 1,
-        "job_id": f"ep-{tmp_path.name[-16:]}".replace("_", "-"),
-        "pack": {"name": pack},
-        "workspace": {"kind": "local", "path": str(ws)},
-        "prompt": prompt,
-        "credentials": {AGENTS[pack].credential: "file:key"},
-        "limits": {"timeout_s": 120, "memory_mb": 2048, "pids": 256},
-        "network": {"mode": "none"},
-    }
-    job.update(overrides)
-    return parse_job(job)
+def _job(tmp_path: Path, prompt: str, pack: str = "claude-agent-acp", **overrides: Any) -> JobSpec:
+    return endpoint_job(tmp_path, prompt, pack, {"notes.txt": SECRET + "\n"}, **overrides)
 
 
-async def _run(settings: Settings, spec: Any) -> tuple[str, list[dict[str, Any]]]:
-    pack = spec.pack.name
-    if not any((REPO / "provider_packs" / pack / "dist").glob("*.tar")):
-        pytest.skip(f"pack {pack} is not built (make packs)")
-    sink = MemorySink()
-    outcome = await run_job(
-        spec,
-        settings=settings,
-        backend=get_backend(backend_config(settings, "local")),
-        sinks=[sink],
-        environ={},
-    )
-    return outcome.status, [dict(e) for e in sink.events]
+async def _run(settings: Settings, spec: JobSpec) -> tuple[str, list[dict[str, Any]]]:
+    return await run_endpoint_job(settings, spec)
 
 
-@dataclass(frozen=True, slots=True)
-class Agent:
-    """One npm agent pack against its fake model API."""
-
-    fake: type[FakeModel]
-    credential: str
-    shell: Callable[[str], Reply]
-    url_path: str = ""  # what the endpoint URL adds to the fake's root
-    #: What a job of this agent must say: codex-acp needs a model it has metadata for, else
-    #: it offers no tools (its pack sets its `agent-full-access` mode: codex's own sandbox
-    #: needs user namespaces, which ours does not give; ours is the isolation).
-    job: dict[str, Any] = field(default_factory=dict)
-
-
-AGENTS = {
-    "claude-agent-acp": Agent(
-        AnthropicFake,
-        "ANTHROPIC_API_KEY",
-        lambda cmd: call("Bash", command=cmd, description="Print a marker"),
-    ),
-    "codex-acp": Agent(
-        OpenAIResponsesFake,
-        "OPENAI_API_KEY",
-        lambda cmd: call("exec_command", cmd=cmd),
-        url_path="/v1",
-        job={"model": {"id": "gpt-5.5"}},
-    ),
-    "gemini-cli": Agent(
-        GeminiFake,
-        "GEMINI_API_KEY",
-        lambda cmd: call("run_shell_command", command=cmd, description="Print a marker"),
-    ),
-}
-# The output is not in the command's text: seeing it proves the command ran.
-SHELL_CMD = "printf 'fake-shell-%s\\n' 42"
-SHELL_OUT = "fake-shell-42"
-
-
-def _text(events: list[dict[str, Any]]) -> str:
-    return "".join(e["data"].get("text", "") for e in events if e["type"] == "message.delta")
-
-
-def _notices(events: list[dict[str, Any]], code: str) -> list[dict[str, Any]]:
-    return [e["data"] for e in events if e["type"] == "notice" and e["data"]["code"] == code]
+_text = said
+_notices = notices
 
 
 async def test_a_default_endpoint_serves_a_turn_through_the_jobs_proxy(
@@ -219,7 +130,7 @@ async def test_every_agent_answers_and_runs_a_command_through_its_endpoint(
     tmp_path: Path, pack_cache: Path, pack: str
 ) -> None:
     agent = AGENTS[pack]
-    script = [agent.shell(SHELL_CMD), say("the command ran")]
+    script = [agent.tools.shell(SHELL_CMD), say("the command ran")]
     with agent.fake(script) as fake:
         settings = _settings(tmp_path, fake, pack_cache, pack=pack)
         policy = {"policy": "allow_all"}

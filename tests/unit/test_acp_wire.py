@@ -164,6 +164,18 @@ async def test_file_replies(tmp_path: Path) -> None:
         "message": "Invalid params",
         "data": {"message": "content is required"},
     }
+    # A missing file is ACP's "Resource not found" (gemini-cli then writes a new file).
+    with pytest.raises(RpcError) as missing:
+        await files.read({"path": "/workspace/none/c.txt"})
+    assert missing.value.to_wire() == {
+        "code": -32002,
+        "message": "Resource not found",
+        "data": {
+            "uri": "/workspace/none/c.txt",
+            "message": "path refused: missing",
+            "reason": "missing",
+        },
+    }
 
 
 async def test_terminal_replies(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from worker.credentials.redact import MASK, Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import CredentialRefused
 from worker.launch import BASE_ENV, launch_plan
+from worker.packs.manifest import load_pack
 from worker.settings import Settings
 
 ALLOWED = ["CURSOR_API_KEY", "CURSOR_AUTH_TOKEN"]
@@ -82,3 +83,23 @@ def test_launch_env_is_closed() -> None:
     assert plan.argv == ("/usr/bin/python3", "/opt/acp-pack/agent.py", "acp")
     assert plan.env["CURSOR_CONFIG_DIR"] == "/home/agent/.cursor"
     assert set(plan.env) == {*BASE_ENV, "CURSOR_CONFIG_DIR", "CURSOR_API_KEY"}
+
+
+def test_a_pack_may_keep_the_clients_fs_methods_from_its_agent() -> None:
+    """gemini-cli 0.61's write_file cannot create a file through fs/read_text_file (it
+    never takes the client's not-found error for ENOENT): its pack turns them off."""
+    packs = Path(__file__).resolve().parents[2] / "provider_packs"
+    offered = {
+        d.name: load_pack(packs, d.name).manifest.launch.client_fs
+        for d in packs.iterdir()
+        if (d / "pack.json").exists()
+    }
+    assert offered.pop("gemini-cli") is False
+    assert offered
+    assert set(offered.values()) == {None}, offered  # absent: offered
+    plan = launch_plan(argv=["a"], env={}, dialect="acp", credentials={})
+    assert plan.client_fs is True
+    assert (
+        launch_plan(argv=["a"], env={}, dialect="acp", credentials={}, client_fs=False).client_fs
+        is False
+    )

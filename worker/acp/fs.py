@@ -19,6 +19,11 @@ from worker.acp.paths import PathRefused, WorkspacePaths
 from worker.rpc.connection import INVALID_PARAMS, Connection, RpcError
 from worker.rpc.wire import JsonObject, JsonValue
 
+#: ACP's ``RequestError.resourceNotFound``: what agents test for a file that is not there
+#: (gemini-cli 0.61 takes the message "Resource not found" as ENOENT, and so creates a new
+#: file with write_file; any other error fails its write).
+RESOURCE_NOT_FOUND = -32002
+
 
 class FileService:
     """Text file access for the agent, confined to the workspace."""
@@ -35,13 +40,14 @@ class FileService:
         """``{content}``, optionally from 1-based ``line`` for ``limit`` lines.
 
         Raises:
-            RpcError: -32602 when the path is refused or the params are malformed.
+            RpcError: -32002 "Resource not found" when the file does not exist; -32602
+                when the path is refused or the params are malformed.
         """
         request, path = _request(params)
         try:
             text = await asyncio.to_thread(self._paths.read_text, path, limit=self._limit)
         except PathRefused as exc:
-            raise _refused(exc) from None
+            raise _refused(exc, path) from None
         content = _lines(text, request.get("line"), request.get("limit"))
         return {"content": content}
 
@@ -58,7 +64,7 @@ class FileService:
         try:
             await asyncio.to_thread(self._paths.write_text, path, content)
         except PathRefused as exc:
-            raise _refused(exc) from None
+            raise _refused(exc, path) from None
         return {}
 
 
@@ -79,6 +85,9 @@ def _lines(text: str, line: JsonValue, limit: JsonValue) -> str:
     return "".join(lines[start:end])
 
 
-def _refused(exc: PathRefused) -> RpcError:
+def _refused(exc: PathRefused, path: str) -> RpcError:
     message = f"path refused: {exc.reason}"
-    return RpcError(INVALID_PARAMS, "Invalid params", {"message": message, "reason": exc.reason})
+    data: JsonObject = {"message": message, "reason": exc.reason}
+    if exc.reason == "missing":
+        return RpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": path, **data})
+    return RpcError(INVALID_PARAMS, "Invalid params", data)

@@ -107,7 +107,8 @@ class Turn:
                 normalizer=state.normalizer,
                 broker=state.broker,
                 sandbox=state.sandbox,
-                host_workspace=state.host_workspace,
+                # No fs methods for a pack that opts out: the agent uses its own.
+                host_workspace=state.host_workspace if plan.client_fs else None,
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,

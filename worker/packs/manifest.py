@@ -282,6 +282,14 @@ class Launch(_Strict):
         description="An ACP `authenticate` method id the worker calls after `initialize` "
         "(e.g. codex-acp's `api-key`, which reads the bound key from the environment).",
     )
+    client_fs: bool | None = Field(
+        default=None,
+        description="Offer the agent the client's `fs/read_text_file` and "
+        "`fs/write_text_file` (on backends that share the workspace with the worker); "
+        "absent: true. False for an agent that mishandles their errors and works on its "
+        "own files anyway (gemini-cli 0.61: its write_file cannot create a file through "
+        "them).",
+    )
     runtime: Runtime | None = Field(
         default=None,
         description="What the launch needs outside its closure (e.g. the host's Node.js); "

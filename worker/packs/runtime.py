@@ -54,6 +54,7 @@ class PreparedPack:
         return launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
+            client_fs=launch.client_fs is not False,
             endpoint_env=endpoint_env, endpoint_url=endpoint_url, default_mode=launch.mode,
             exits_on_eof=launch.exits_on_eof is not False,
         )  # fmt: skip
