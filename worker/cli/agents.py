@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -40,6 +41,7 @@ from worker.cli.packs import resolve_pack
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import InvalidInput, WorkerError
+from worker.job.home import home_files, stage_home_files
 from worker.job.prepare import hold_pack, sandbox_labels
 from worker.job.turn import launch_agent
 from worker.packs.manifest import Pack
@@ -47,7 +49,7 @@ from worker.packs.names import PLATFORMS
 from worker.packs.runtime import PreparedPack, check_runtime
 from worker.rpc.oversize import OversizeLine
 from worker.sandbox import backend_config, base, get_backend
-from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec, WritableMount
 from worker.settings import Settings
 from worker.workspace.stage import remove_staged, stage_local
 
@@ -209,11 +211,16 @@ async def _in_sandbox(
     job_id = f"probe-{secrets.token_hex(4)}"
     settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
     workspace = settings.work_dir / job_id
+    home = settings.work_dir / f"{job_id}.home"  # the pack's files for HOME, as a job's
     sandbox: Sandbox | None = None
     try:
         with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
             staged = stage_local(Path(empty), workspace, owner=backend.stage_owner())
-        sandbox = await backend.create(_spec(job_id, prepared, staged.path, settings))
+        home.mkdir(mode=0o711)
+        files = home_files(prepared.pack.manifest.launch, None)
+        mounts = stage_home_files(home, files, backend.stage_owner())
+        spec = _spec(job_id, prepared, staged.path, settings, mounts)
+        sandbox = await backend.create(spec)
         return await _run_agent(
             sandbox, prepared, settings, session=session, credentials=credentials
         )
@@ -221,15 +228,23 @@ async def _in_sandbox(
         if sandbox is not None:
             await backend.destroy(sandbox.sandbox_id)
         remove_staged(workspace)
+        shutil.rmtree(home, ignore_errors=True)
 
 
-def _spec(job_id: str, prepared: PreparedPack, workspace: Path, settings: Settings) -> SandboxSpec:
+def _spec(
+    job_id: str,
+    prepared: PreparedPack,
+    workspace: Path,
+    settings: Settings,
+    state_mounts: tuple[WritableMount, ...] = (),
+) -> SandboxSpec:
     return SandboxSpec(
         job_id=job_id,
         attempt=1,
         workspace=workspace,
         pack_closure=prepared.closure,
         limits=PROBE_LIMITS,
+        state_mounts=state_mounts,
         # A job's labels without a lease: the reaper can tell when a probe's owner is gone.
         labels=sandbox_labels(settings, job_id=job_id, attempt=1, labels={}),
     )
