@@ -2,17 +2,11 @@
 
 Each agent (claude-agent-acp, codex-acp, gemini-cli) runs from its pinned pack closure as
 a real process, HOME in a tmp dir, pointed at a fake (``tests/fake_models``) on 127.0.0.1,
-driven directly over ACP stdio (``real_agents.py``; not through the worker). Per agent:
+driven directly over ACP stdio (``real_agents.py``; not through the worker): what each
+agent does on its own, outside our sandbox. Text, reading, writing and editing under
+permissions, shell commands and cancel are checked through the worker, per agent, in
+``test_full_turns.py``; here only what that cannot show:
 
-- ``text``: a plain reply streams as agent_message_chunk and the turn ends ``end_turn``;
-- ``read``: the model reads a workspace file with the agent's tool, and the next model
-  request carries the file's content;
-- ``write``: the model writes a new file; the agent asks permission (answered allow) and
-  the file on disk changed (codex-acp asks only in its ``read-only`` mode);
-- ``edit``: the model replaces a line of an existing file (claude reads it first), with
-  one permission asked and allowed;
-- ``shell``: the model runs a command; its output reaches the model, and a tool call update
-  shows it (not gemini-cli's: ``shell_output_shown``);
 - ``history``: a second prompt in the same session; the fake sees the first turn;
 - ``no_other_host``: a recording proxy in HTTPS_PROXY sees no host but the fake;
 - ``load_from_the_kept_files_alone`` (packs declaring ``launch.sessions``): a fresh HOME
@@ -33,7 +27,7 @@ import pytest
 
 from tests.fake_models import FakeModel, Reply, say
 from tests.fake_models.proxy import RecordingProxy
-from tests.integration.agent_tools import SHELL_CMD, SHELL_OUT, TOOLS
+from tests.integration.agent_tools import TOOLS
 from tests.integration.real_agents import (
     ENDPOINTS,
     REPO,
@@ -112,72 +106,6 @@ async def _run(
     assert not fake.errors, _explain(fake, session)
     assert not fake.script, f"unconsumed script {fake.script}\n{_explain(fake, session)}"
     return fake, session, stops
-
-
-@pytest.mark.parametrize("pack", PACKS)
-async def test_text(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, [say("Hello from the fake model")], "Say hello"
-    )
-    assert stops == ["end_turn"]
-    assert session.said().endswith("Hello from the fake model"), _explain(fake, session)
-    main = fake.main_requests
-    assert len(main) == 1
-    assert "Say hello" in main[0].text
-
-
-@pytest.mark.parametrize("pack", PACKS)
-async def test_read(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    script = [TOOLS[pack].read(workspace / "notes.txt"), say("It says marmalade")]
-    fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, script, "What does notes.txt say?"
-    )
-    assert stops == ["end_turn"]
-    main = fake.main_requests
-    assert len(main) == 2, _explain(fake, session)
-    assert SECRET not in main[0].text
-    assert SECRET in main[1].text, "the tool result never reached the model"
-    assert session.said().endswith("It says marmalade")
-
-
-@pytest.mark.parametrize("pack", PACKS)
-async def test_write(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    target = workspace / "out.txt"
-    script = [TOOLS[pack].write(target, WRITTEN), say("Wrote it")]
-    fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, script, "Write out.txt", mode=TOOLS[pack].write_mode
-    )
-    assert stops == ["end_turn"]
-    assert target.read_text() == WRITTEN, _explain(fake, session)
-    assert len(session.permissions) == 1, _explain(fake, session)
-    assert len(fake.main_requests) == 2
-
-
-@pytest.mark.parametrize("pack", PACKS)
-async def test_edit(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    target = workspace / "notes.txt"
-    edited = SECRET.replace("marmalade", "quince")
-    script = [*TOOLS[pack].edit(target, SECRET, edited), say("Edited it")]
-    fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, script, "Edit notes.txt", mode=TOOLS[pack].write_mode
-    )
-    assert stops == ["end_turn"]
-    assert target.read_text() == edited + "\n", _explain(fake, session)
-    assert len(session.permissions) == 1, _explain(fake, session)
-    assert len(fake.main_requests) == len(script)
-
-
-@pytest.mark.parametrize("pack", PACKS)
-async def test_shell(pack: str, closures: Path, tmp_path: Path, workspace: Path) -> None:
-    script = [TOOLS[pack].shell(SHELL_CMD), say("Ran it")]
-    fake, session, stops = await _run(
-        pack, closures, tmp_path, workspace, script, "Run the marker command"
-    )
-    assert stops == ["end_turn"]
-    assert SHELL_OUT in fake.main_requests[1].text, _explain(fake, session)
-    assert [u.get("status") for u in session.tool_updates()][-1] == "completed"
-    shown = SHELL_OUT in session.tool_text()
-    assert shown == TOOLS[pack].shell_output_shown, session.tool_text()
 
 
 @pytest.mark.parametrize("pack", PACKS)
