@@ -6,12 +6,6 @@ group is frozen. A real container engine (Podman's Docker API), real Redis."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,9 +16,7 @@ import pytest
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from tests.integration.test_containment import _host_pids_with, _tree_script
 from tests.integration.test_docker_backend import ENV, _spec
-from tests.integration.test_lease_watchdog import _stopped
-from tests.integration.test_run_job import REPO, _env, _job
-from tests.procs import finish
+from tests.integration.test_lease_watchdog import freeze_mid_turn
 from worker.errors import SandboxError
 from worker.images.engine import EngineConfig, connect
 from worker.sandbox.base import LeaseDeadline
@@ -164,48 +156,15 @@ def test_a_frozen_workers_container_dies_with_its_lease(
     """SIGSTOP the worker's whole process group mid-turn (`run --redis` on the docker
     backend): its container stops within a few seconds of the lease TTL while the worker
     is still stopped."""
-    ttl = 2.0
-    job = _job(tmp_path, "#!scenario\nsay hang-marker\nhang\n")
-    env = _env(
+    frozen = freeze_mid_turn(
         tmp_path,
-        ACPW_LEASE_TTL=str(ttl),
-        ACPW_LEASE_RENEW="0.3",
+        redis_url,
+        lambda sandbox_id: _running(engine_config, sandbox_id),
         ACPW_BACKEND="docker",
         ACPW_DOCKER_HOST=str(engine_config.docker_host),
         ACPW_IMAGES_DIR=str(engine_config.images_dir),
     )
-    argv = [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"]
-    proc = subprocess.Popen(
-        [*argv, "--redis", redis_url],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
-        start_new_session=True,  # its own group, as a service's would be
-    )
-    assert proc.stdout is not None
-    sandbox_id = ""
-    try:
-        for line in proc.stdout:
-            event = json.loads(line)
-            if event["type"] == "sandbox.ready":
-                sandbox_id = event["data"]["sandbox_id"]
-            if "hang-marker" in line:
-                break
-        assert sandbox_id
-        assert _running(engine_config, sandbox_id)  # the agent runs
-        os.killpg(proc.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        left = _running(engine_config, sandbox_id)
-        while left and time.monotonic() < stopped_at + ttl + 15:
-            time.sleep(0.1)
-            left = _running(engine_config, sandbox_id)
-        assert left == [], "the container outlived its lease"
-        assert _stopped(proc.pid)  # the worker had no part in it
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGCONT)
-    _, stderr = finish(proc, 60)
-    assert proc.returncode != 0, stderr  # its lease is gone: it could not settle the job
-    assert _running(engine_config, sandbox_id) == []
+    assert frozen.left == [], "the container outlived its lease"
+    assert frozen.stayed_stopped  # the worker had no part in it
+    assert frozen.returncode != 0, frozen.stderr  # its lease is gone: it could not settle
+    assert _running(engine_config, frozen.sandbox_id) == []

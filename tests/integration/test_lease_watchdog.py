@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -147,19 +149,39 @@ def _stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-def test_a_frozen_workers_sandbox_dies_with_its_lease(tmp_path: Path, redis_url: str) -> None:
-    """SIGSTOP the worker's whole process group mid-turn: its sandbox is gone within a
-    few seconds of the lease TTL while the worker is still stopped."""
-    ttl = 2.0
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    """What ``freeze_mid_turn`` saw: the sandbox, what of it outlived the lease while the
+    worker was stopped, whether the worker was still stopped then, its exit status and
+    stderr once resumed."""
+
+    sandbox_id: str
+    left: Collection[object]
+    stayed_stopped: bool
+    returncode: int
+    stderr: str
+
+
+def freeze_mid_turn(
+    tmp_path: Path,
+    redis_url: str,
+    running: Callable[[str], Collection[object]],
+    *,
+    ttl: float = 2.0,
+    **env: str,
+) -> Frozen:
+    """`run --redis` a hanging job, SIGSTOP the worker's whole process group once the
+    agent speaks, and wait (at most the lease TTL + 15 s) until ``running(sandbox_id)``
+    is empty; then let the worker go on and finish."""
     job = _job(tmp_path, "#!scenario\nsay hang-marker\nhang\n")
-    env = _env(tmp_path, ACPW_LEASE_TTL=str(ttl), ACPW_LEASE_RENEW="0.3")
+    full_env = _env(tmp_path, ACPW_LEASE_TTL=str(ttl), ACPW_LEASE_RENEW="0.3", **env)
     argv = [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"]
     proc = subprocess.Popen(
         [*argv, "--redis", redis_url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=full_env,
         cwd=REPO,
         start_new_session=True,  # its own group, as a service's would be
     )
@@ -173,18 +195,26 @@ def test_a_frozen_workers_sandbox_dies_with_its_lease(tmp_path: Path, redis_url:
             if "hang-marker" in line:
                 break
         assert sandbox_id
-        assert _sandbox_pids(sandbox_id)  # the agent runs
+        assert running(sandbox_id)  # the agent runs
         os.killpg(proc.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        left = _sandbox_pids(sandbox_id)
+        left = running(sandbox_id)
         while left and time.monotonic() < stopped_at + ttl + 15:
             time.sleep(0.1)
-            left = _sandbox_pids(sandbox_id)
-        assert left == set(), "the sandbox outlived its lease"
-        assert _stopped(proc.pid)  # the worker had no part in it
+            left = running(sandbox_id)
+        stayed_stopped = _stopped(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGCONT)
-    finish(proc, 60)
-    assert proc.returncode != 0  # its lease is gone: it could not settle the job
+    _, stderr = finish(proc, 60)
+    return Frozen(sandbox_id, left, stayed_stopped, proc.returncode, stderr)
+
+
+def test_a_frozen_workers_sandbox_dies_with_its_lease(tmp_path: Path, redis_url: str) -> None:
+    """SIGSTOP the worker's whole process group mid-turn: its sandbox is gone within a
+    few seconds of the lease TTL while the worker is still stopped."""
+    frozen = freeze_mid_turn(tmp_path, redis_url, _sandbox_pids)
+    assert frozen.left == set(), "the sandbox outlived its lease"
+    assert frozen.stayed_stopped  # the worker had no part in it
+    assert frozen.returncode != 0  # its lease is gone: it could not settle the job
     assert list((tmp_path / "work").iterdir()) == []  # and it cleaned up after itself

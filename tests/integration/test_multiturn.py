@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 
 from tests.fake_models import say
-from tests.integration.test_model_endpoints import AGENTS, _job, _run, _settings, _text
+from tests.integration.endpoint_jobs import (
+    AGENTS,
+    endpoint_job,
+    endpoint_settings,
+    run_endpoint_job,
+    said,
+)
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
 
@@ -51,9 +57,9 @@ def _types(events: list[dict[str, Any]]) -> list[str]:
 async def _job_run(
     tmp_path: Path, fake: Any, cache: Path, job_id: str, prompt: str, pack: str, **spec: Any
 ) -> tuple[str, list[dict[str, Any]]]:
-    settings = _settings(tmp_path, fake, cache, pack)
-    job = _job(tmp_path, prompt, pack, job_id=job_id, **AGENTS[pack].job, **spec)
-    return await _run(settings, job)
+    settings = endpoint_settings(tmp_path, fake, cache, pack)
+    job = endpoint_job(tmp_path, prompt, pack, job_id=job_id, **AGENTS[pack].job, **spec)
+    return await run_endpoint_job(settings, job)
 
 
 @pytest.mark.parametrize("pack", sorted(RECORDED))
@@ -96,10 +102,10 @@ async def test_a_second_job_resumes_the_first_jobs_session(
     replayed = [i for i, e in enumerate(second) if e["data"].get("replay")]
     assert replayed, "the history was not replayed"
     assert max(replayed) < types.index("session.started")
-    assert "The code word was tangerine." in _text(
+    assert "The code word was tangerine." in said(
         [e for e in second if not e["data"].get("replay")]
     )
-    saved_back = (kept / files[0]).read_text()
+    saved_back = (kept / files[0]).readsaid()
     assert "What was the code word?" in saved_back  # the second turn was saved too
 
 
