@@ -105,7 +105,7 @@ async def test_a_second_job_resumes_the_first_jobs_session(
     assert "The code word was tangerine." in said(
         [e for e in second if not e["data"].get("replay")]
     )
-    saved_back = (kept / files[0]).readsaid()
+    saved_back = (kept / files[0]).read_text()
     assert "What was the code word?" in saved_back  # the second turn was saved too
 
 
