@@ -19,7 +19,7 @@ from tests.integration.test_docker_backend import ENV, _spec
 from tests.integration.test_lease_watchdog import freeze_mid_turn
 from worker.errors import SandboxError
 from worker.images.engine import EngineConfig, connect
-from worker.sandbox.base import LeaseDeadline
+from worker.sandbox.base import LeaseDeadline, Sandbox
 from worker.sandbox.config import DockerConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox
 from worker.sandbox.docker.containers import LABEL_SANDBOX
@@ -55,6 +55,12 @@ def _running(engine_config: EngineConfig, sandbox_id: str) -> list[str]:
     api: Any = connect(engine_config).api
     found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})
     return [c["Id"] for c in found if c.get("State") == "running"]
+
+
+async def _sleeper(box: Sandbox) -> None:
+    """A process that sleeps in a new container of ``box``, once it runs."""
+    proc = await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
 
 
 async def test_a_container_whose_lease_is_not_renewed_is_killed(
@@ -109,8 +115,7 @@ async def test_a_destroy_from_another_process_ends_the_watchdog(
     backend = _backend(engine_config, tmp_path / "leases")
     box = await backend.create(_spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 60)))
     try:
-        proc = await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
-        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        await _sleeper(box)
         assert len(_watchdogs_of(backend, box.sandbox_id)) == 1
         reaper = _backend(engine_config, tmp_path / "leases")  # shares the lease dir only
         await reaper.destroy(box.sandbox_id)
@@ -125,8 +130,7 @@ async def test_a_sandbox_without_a_lease_has_no_watchdog(
     backend = _backend(engine_config, tmp_path / "leases")
     box = await backend.create(_spec(tmp_path))
     try:
-        proc = await box.spawn(["/bin/sh", "-c", "echo ready; exec sleep 600"], env=ENV)
-        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+        await _sleeper(box)
         assert _watchdogs_of(backend, box.sandbox_id) == []
     finally:
         await backend.destroy(box.sandbox_id)

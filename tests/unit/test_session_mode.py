@@ -69,20 +69,25 @@ def test_the_offer_shown_is_bounded() -> None:
     assert all(len(m) == 100 for m in shown)
 
 
-def test_a_packs_mode_is_in_its_launch_plan_and_a_jobs_mode_comes_first() -> None:
-    """codex-acp's pack sets `agent-full-access` (its own sandbox cannot run in ours); the
-    session sets a job's own mode instead when it names one (``AcpSession._configure``:
-    ``spec.mode or wiring.default_mode``)."""
+def test_codex_packs_mode_and_exit_reach_its_launch_plan() -> None:
+    """codex-acp's pack sets `agent-full-access` (its own sandbox cannot run in ours) and
+    says it does not exit promptly on EOF; both reach the launch plan the session and the
+    teardown read. (A job's own mode going first, ``spec.mode or wiring.default_mode``,
+    is shown through the worker: ``test_full_turns.py`` runs codex in `workspace-write`.)"""
     from pathlib import Path
 
     from worker.packs.manifest import load_pack
     from worker.packs.runtime import PreparedPack
+    from worker.packs.verify import VerifyStats
 
     codex = load_pack(Path(__file__).resolve().parents[2] / "provider_packs", "codex-acp")
-    prepared = PreparedPack.__new__(PreparedPack)
-    object.__setattr__(prepared, "pack", codex)
+    prepared = PreparedPack(
+        pack=codex,
+        target=codex.for_platform("linux-x64"),
+        closure=Path("/nonexistent"),
+        stats=VerifyStats(files=0, bytes=0, seconds=0.0),
+    )
     plan = prepared.launch_plan({})
     assert plan.default_mode == "agent-full-access"
     assert plan.exits_on_eof is False  # codex takes 2 s to exit on EOF: signalled at once
-    offered = {"modes": {"availableModes": [{"id": "agent-full-access"}, {"id": "read-only"}]}}
-    check_mode(offered, "agent-full-access")  # what codex offers (tests/unit fixtures)
+    assert plan.env["CODEX_HOME"].endswith("/.codex")
