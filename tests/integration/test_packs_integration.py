@@ -33,7 +33,9 @@ from worker.errors import (
 from worker.packs.archive import ArchiveFormat, ExtractLimits, extract_tar, extract_verified
 from worker.packs.cache import closure_path, materialize
 from worker.packs.lock import lock_archive
-from worker.packs.manifest import Pack, load_pack
+from worker.packs import verified
+from worker.packs.closure import ClosureLock
+from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.runtime import load_declaration, prepare_pack
 from worker.packs.verify import verify_closure
 from worker.safetree import remove_tree
@@ -652,3 +654,35 @@ def test_prepare_pack_verifies_and_plans_launch(cfg: Settings, pack: Pack) -> No
     (prepared.closure / "index.js").chmod(0o644)
     with pytest.raises(DigestMismatch):
         prepare_pack(cfg, declared, None)
+
+
+def test_a_launch_of_an_unchanged_closure_reads_no_lock(
+    cfg: Settings, pack: Pack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch (``sandbox_uids``) whose closure is as its last full verification left it
+    is checked against its verified record without parsing the lock (which costs more
+    than the scan for the larger packs); any change still sends it to the full check."""
+    monkeypatch.setattr(verified, "RACY_NS", 0)  # record the closure just materialized
+    declared = load_declaration(cfg, "demo")
+    uids = (61000,)
+    first = prepare_pack(cfg, declared, None, sandbox_uids=uids)
+    assert first.stats.hashed_bytes == first.stats.bytes > 0
+    reads: list[str] = []
+    real = Pack.read_lock
+
+    def counted(self: Pack, target: PlatformTarget) -> ClosureLock:
+        reads.append(target.platform)
+        return real(self, target)
+
+    monkeypatch.setattr(Pack, "read_lock", counted)
+    again = prepare_pack(cfg, declared, None, sandbox_uids=uids)
+    assert (again.closure, again.stats.hashed_bytes, reads) == (first.closure, 0, [])
+    assert (again.stats.files, again.stats.bytes) == (first.stats.files, first.stats.bytes)
+    _writable(first.closure)
+    _flip_byte(first.closure)
+    for p in [first.closure, *first.closure.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o555)
+    with pytest.raises(DigestMismatch, match="sha256"):
+        prepare_pack(cfg, declared, None, sandbox_uids=uids)
+    assert reads == ["any"]

@@ -324,3 +324,24 @@ def test_the_cache_touching_the_closure_keeps_its_record(tmp_path: Path) -> None
     closure, lock, recheck = _verified(tmp_path)
     os.utime(closure)
     assert _again(closure, lock, recheck).hashed_bytes == 0
+
+
+def test_unchanged_answers_from_the_record_alone(tmp_path: Path, hashed: list[int]) -> None:
+    """``unchanged`` (a launch's check before it reads the lock): stats from the record
+    when nothing changed; None (verify in full) for any change, another digest, no
+    closure, or records that cannot be used."""
+    closure, lock, recheck = _verified(tmp_path)
+    hashed.clear()
+    digest, files, size = lock.closure_digest, len(lock.files), lock.total_bytes
+    stats = verify.unchanged(closure, digest, files, size, recheck)
+    assert stats is not None
+    assert (stats.files, stats.bytes, stats.hashed_bytes, hashed) == (files, size, 0, [])
+    assert verify.unchanged(closure, "sha256:" + "0" * 64, files, size, recheck) is None
+    assert verify.unchanged(tmp_path / "absent", digest, files, size, recheck) is None
+    unusable = _recheck(tmp_path, sandbox_uids=(os.geteuid(),))
+    assert verify.unchanged(closure, digest, files, size, unusable) is None
+    time.sleep(0.015)
+    _rewrite(closure / "a.js", b"ALPHA\n")
+    assert verify.unchanged(closure, digest, files, size, recheck) is None
+    with pytest.raises(DigestMismatch):
+        verify_closure(closure, lock, recheck=recheck)

@@ -8,7 +8,8 @@ materializes the closure when the cache lacks it and always re-verifies it, so t
 starts only from bytes that match the pins at that moment: by re-hashing every file, or,
 for a launch whose closure is exactly as its last full verification left it (every
 file's identity, ctime included), by that verification's record
-(``worker.packs.verified``).
+(``worker.packs.verified``), without reading the lock: the record names the closure
+digest it verified, which the pin must equal.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from pathlib import Path
 
 from worker.events.models import PackReady
 from worker.launch import LaunchPlan, launch_plan
-from worker.packs.cache import materialize, verified_dir
+from worker.packs.cache import closure_path, materialize, verified_dir
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.requirements import check_runtime
 from worker.packs.verified import Recheck
-from worker.packs.verify import VerifyStats, verify_closure
+from worker.packs.sources import touch
+from worker.packs.verify import VerifyStats, unchanged, verify_closure
 from worker.settings import Settings
 
 __all__ = [
@@ -97,13 +99,19 @@ def prepare_pack(
     Raises InvalidInput, PlatformUnsupported, DigestMismatch or ArchiveRefused.
     """
     target = pack.for_platform(platform)
-    lock = pack.read_lock(target)  # once: parsing a large lock costs tens of ms
-    closure = materialize(
-        pack, settings.cache_dir, platform=platform, verify_existing=False, lock=lock
-    )
     recheck = None
     if sandbox_uids is not None:
         records = verified_dir(settings.cache_dir)
         recheck = Recheck(records, settings.pack_rehash_s, frozenset(sandbox_uids))
+        pin = target.pin.closure
+        closure = closure_path(settings.cache_dir, pin.digest)
+        stats = unchanged(closure, pin.digest, pin.files, pin.bytes, recheck)
+        if stats is not None:  # as its last full verification left it: no lock needed
+            touch(closure)  # least-recent-use order, as ``materialize`` keeps it
+            return PreparedPack(pack, target, closure, stats)
+    lock = pack.read_lock(target)  # once: parsing a large lock costs tens of ms
+    closure = materialize(
+        pack, settings.cache_dir, platform=platform, verify_existing=False, lock=lock
+    )
     stats = verify_closure(closure, lock, recheck=recheck)
     return PreparedPack(pack, target, closure, stats)

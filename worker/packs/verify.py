@@ -85,6 +85,30 @@ def verify_closure(
     return VerifyStats(len(lock.files), lock.total_bytes, elapsed, lock.total_bytes)
 
 
+def unchanged(
+    path: Path, closure_digest: str, files: int, size: int, recheck: Recheck
+) -> VerifyStats | None:
+    """The stats of a closure its verified record shows unchanged, else None.
+
+    The check ``verify_closure`` makes first, without the lock: the record names the
+    closure digest it was verified against, and that digest pins every file, so a launch
+    whose pin has that digest needs neither the lock's entries (parsing a large lock
+    costs more than the scan) nor the hashes. ``files`` and ``size`` are the pin's
+    (reported, not checked: the record's verification checked them). None when the
+    closure is absent or differs in any way from the record: verify in full.
+    """
+    started = time.perf_counter()
+    if not recheck.usable():
+        return None
+    try:
+        identities = _scan(path)
+    except DigestMismatch:
+        return None
+    if not verified.matches(recheck, closure_digest, path, identities):
+        return None
+    return VerifyStats(files, size, time.perf_counter() - started, hashed_bytes=0)
+
+
 def _mismatch(root: Path, rel: str, what: str, expected: object, actual: object) -> DigestMismatch:
     return DigestMismatch(
         f"closure {root}: {rel or '.'}: {what}",
