@@ -8,7 +8,10 @@ interleaved, medians. Two ways, each timed from process start to process exit:
   over ACP stdio (initialize, authenticate if the pack does, session/new, one prompt),
   then its stdin closed and its exit awaited (``tests/integration/real_agents.py``);
 - **worker**: ``acp-worker run job.json`` on the local backend (bubblewrap), a warm pack
-  cache, the fake declared as an operator model endpoint (``ACPW_MODEL_ENDPOINTS``).
+  cache, the fake declared as an operator model endpoint (``ACPW_MODEL_ENDPOINTS``),
+  and as many cores as the direct side has (``limits.cpus``: the default job gets one
+  core, whose quota alone slows node's start and the agent's first requests by about a
+  third here; that is the job's limit, not the worker's overhead).
 
 And ``acpx exec`` when ``acpx`` is on PATH. Target (issue 14): worker <= 1.15 x direct.
 
@@ -46,6 +49,7 @@ CREDENTIAL = {
     "gemini-cli": "GEMINI_API_KEY",
 }
 URL_PATH = {"codex-acp": "/v1"}
+CPUS = os.cpu_count() or 1
 
 
 async def direct(pack: str, closure: Path, fake: FakeModel, tmp: Path) -> float:
@@ -72,6 +76,8 @@ def worker(pack: str, fake: FakeModel, tmp: Path, env: dict[str, str]) -> float:
         "prompt": PROMPT,
         "credentials": {CREDENTIAL[pack]: "file:key"},
         **JOB_EXTRA.get(pack, {}),
+        # The direct side runs on every core; the job gets as much (its default is 1 core).
+        "limits": {"cpus": float(CPUS)},
     }
     (work / "job.json").write_text(json.dumps(job))
     fake.add(say("hello"))
