@@ -23,8 +23,8 @@ from worker.launch import LaunchPlan, launch_plan
 from worker.packs.cache import closure_path, materialize, verified_dir
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.requirements import check_runtime
-from worker.packs.verified import Recheck
 from worker.packs.sources import touch
+from worker.packs.verified import Recheck
 from worker.packs.verify import VerifyStats, unchanged, verify_closure
 from worker.settings import Settings
 
