@@ -30,11 +30,11 @@ from worker.errors import (
     PackNotFound,
     PlatformUnsupported,
 )
+from worker.packs import verified
 from worker.packs.archive import ArchiveFormat, ExtractLimits, extract_tar, extract_verified
 from worker.packs.cache import closure_path, materialize
-from worker.packs.lock import lock_archive
-from worker.packs import verified
 from worker.packs.closure import ClosureLock
+from worker.packs.lock import lock_archive
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.runtime import load_declaration, prepare_pack
 from worker.packs.verify import verify_closure
