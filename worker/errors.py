@@ -24,6 +24,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── AdmissionRefused         admission_refused        3
     │   ├── ModelUnavailable         model_unavailable        3
     │   │   └── ModeUnavailable      model_unavailable        3
+    │   ├── EndpointRefused          endpoint_refused         3
     │   ├── ImageMismatch            image_mismatch           3
     │   └── RuntimeUnavailable       runtime_unavailable      3
     ├── SandboxError                 sandbox_failed           1
@@ -34,6 +35,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── AgentTimeout             agent_timeout            1
     │   ├── SessionNotFound          session_not_found        1
     │   ├── Unsupported              unsupported              1
+    │   ├── ExpectationUnmet         expectation_unmet        1
     │   └── ProtocolError            protocol_error           1
     │       └── LineTooLong          acp_line_too_long        1
     ├── ResultUploadFailed           result_upload_failed     1
@@ -229,6 +231,13 @@ class Unsupported(AgentError):
     """The agent answered method-not-found for an optional method (fork, resume, load)."""
 
     code = "unsupported"
+
+
+class ExpectationUnmet(AgentError):
+    """The agent ended its turn without what the job's ``expect`` names (tool calls,
+    workspace changes, files written); ``details.unmet`` lists which."""
+
+    code = "expectation_unmet"
 
 
 class ProtocolError(AgentError):

@@ -94,6 +94,9 @@ class Normalizer:
         self.replay = False
         self.settled = False
         self.usage_seen = False
+        #: Tool calls the agent started in this job's own turn (history replayed by
+        #: ``session/load`` not counted): what ``expect.tool_calls`` checks.
+        self.tool_calls = 0
         self._plan_revisions: dict[str | None, int] = {}
         self.todos = TodoList()
         self.delegations = Delegations(text_limit=text_limit)
@@ -111,7 +114,7 @@ class Normalizer:
             "agent_message_chunk": lambda u, c: chunk(u, "assistant"),
             "agent_thought_chunk": lambda u, c: chunk(u, "thought"),
             "user_message_chunk": lambda u, c: chunk(u, "user"),
-            "tool_call": lambda u, c: self._tools.started(u, c, root=self.session_id),
+            "tool_call": self._tool_call,
             "tool_call_update": self._tools.updated,
             "plan": self._plan,
             "available_commands_update": content.commands,
@@ -124,6 +127,11 @@ class Normalizer:
                 lambda u, c: self._attribution.child_state(u, c or self.session_id)
             ),
         }
+
+    def _tool_call(self, update: Mapping[str, Any], child: str | None) -> Out:
+        if not self.replay:
+            self.tool_calls += 1
+        return self._tools.started(update, child, root=self.session_id)
 
     @property
     def artifacts(self) -> ArtifactCheck:

@@ -120,6 +120,12 @@ def after_teardown(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome
     return _success_failed_by(outcome, error)
 
 
+def after_expectations(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
+    """A turn the agent ended as a success without what the job's ``expect`` names
+    (``worker.job.expect``) failed: ``expectation_unmet`` is the job's error."""
+    return _success_failed_by(outcome, error)
+
+
 def _success_failed_by(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:
     if error is None or outcome.status != "succeeded":
         return outcome

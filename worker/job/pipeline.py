@@ -21,11 +21,13 @@ from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.events.models import JobAccepted, JobStarted, UsageReported
 from worker.events.sinks import EventSink
+from worker.job.expect import unmet
 from worker.job.outcome import (
     JobOutcome,
     Stopped,
     StopStatus,
     after_agent_exit,
+    after_expectations,
     after_teardown,
     after_upload,
     interrupted,
@@ -119,6 +121,9 @@ class Job:
         outcome = after_agent_exit(outcome, state.agent_exit, memory_mb=memory_mb)
         outcome = after_upload(outcome, state.upload_error)
         outcome = after_teardown(outcome, state.teardown_error)
+        tool_calls = state.normalizer.tool_calls
+        expected = unmet(self._ctx.spec.expect, tool_calls=tool_calls, changes=state.changes)
+        outcome = after_expectations(outcome, expected)
         await self._complete(outcome)
         return outcome
 

@@ -45,6 +45,7 @@ async def capture_changes(ctx: JobContext, state: JobState, workspace: StagedWor
         await ctx.emitter.emit(notices.capture_failed(exc))
         return
     state.timings.mark("capture")
+    state.changes = captured.changes
     data = changes_event(captured, ref, max_paths=settings.changed_paths_max)
     base = {"kind": ctx.spec.workspace.kind, **state.prepared.source_info}
     await ctx.emitter.emit(WorkspaceChanged(**data, base=base))

@@ -27,6 +27,7 @@ from worker.sandbox import base
 from worker.sandbox.base import ExitDiagnosis, Sandbox, SandboxBackend
 from worker.sessions import JobSessions
 from worker.settings import Settings
+from worker.workspace.capture import Change
 from worker.workspace.prepare import Prepared
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class JobState:
     #: Why the agent ended, when it ended on its own (the teardown did not signal it).
     agent_exit: ExitDiagnosis | None = None
     acp: AcpSession | None = None
+    #: What the capture found (None: no capture ran, or it failed).
+    changes: tuple[Change, ...] | None = None
     result: dict[str, Any] | None = None
     upload_error: ResultUploadFailed | None = None
     #: The first teardown step that failed (the teardown does not raise).

@@ -221,6 +221,34 @@ class Network(_Strict):
         return self
 
 
+class Expect(_Strict):
+    """What a successful turn must have done, checked once the agent ended its turn on
+    its own: a turn that did not settles ``failed`` (``expectation_unmet``). Facts only
+    (tool calls seen, changes captured), never the agent's text: a refusal, an
+    entitlement or auth error, can arrive as ordinary assistant text."""
+
+    tool_calls: int = Field(
+        default=0, ge=0, le=10_000, description="At least this many tool calls started."
+    )
+    changes: bool = Field(default=False, description="At least one change in the workspace.")
+    files: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Workspace paths (relative, POSIX) the turn must have added or modified.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, value: list[str]) -> list[str]:
+        from worker.safetree.names import path_problem
+
+        for path in value:
+            problem = path_problem(path)
+            if problem is not None:
+                raise ValueError(f"{path[:64]!r}: {problem}")
+        return value
+
+
 class JobSpec(_Strict):
     """A run job, version 1."""
 
@@ -262,6 +290,10 @@ class JobSpec(_Strict):
     )
     results: ResultsTarget | None = Field(
         default=None, description="Export a result bundle to S3 (default: the worker's bucket)."
+    )
+    expect: Expect | None = Field(
+        default=None,
+        description="What success requires beyond the agent's own stop reason (see Expect).",
     )
 
     @field_validator("credentials")
