@@ -26,7 +26,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   │   └── ModeUnavailable      model_unavailable        3
     │   ├── EndpointRefused          endpoint_refused         3
     │   ├── ImageMismatch            image_mismatch           3
-    │   └── RuntimeUnavailable       runtime_unavailable      3
+    │   ├── RuntimeUnavailable       runtime_unavailable      3
+    │   └── PromptRefused            prompt_refused           3
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
@@ -190,6 +191,14 @@ class ImageMismatch(Refused):
     code = "image_mismatch"
 
 
+class PromptRefused(Refused):
+    """A prompt block the worker will not send: a linked workspace file that is missing,
+    not a regular file, or reached through a link (``details``: ``block``, ``path``,
+    ``reason``)."""
+
+    code = "prompt_refused"
+
+
 class SandboxError(WorkerError):
     code = "sandbox_failed"
 
@@ -228,7 +237,9 @@ class SessionNotFound(AgentError):
 
 
 class Unsupported(AgentError):
-    """The agent answered method-not-found for an optional method (fork, resume, load)."""
+    """The agent answered method-not-found for an optional method (fork, resume, load),
+    or does not advertise a capability the job needs (``details.capability``, e.g.
+    ``promptCapabilities.image``)."""
 
     code = "unsupported"
 

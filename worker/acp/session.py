@@ -20,6 +20,7 @@ from worker.acp.cursor import CursorDialect
 from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
+from worker.acp.prompt import check_capabilities
 from worker.acp.selection import ModelSelector
 from worker.acp.terminal import Terminals
 from worker.errors import ModeUnavailable, Unsupported
@@ -99,11 +100,14 @@ class AcpSession:
         ``mark`` is called after ``initialize`` and after ``session_new``/``session_load``.
 
         Raises:
-            AuthRequired, SessionNotFound, Unsupported, ModelUnavailable, AgentError.
+            AuthRequired, SessionNotFound, Unsupported (also: a prompt block the agent's
+            ``promptCapabilities`` do not admit), ModelUnavailable, AgentError.
         """
         init = await self.client.initialize(self.capabilities)
         mark("initialize")
         await self._emit(AgentInitialized(**initialized_data(init)))
+        # Before any session exists: a prompt the agent cannot take fails the job here.
+        check_capabilities(init, self._spec.prompt_blocks())
         if self._wiring.authenticate is not None:
             await self.client.authenticate(self._wiring.authenticate, init.get("authMethods"))
         resume = self._spec.session.resume if self._spec.session is not None else None

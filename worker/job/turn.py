@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient
+from worker.acp.prompt import check_links
 from worker.acp.session import AcpSession, SessionWiring
 from worker.admission import Note
 from worker.errors import WorkerError
@@ -148,6 +149,7 @@ class Turn:
 
         Raises:
             Stopped: cancelled or out of time (the agent was asked to stop).
+            PromptRefused: a linked workspace file is missing or reached through a link.
         """
         broker = self._state.broker
         broker.begin_turn()
@@ -166,7 +168,10 @@ class Turn:
     async def _prompt(
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
     ) -> str:
-        prompt = asyncio.create_task(client.prompt(session_id, self._ctx.spec.prompt_blocks()))
+        blocks = self._ctx.spec.prompt_blocks()
+        # Linked files checked against the staged workspace as the agent will find them.
+        check_links(blocks, self._state.normalizer.artifacts)
+        prompt = asyncio.create_task(client.prompt(session_id, blocks))
         try:
             if await _done_first(prompt, cancel, deadline):
                 stop = prompt.result()

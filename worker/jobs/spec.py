@@ -14,13 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from worker.errors import InvalidJobSpec
+from worker.jobs.prompt import ImageBlock, ResourceLinkBlock, check_prompt
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 #: A session id a job may resume (``worker.sessions`` holds agent-chosen ids to it too).
@@ -118,6 +121,25 @@ class ResultsTarget(_Strict):
 class TextBlock(_Strict):
     type: Literal["text"]
     text: str = Field(max_length=1_000_000)
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": "text", "text": self.text}
+
+
+#: One block of a prompt given as a list (images and links: ``worker.jobs.prompt``).
+PromptBlock = Annotated[TextBlock | ImageBlock | ResourceLinkBlock, Field(discriminator="type")]
+
+
+def _prompt_form(value: Any) -> str:
+    return "text" if isinstance(value, str) else "blocks"
+
+
+#: A prompt: text, or blocks. Tagged so that an error names ``prompt.blocks.0.image.data``
+#: rather than the union's internals.
+Prompt = Annotated[
+    Annotated[str, Tag("text")] | Annotated[list[PromptBlock], Tag("blocks")],
+    Discriminator(_prompt_form),
+]
 
 
 class ModelSpec(_Strict):
@@ -256,7 +278,9 @@ class JobSpec(_Strict):
     job_id: str = Field(pattern=_ID)
     pack: PackRef
     workspace: Workspace
-    prompt: str | list[TextBlock] = Field(description="Prompt text or ACP content blocks.")
+    prompt: Prompt = Field(
+        description="Prompt text, or ACP content blocks: text, image, resource_link."
+    )
     model: ModelSpec | None = None
     mode: str | None = Field(
         default=None,
@@ -320,6 +344,13 @@ class JobSpec(_Strict):
             )
         return self
 
+    @field_validator("prompt")
+    @classmethod
+    def _bounded_prompt(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list):
+            check_prompt(value)
+        return value
+
     @field_validator("labels")
     @classmethod
     def _bounded_labels(cls, value: dict[str, str]) -> dict[str, str]:
@@ -332,7 +363,7 @@ class JobSpec(_Strict):
         """The prompt as ACP content blocks."""
         if isinstance(self.prompt, str):
             return [{"type": "text", "text": self.prompt}]
-        return [block.model_dump() for block in self.prompt]
+        return [block.wire() for block in self.prompt]
 
 
 def _describe(exc: ValidationError) -> str:
