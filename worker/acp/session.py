@@ -25,7 +25,13 @@ from worker.acp.selection import ModelSelector
 from worker.acp.terminal import Terminals
 from worker.errors import ModeUnavailable, Unsupported
 from worker.events.emitter import Emit
-from worker.events.models import AgentInitialized, ModelSelected, SessionStarted
+from worker.events.models import (
+    AgentInitialized,
+    EventData,
+    ModelSelected,
+    PermissionDecided,
+    SessionStarted,
+)
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.jobs.spec import JobSpec
@@ -80,7 +86,7 @@ class AcpSession:
         wiring = self._wiring
         policy = PermissionPolicy(
             self._spec.permissions.policy,
-            emit=self._emit,
+            emit=self._permission_event,
             broker=wiring.broker,
             attribute=wiring.normalizer.permission_source,
         )
@@ -93,6 +99,14 @@ class AcpSession:
             paths = WorkspacePaths(wiring.host_workspace, WORKSPACE)
             FileService(paths, read_limit=FS_READ_LIMIT).register(connection)
         self.terminals.register(connection)
+
+    async def _permission_event(self, event: EventData) -> None:
+        """A permission decision, also told to the normalizer (a tool denied there and
+        then ended without output failed)."""
+        if isinstance(event, PermissionDecided) and event.tool_call_id is not None:
+            denied = event.decision == "denied"
+            self._wiring.normalizer.permission_decided(event.tool_call_id, denied=denied)
+        await self._emit(event)
 
     async def open(self, mark: Callable[[str], None] = lambda phase: None) -> str:
         """Initialize, then start or resume the session; returns its id.

@@ -10,6 +10,13 @@ session id). Its facts arrive from up to four places in any order — the Task
 Identity is checked, never assumed: a second spawn of a known child, or a spawn naming a
 Task tool of another session, is refused (the caller turns the reason into a notice).
 A ``disconnected`` child is a failed child.
+
+The tasks one job tracks are bounded (:data:`MAX_TASKS`): past it the oldest *finished*
+task is forgotten, with a notice (``delegation_evicted``); when every tracked task is
+still running, a new one is refused (``too_many_tasks``: a notice, and the update kept as
+``provider.unmapped``), never a running one dropped. At the job's end, a task still
+running (a background child nobody reported finished) is closed ``cancelled``, reason
+``job_ended`` (:meth:`Delegations.close_open`).
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from worker.events.bounded import bound
+from worker.events import notices
+from worker.events.bounded import bound, bound_json
 from worker.events.models import (
     Delegation,
     DelegationCompleted,
     DelegationStarted,
     DelegationUpdated,
     EventData,
+    ProviderUnmapped,
 )
 
 Out = list[EventData]
@@ -36,6 +45,8 @@ TERMINAL_STATES: dict[str, tuple[State, str | None]] = {
     "cancelled": ("cancelled", None),
     "disconnected": ("failed", "disconnected"),
 }
+#: Subagent tasks tracked at once per job (Task tools, ``cursor/task``, spawned children).
+MAX_TASKS = 512
 TASK_FIELDS = frozenset(
     {"toolCallId", "description", "prompt", "subagentType", "model", "agentId", "durationMs"}
 )
@@ -77,6 +88,9 @@ class Delegations:
         self._limit = text_limit
         self._by_tool: dict[str, _Task] = {}
         self._by_child: dict[str, _Task] = {}
+        #: Every tracked task, oldest first (keyed by identity: a task may have no ids).
+        self._tasks: dict[int, _Task] = {}
+        self._notices: Out = []  # evictions, sent before the next delegation event
 
     def live_child(self, session_id: Any) -> _Task | None:
         """The task of a spawned child that has not reached a terminal state."""
@@ -93,7 +107,10 @@ class Delegations:
 
     def task_tool(self, tool_call_id: str, raw_input: Mapping[str, Any], parent: str | None) -> Out:
         """The parent's Task ``tool_call`` (``rawInput._toolName == "task"``)."""
-        task = self._task(tool_call_id)
+        try:
+            task = self._task(tool_call_id)
+        except Refused as refused:
+            return [notices.subagent_update_refused(tool_call_id, "task", refused.reason)]
         task.parent_id = task.parent_id or parent
         task.description = _str(raw_input.get("description")) or task.description
         task.task = _str(raw_input.get("prompt")) or task.task
@@ -115,7 +132,13 @@ class Delegations:
 
     def cursor_task(self, params: Mapping[str, Any]) -> Out:
         """``cursor/task``: the model (authoritative, even for custom agents) and ids."""
-        task = self._task(str(params["toolCallId"]))
+        tool_call_id = str(params["toolCallId"])
+        try:
+            task = self._task(tool_call_id)
+        except Refused as refused:
+            kept = ProviderUnmapped(kind="cursor/task", raw=bound_json(params, self._limit))
+            notice = notices.subagent_update_refused(tool_call_id, "cursor/task", refused.reason)
+            return [notice, kept]
         task.description = _str(params.get("description")) or task.description
         task.task = _str(params.get("prompt")) or task.task
         task.subagent_type = subagent_type(params.get("subagentType")) or task.subagent_type
@@ -136,7 +159,7 @@ class Delegations:
         tool_call_id = _str(meta.get("toolCallId"))
         if child in self._by_child:
             raise Refused("duplicate_spawn")
-        task = self._task(tool_call_id) if tool_call_id else _Task(None)
+        task = self._task(tool_call_id) if tool_call_id else self._track(_Task(None))
         if task.child_id is not None:
             raise Refused("task_already_has_a_child")
         if task.parent_id is not None and task.parent_id != parent:
@@ -183,17 +206,57 @@ class Delegations:
     # -- snapshots ----------------------------------------------------------------------
 
     def _task(self, tool_call_id: str) -> _Task:
+        """The task of a Task tool, tracked from now on if it is new.
+
+        Raises:
+            Refused: ``too_many_tasks`` (see :meth:`_track`).
+        """
         task = self._by_tool.get(tool_call_id)
         if task is None:
-            task = self._by_tool[tool_call_id] = _Task(tool_call_id)
+            task = self._by_tool[tool_call_id] = self._track(_Task(tool_call_id))
         return task
+
+    def _track(self, task: _Task) -> _Task:
+        """``task`` tracked, the oldest finished task forgotten first when full.
+
+        Raises:
+            Refused: ``too_many_tasks``: every tracked task is still running.
+        """
+        if len(self._tasks) >= MAX_TASKS:
+            oldest = next((t for t in self._tasks.values() if t.finished), None)
+            if oldest is None:
+                raise Refused("too_many_tasks")
+            self._forget(oldest)
+        self._tasks[id(task)] = task
+        return task
+
+    def _forget(self, task: _Task) -> None:
+        del self._tasks[id(task)]
+        if task.tool_call_id is not None and self._by_tool.get(task.tool_call_id) is task:
+            del self._by_tool[task.tool_call_id]
+        if task.child_id is not None and self._by_child.get(task.child_id) is task:
+            del self._by_child[task.child_id]
+        self._notices.append(
+            notices.delegation_evicted(task.tool_call_id, task.child_id, task.state, MAX_TASKS)
+        )
+
+    def close_open(self, reason: str) -> Out:
+        """Every task still running closed ``cancelled`` with ``reason`` (the job ended:
+        whatever the agent left running is gone with it)."""
+        out: Out = []
+        for task in list(self._tasks.values()):
+            if task.state == "running" and task.announced:
+                task.state, task.reason = "cancelled", reason
+                out += self._emit(task)
+        return out
 
     def _emit(self, task: _Task) -> Out:
         """started (first sight), completed (first terminal state), else updated — the
         latter only when the snapshot changed."""
+        evicted, self._notices = self._notices, []
         snapshot = self._snapshot(task)
         if snapshot == task.last:
-            return []
+            return evicted
         task.last = snapshot
         kinds: list[type[Delegation]] = []
         if not task.announced:
@@ -205,7 +268,7 @@ class Delegations:
         elif not kinds:
             kinds.append(DelegationUpdated)
         fields = snapshot.wire()
-        return [kind(**fields) for kind in kinds]
+        return evicted + [kind(**fields) for kind in kinds]
 
     def _snapshot(self, task: _Task) -> Delegation:
         """The task's snapshot (compared with the last one sent, never sent itself)."""

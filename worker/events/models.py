@@ -135,6 +135,28 @@ class DiffBlock(_Data):
     new_text: Bounded
 
 
+class ToolContent(_Data):
+    """A non-text content block of a tool (image, audio, resource, resource link), kept:
+    its data inline while the update's inline budget lasts, else by reference only."""
+
+    type: Literal["image", "audio", "resource", "resource_link"]
+    inline: bool = Field(
+        description="The block's content is here (`data` or whole `text`); false: only "
+        "described (`bytes`, `sha256`), it was over the inline budget."
+    )
+    mime_type: str | None = None
+    uri: str | None = None
+    name: str | None = Field(default=None, description="A resource link's name.")
+    title: str | None = None
+    description: str | None = None
+    bytes: int | None = Field(
+        default=None, description="Decoded size (a link: the size the agent gave, if any)."
+    )
+    sha256: str | None = Field(default=None, description="Of the decoded bytes or UTF-8 text.")
+    data: str | None = Field(default=None, description="Base64, as the agent sent it.")
+    text: Bounded | None = Field(default=None, description="An embedded text resource.")
+
+
 class ToolStarted(Attributed):
     TYPE = "tool.started"
 
@@ -161,12 +183,28 @@ class ToolUpdated(Attributed):
     raw_input: Bounded | None = None
     diffs: list[DiffBlock] = Field(default_factory=list)
     locations: list[Location] = Field(default_factory=list)
+    content: list[ToolContent] | None = Field(
+        default=None,
+        description="Images, audio, resources and resource links the tool returned; "
+        "absent when it returned none.",
+    )
+
+
+class ToolFailure(_Data):
+    code: Literal["error", "rejected", "permission_denied", "exit_code"]
+    message: str = Field(description="As the agent said it (bounded), or what the worker saw.")
 
 
 class ToolCompleted(ToolUpdated):
     TYPE = "tool.completed"
 
     status: Literal["completed", "failed"]
+    failure: ToolFailure | None = Field(
+        default=None,
+        description="Why a tool the agent reported `completed` failed: its `rawOutput` "
+        "said so (an error, a rejection, a permission denial, a non-zero exit code), or "
+        "the worker denied its permission ask; absent otherwise.",
+    )
 
 
 class PlanEntry(_Data):

@@ -218,6 +218,16 @@ class Normalizer:
             return []
         return [ProviderUnmapped(kind=kind, raw=bound_json(extra, self._limit), partial=True)]
 
+    def permission_decided(self, tool_call_id: str, *, denied: bool) -> None:
+        """The worker answered a tool's permission ask: a denied tool that then ends
+        without output ends ``failed`` (Cursor reports it as a bare ``completed``)."""
+        self._tools.permission_decided(tool_call_id, denied=denied)
+
+    def close_delegations(self) -> Out:
+        """At the job's end: every delegation still running (a background subagent the
+        agent never reported finished) closed, ``cancelled`` with reason ``job_ended``."""
+        return self.delegations.close_open("job_ended")
+
     def permission_source(
         self, session_id: Any, tool_call_id: str | None
     ) -> tuple[str | None, str | None]:

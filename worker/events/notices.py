@@ -45,6 +45,24 @@ def subagent_update_refused(session_id: Any, kind: str, reason: str) -> Notice:
     )
 
 
+def delegation_evicted(
+    tool_call_id: str | None, child_id: str | None, state: str, limit: int
+) -> Notice:
+    """A finished subagent task forgotten to keep the job's task map bounded: a later
+    update about it is refused as unknown."""
+    return Notice(
+        level="info",
+        code="delegation_evicted",
+        message=f"a finished subagent task was forgotten: a job tracks at most {limit} tasks",
+        details={
+            "tool_call_id": None if tool_call_id is None else bounded(tool_call_id, 256)["text"],
+            "child_id": None if child_id is None else bounded(child_id, 256)["text"],
+            "state": state,
+            "limit": limit,
+        },
+    )
+
+
 def path_outside_workspace(path: str) -> Notice:
     """A location the agent reported outside the workspace, dropped from its event."""
     return Notice(

@@ -8,22 +8,39 @@ workspace files a tool's ``resource_link`` blocks name.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from worker.events import artifacts
 from worker.events.artifacts import ArtifactCheck
 from worker.events.attribution import ToolOwners
-from worker.events.bounded import bound
+from worker.events.bounded import bound, bound_json
 from worker.events.content import ContentMapper, opt_str, terminal_meta, title
 from worker.events.delegations import Delegations
-from worker.events.models import Bounded, EventData, ToolCompleted, ToolStarted, ToolUpdated
+from worker.events.media import tool_media
+from worker.events.models import (
+    Bounded,
+    EventData,
+    ProviderUnmapped,
+    ToolCompleted,
+    ToolFailure,
+    ToolStarted,
+    ToolUpdated,
+)
 
 Out = list[EventData]
 
 _TERMINAL_TOOL = {"completed", "failed"}
 #: Tools whose output came in terminal ``_meta`` remembered at once (the oldest is
-#: forgotten first; a tool is forgotten anyway when it completes).
+#: forgotten first; a tool is forgotten anyway when it completes). The same bound holds
+#: the tools whose permission ask the worker denied.
 MAX_TERMINAL_TOOLS = 1024
+_REASON_LIMIT = 1024
+#: ``rawOutput`` keys that report a failed tool (FACTS §7), and the failure's code.
+_FAILURE_KEYS: tuple[tuple[str, Literal["error", "rejected", "permission_denied"]], ...] = (
+    ("error", "error"),
+    ("rejected", "rejected"),
+    ("permissionDenied", "permission_denied"),
+)
 
 
 class ToolCalls:
@@ -44,6 +61,15 @@ class ToolCalls:
         # Tools whose output streams through terminal ``_meta``: their ``rawOutput`` is
         # that output again (claude-agent-acp sends both), not more of it.
         self._terminal: dict[str, None] = {}
+        # Tools whose permission ask was denied: Cursor ends a rejected tool with a bare
+        # ``completed`` (no rawOutput), so only this says that it failed.
+        self._denied: dict[str, None] = {}
+
+    def permission_decided(self, tool_call_id: str, *, denied: bool) -> None:
+        """The worker answered the permission ask of ``tool_call_id``."""
+        self._denied.pop(tool_call_id, None)
+        if denied:
+            _remember(self._denied, tool_call_id)
 
     def started(self, update: Mapping[str, Any], child: str | None, *, root: str | None) -> Out:
         """A ``tool_call``; a ``task`` tool also starts a delegation under its parent."""
@@ -75,15 +101,41 @@ class ToolCalls:
         content = update.get("content")
         fields["diffs"] = self._content.diffs(content, refused)
         fields["locations"] = self._content.locations(update.get("locations"), refused)
-        # Only the fields set go out: ``title``, ``output``, ``exit_code`` and
-        # ``raw_input`` are absent, not null, when the update did not carry them.
+        media = tool_media(content, self._content.limit)
+        if media.kept:
+            fields["content"] = media.kept
+        if media.leftovers:
+            raw = bound_json({"content": media.leftovers}, self._content.limit)
+            refused.append(ProviderUnmapped(kind="tool_call_update", raw=raw, partial=True))
+        # Only the fields set go out: ``title``, ``output``, ``exit_code``, ``raw_input``,
+        # ``content`` and ``failure`` are absent, not null, when there is none.
+        event: ToolUpdated
         if status in _TERMINAL_TOOL:
-            self._terminal.pop(tool_call_id, None)
-        event = ToolCompleted(**fields) if status in _TERMINAL_TOOL else ToolUpdated(**fields)
+            event = self._completed(fields, update.get("rawOutput"))
+            status = event.status
+        else:
+            event = ToolUpdated(**fields)
         out: Out = [event]
         if self._delegations.is_task_tool(tool_call_id):
             out += self._delegations.task_output(tool_call_id, status, update.get("rawOutput"))
         return out + self._resources(content, tool_call_id) + refused
+
+    def _completed(self, fields: dict[str, Any], raw_output: Any) -> ToolCompleted:
+        """``tool.completed``: ``failed`` when ``rawOutput`` reports a failure, or when a
+        tool whose permission ask was denied ends without any output."""
+        tool_call_id = fields["tool_call_id"]
+        self._terminal.pop(tool_call_id, None)
+        denied = tool_call_id in self._denied
+        self._denied.pop(tool_call_id, None)
+        failure = tool_failure(raw_output)
+        if failure is None and denied and raw_output is None:
+            failure = ToolFailure(
+                code="permission_denied", message="the worker denied the tool's permission ask"
+            )
+        if failure is not None:
+            fields["status"] = "failed"
+            fields["failure"] = failure
+        return ToolCompleted(**fields)
 
     def _fields(self, update: Mapping[str, Any], fields: dict[str, Any]) -> None:
         """``title``, ``output``, ``exit_code``, ``raw_input`` as the update has them.
@@ -115,10 +167,7 @@ class ToolCalls:
             fields["raw_input"] = self._content.raw_input(update["rawInput"])
 
     def _remember_terminal(self, tool_call_id: str) -> None:
-        terminal = self._terminal
-        if tool_call_id not in terminal and len(terminal) >= MAX_TERMINAL_TOOLS:
-            del terminal[next(iter(terminal))]
-        terminal[tool_call_id] = None
+        _remember(self._terminal, tool_call_id)
 
     def _resources(self, content: Any, tool_call_id: str) -> Out:
         """``resource_link`` blocks of a tool's content that name workspace files."""
@@ -135,6 +184,38 @@ class ToolCalls:
                 self.artifacts, path, "tool_resource", tool_call_id=tool_call_id
             )
         return out
+
+
+def _remember(tools: dict[str, None], tool_call_id: str) -> None:
+    """Add ``tool_call_id`` to a bounded set of tools (the oldest forgotten first)."""
+    if tool_call_id not in tools and len(tools) >= MAX_TERMINAL_TOOLS:
+        del tools[next(iter(tools))]
+    tools[tool_call_id] = None
+
+
+def tool_failure(raw_output: Any) -> ToolFailure | None:
+    """What a tool's ``rawOutput`` says went wrong, in Cursor's shapes (FACTS §7):
+    ``{error}``, ``{rejected}``, ``{permissionDenied}`` (a value that is not false,
+    null or empty), or an exit code other than 0. None: it reports no failure."""
+    if not isinstance(raw_output, Mapping):
+        return None
+    for key, code in _FAILURE_KEYS:
+        value = raw_output.get(key)
+        if value is not None and value is not False and value not in ("", {}, []):
+            return ToolFailure(code=code, message=_reason(key, value))
+    exit_code = _exit_code(raw_output)
+    if exit_code is not None and exit_code != 0:
+        return ToolFailure(code="exit_code", message=f"exit code {exit_code}")
+    return None
+
+
+def _reason(key: str, value: Any) -> str:
+    """The agent's own words for a failure (bounded), or its key when it gave none."""
+    if value is True:
+        return key
+    if isinstance(value, str):
+        return bound(value, _REASON_LIMIT).text
+    return bound_json(value, _REASON_LIMIT).text
 
 
 def _exit_code(raw_output: Any) -> int | None:

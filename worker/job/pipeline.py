@@ -204,10 +204,14 @@ class Job:
         return exc
 
     async def _complete(self, outcome: JobOutcome) -> None:
-        """``usage.reported`` unavailable if the agent never reported usage, then
+        """Delegations still running closed (``job_ended``), ``usage.reported``
+        unavailable if the agent never reported usage, then
         ``job.completed``: with ``timings_ms`` and ``result`` (``null`` when no bundle was
         uploaded) always, ``result_error`` / ``teardown_error`` when that step failed."""
         state, emitter = self._state, self._ctx.emitter
+        # The agent is gone: a subagent task it left running ends with the job, said so.
+        for event in state.normalizer.close_delegations():
+            await emitter.emit(event)
         if not state.normalizer.usage_seen:
             await emitter.emit(UsageReported(available=False))
         completed = job_completed(
