@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from . import ambient, catalog, scenario
 from .models import ModelError, ModelPicker
@@ -37,6 +40,9 @@ class Settings:
     commands_delay: float
     chunk_delay: float
     exit_delay: float
+    #: Overrides of Cursor's promptCapabilities (FACTS §2: image true, audio and
+    #: embeddedContext false), so a client's refusal path can be tested too.
+    prompt_capabilities: JSON
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -46,6 +52,7 @@ class Settings:
             commands_delay=_float(env.get("CURSOR_EMULATOR_COMMANDS_DELAY"), 0.05),
             chunk_delay=_float(env.get("CURSOR_EMULATOR_CHUNK_DELAY"), 0.002),
             exit_delay=_float(env.get("CURSOR_EMULATOR_EXIT_DELAY"), 0.0),
+            prompt_capabilities=_bool_map(env.get("CURSOR_EMULATOR_PROMPT_CAPABILITIES")),
         )
 
 
@@ -54,6 +61,16 @@ def _float(value: str | None, default: float) -> float:
         return max(0.0, float(value)) if value else default
     except ValueError:
         return default
+
+
+def _bool_map(value: str | None) -> JSON:
+    try:
+        parsed = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {k: v for k, v in parsed.items() if isinstance(v, bool)}
 
 
 def zod_error(path: str, message: str) -> RpcError:
@@ -73,6 +90,7 @@ class Agent:
         self.chunk_delay = settings.chunk_delay
         self.home = settings.home
         self.ignore_sigterm = False
+        self.prompt_capabilities: JSON = {}
         self._methods: dict[str, Callable[[Any, JSON], Any]] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
@@ -182,7 +200,12 @@ class Agent:
         meta = meta if isinstance(meta, dict) else {}
         self.subagents = catalog.js_truthy(meta.get("subagents"))
         self.picker.configure(catalog.js_truthy(meta.get("parameterizedModelPicker")))
-        return catalog.initialize_result(caps)
+        result = catalog.initialize_result(caps)
+        result["agentCapabilities"]["promptCapabilities"].update(
+            self.settings.prompt_capabilities
+        )
+        self.prompt_capabilities = dict(result["agentCapabilities"]["promptCapabilities"])
+        return result
 
     def authenticate(self, _rid: Any, params: JSON) -> JSON:
         if params.get("methodId") != "cursor_login":
@@ -303,9 +326,21 @@ class Agent:
         blocks = params.get("prompt")
         if not isinstance(blocks, list):
             raise zod_error("prompt", "Expected array")
+        refused = refused_block(blocks, self.prompt_capabilities)
+        if refused is not None:
+            raise zod_error(*refused)
         text = prompt_text(blocks)
         self.push_commands(session)
-        turn = Turn({"prompt": text, "cwd": session.cwd, "sessionId": session.session_id})
+        turn = Turn(
+            {
+                "prompt": text,
+                "cwd": session.cwd,
+                "sessionId": session.session_id,
+                "blocks": json.dumps(
+                    prompt_media(blocks, session.cwd), separators=(",", ":"), sort_keys=True
+                ),
+            }
+        )
         # Swap the active turn here, in the reader loop, so two prompts sent back to back
         # cancel in arrival order (FACTS §6: the new prompt cancels the running one).
         with session.lock:
@@ -347,8 +382,8 @@ class Agent:
     def play_turn(self, session: Session, turn: Turn, blocks: list[Any], text: str) -> str:
         session.turns.append([])
         for block in blocks:
-            # Never echoed live; kept so load can replay it (FACTS §3).
-            if isinstance(block, dict) and block.get("type") == "text":
+            # Never echoed live; kept so load can replay it (FACTS §3), images too (S0).
+            if isinstance(block, dict) and block.get("type") in ("text", "image"):
                 session.record({"sessionUpdate": "user_message_chunk", "content": dict(block)})
         ambient.run_ambient_config(session.cwd)
         player = Player(self, session, turn)
@@ -372,6 +407,59 @@ class Agent:
 def prompt_text(blocks: list[Any]) -> str:
     parts = [b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
     return "\n".join(p for p in parts if isinstance(p, str))
+
+
+#: Block type → the promptCapabilities key it needs (text and resource_link: baseline).
+BLOCK_CAPABILITIES = {"image": "image", "audio": "audio"}
+#: A linked project file is inlined, cut at this many characters (FACTS §6).
+LINK_INLINE_CHARS = 20_000
+
+
+def refused_block(blocks: list[Any], capabilities: JSON) -> tuple[str, str] | None:
+    """A block the agent did not advertise taking: its schema refuses it. An embedded
+    `resource` is inlined as text although embeddedContext is false (FACTS §6, R1)."""
+    for index, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        needed = BLOCK_CAPABILITIES.get(str(kind))
+        if needed is not None and capabilities.get(needed) is not True:
+            return str(index), f"Invalid input: {kind} content is not supported"
+    return None
+
+
+def prompt_media(blocks: list[Any], cwd: str) -> list[JSON]:
+    """What the turn received besides text (the `{{blocks}}` variable): images by type
+    and decoded size, links and resources with the text they were inlined as."""
+    out = []
+    for block in blocks:
+        if not isinstance(block, dict) or block.get("type") == "text":
+            continue
+        kind = block.get("type")
+        if kind == "image":
+            try:
+                size = len(base64.b64decode(str(block.get("data", "")), validate=True))
+            except ValueError:
+                size = -1
+            out.append({"type": kind, "mimeType": block.get("mimeType"), "bytes": size})
+        elif kind == "resource_link":
+            uri = str(block.get("uri", ""))
+            out.append({"type": kind, "uri": uri, "text": _linked_text(uri, cwd)})
+        else:
+            out.append({"type": str(kind)})
+    return out
+
+
+def _linked_text(uri: str, cwd: str) -> str | None:
+    """A project file's text, as Cursor inlines a link (None: not a readable project file)."""
+    path = unquote(uri[len("file://") :]) if uri.startswith("file://") else uri
+    root = os.path.realpath(cwd)
+    target = os.path.realpath(os.path.join(cwd, path))
+    if not target.startswith(root + os.sep):
+        return None
+    try:
+        with open(target, encoding="utf-8", errors="replace") as handle:
+            return handle.read(LINK_INLINE_CHARS)
+    except OSError:
+        return None
 
 
 def make_title(text: str) -> str:
