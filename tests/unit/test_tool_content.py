@@ -351,3 +351,31 @@ def test_a_new_task_is_refused_when_every_tracked_task_runs(
     assert json.loads(refused[1][1]["raw"]["text"]) == params  # kept, never dropped
     assert n.delegations.is_task_tool("a")
     assert n.delegations.is_task_tool("b")
+
+
+def test_a_tool_call_keeps_its_media_and_leaves_the_rest_unmapped() -> None:
+    raw = b"GIF89a" + b"\x01" * 10
+    image = {"type": "image", "mimeType": "image/gif", "data": _b64(raw)}
+    diff = {"type": "diff", "path": "/workspace/a", "oldText": None, "newText": "x"}
+    text = {"type": "content", "content": {"type": "text", "text": "about to read"}}
+    params = {
+        "sessionId": ROOT,
+        "update": {
+            "sessionUpdate": "tool_call",
+            "toolCallId": "t1",
+            "title": "Read",
+            "kind": "read",
+            "status": "pending",
+            "content": [*_content(image), diff, text],
+        },
+    }
+    events = [(e.TYPE, e.wire()) for e in _norm().session_update(params)]
+    [started] = _only(events, "tool.started")
+    assert [(c["type"], c["bytes"], c["sha256"]) for c in started["content"]] == [
+        ("image", len(raw), hashlib.sha256(raw).hexdigest())
+    ]
+    [unmapped] = _only(events, "provider.unmapped")
+    assert (unmapped["kind"], unmapped["partial"]) == ("tool_call", True)
+    assert json.loads(unmapped["raw"]["text"]) == {
+        "content": [{"index": 1, "entry": diff}, {"index": 2, "entry": text}]
+    }

@@ -47,19 +47,22 @@ class Media:
     leftovers: list[dict[str, Any]] = field(default_factory=list)
 
 
-def tool_media(content: Any, limit: int) -> Media:
+def tool_media(content: Any, limit: int, *, media_only: bool = False) -> Media:
     """The non-text blocks of a tool's ``content`` list, with ``limit`` bytes of inline
-    data and text for the whole update."""
+    data and text for the whole update. ``media_only``: the event has no field for text
+    and diff blocks either (``tool.started``), so they are left over too."""
     media = Media(budget=limit)
     for index, entry in enumerate(content if isinstance(content, list) else []):
         kind = entry.get("type") if isinstance(entry, Mapping) else None
-        if kind in _MAPPED_ENTRIES:
-            continue
         inner = entry.get("content") if isinstance(entry, Mapping) else None
+        if kind in _MAPPED_ENTRIES and not media_only:
+            continue
         if kind != "content" or not isinstance(inner, Mapping):
             media.leftovers.append({"index": index, "entry": entry})
         elif inner.get("type") != "text":
             _add(media, index, inner)
+        elif media_only:
+            media.leftovers.append({"index": index, "entry": entry})
     return media
 
 

@@ -168,6 +168,11 @@ class ToolStarted(Attributed):
         description="The tool's arguments as JSON, secret-looking keys redacted, bounded."
     )
     locations: list[Location]
+    content: list[ToolContent] | None = Field(
+        default=None,
+        description="Images, audio, resources and resource links the tool call carried; "
+        "absent when it carried none.",
+    )
 
 
 class ToolUpdated(Attributed):

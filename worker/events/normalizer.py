@@ -56,6 +56,7 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
     "agent_message_chunk": _CHUNK,
     "agent_thought_chunk": _CHUNK,
     "user_message_chunk": _CHUNK,
+    # ``content`` is not: its media go into ``tool.started``, the rest stays partial.
     "tool_call": frozenset(_TOOL),
     # ``_meta``: only its terminal keys are mapped (content.terminal_meta), the rest is
     # reported as partial.
@@ -214,6 +215,15 @@ class Normalizer:
             unmapped = content.terminal_meta(update["_meta"]).unmapped
             if unmapped != {}:
                 extra["_meta"] = unmapped
+        if kind == "tool_call" and "content" in extra:
+            # Of a tool call's content, only what ``tool.started`` did not keep.
+            leftovers = self._tools.content_leftovers(update["content"])
+            if leftovers is None:
+                pass  # none kept: the content as sent
+            elif leftovers:
+                extra["content"] = leftovers
+            else:
+                del extra["content"]
         if not extra:
             return []
         return [ProviderUnmapped(kind=kind, raw=bound_json(extra, self._limit), partial=True)]

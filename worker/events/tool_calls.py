@@ -64,6 +64,18 @@ class ToolCalls:
         # Tools whose permission ask was denied: Cursor ends a rejected tool with a bare
         # ``completed`` (no rawOutput), so only this says that it failed.
         self._denied: dict[str, None] = {}
+        # The content of the tool call just started and what of it was left over, for
+        # the normalizer's partial report of that same update.
+        self._started_leftovers: tuple[Any, list[dict[str, Any]]] | None = None
+
+    def content_leftovers(self, content: Any) -> list[dict[str, Any]] | None:
+        """What of the ``content`` of the tool call just started no ``tool.started``
+        field holds; None when it kept no media (the content is then unmapped whole,
+        as sent)."""
+        started, self._started_leftovers = self._started_leftovers, None
+        if started is None or started[0] is not content:
+            return None
+        return started[1]
 
     def permission_decided(self, tool_call_id: str, *, denied: bool) -> None:
         """The worker answered the permission ask of ``tool_call_id``."""
@@ -84,6 +96,10 @@ class ToolCalls:
             raw_input=self._content.raw_input(raw_input),
             locations=self._content.locations(update.get("locations"), refused),
         )
+        media = tool_media(update.get("content"), self._content.limit, media_only=True)
+        if media.kept:
+            started.content = media.kept
+            self._started_leftovers = (update.get("content"), media.leftovers)
         out: Out = [started]
         if child is not None:
             self._owners.record(tool_call_id, child)
