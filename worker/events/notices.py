@@ -373,3 +373,15 @@ def session_entries_skipped(
         "(only directories and single-link regular files are)",
         details={"session_id": session_id, "count": count, "entries": [dict(e) for e in entries]},
     )
+
+
+def budget_unenforced(tenant: str, reason: str, why: str) -> Notice:
+    """The job ran under a tenant budget that could not bound it: the agent reported no
+    cost (``no_cost``), or in another currency than the budget's (``currency``), or the
+    budget could not be charged (``unavailable``). Its spend is unknown, not zero."""
+    return Notice(
+        level="warning",
+        code="budget_unenforced",
+        message=f"the budget of tenant {tenant!r} did not bound this attempt: {why}",
+        details={"tenant": tenant, "reason": reason},
+    )
