@@ -219,22 +219,27 @@ def _container(
         "stdin": True,
         "stdinOnce": True,
         "tty": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SANDBOX_UID,
-            "runAsGroup": SANDBOX_GID,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _container_security(),
         "resources": _resources(spec, disk),
         "volumeMounts": [
             {"name": "workspace", "mountPath": WORKSPACE},
             {"name": "home", "mountPath": HOME},
             {"name": "tmp", "mountPath": SANDBOX_TMP},
         ],
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    # The pod's identity and seccomp again: a container's own context takes precedence.
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": SANDBOX_UID,
+        "runAsGroup": SANDBOX_GID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
