@@ -169,22 +169,66 @@ class ModelSelector:
         verified: bool,
     ) -> dict[str, Any]:
         named = dict(params) or variant_params(model)
-        defaults = {
-            str(o["id"]): str(o.get("currentValue"))
-            for o in options
-            if o.get("id") not in NON_PARAMS
-            and o.get("id") not in named
-            and "id" in o
-            and o.get("category") != "mode"
-        }
         return {
+            "source": "job",
             "model": model,
             "params": named,
-            "defaults": defaults,
+            "defaults": _defaults(options, named=named),
             "picker": self._picker,
             "via": via,
             "verified": verified,
         }
+
+
+def default_selection(session: Mapping[str, JsonValue], *, parameterized: bool) -> dict[str, Any]:
+    """The ``model.selected`` data of a job that named no model (``source: default``):
+    the model the agent says it uses (the model option's ``currentValue``, else the
+    legacy ``models.currentModelId``; None when it says neither) and the values of
+    every parameter it exposes, all the agent's defaults. Nothing is set."""
+    options = _options(session) or []
+    option = _model_option(options)
+    model: str | None = None
+    defaults: dict[str, str] = {}
+    if option is not None and isinstance(option.get("currentValue"), str):
+        model = str(option["currentValue"])
+        defaults = _defaults(options, named={})
+    else:
+        models = session.get("models")
+        current = models.get("currentModelId") if isinstance(models, Mapping) else None
+        if isinstance(current, str):
+            model = current
+            defaults = variant_params(current)
+    return {
+        "source": "default",
+        "model": model,
+        "params": {},
+        "defaults": defaults,
+        "picker": "parameterized" if parameterized else "variant",
+        "via": None,
+        "verified": False,
+    }
+
+
+def _defaults(options: Sequence[Option], *, named: Mapping[str, str]) -> dict[str, str]:
+    """The exposed parameters not in ``named``, at the values the agent reports."""
+    return {
+        str(o["id"]): str(o.get("currentValue"))
+        for o in options
+        if o.get("id") not in NON_PARAMS
+        and o.get("id") not in named
+        and "id" in o
+        and o.get("category") != "mode"
+    }
+
+
+#: Parameter values that raise a turn's cost when an agent's catalog defaults to them
+#: (Cursor's ``fast=true``): never left on without saying so.
+COST_RAISING = {"fast": frozenset({"true"})}
+
+
+def cost_raising(defaults: Mapping[str, str]) -> dict[str, str]:
+    """The defaults among ``defaults`` that raise cost."""
+    return {k: v for k, v in defaults.items() if v in COST_RAISING.get(k, frozenset())}
 
 
 def _offered(option: Option, value: str, *, what: str) -> None:

@@ -382,15 +382,26 @@ class ModeChanged(Attributed):
 class ModelSelected(EventData):
     TYPE = "model.selected"
 
-    model: str
+    source: Literal["job", "default"] = Field(
+        description="`job`: the job named the model and it was set; `default`: the job "
+        "named none, and this is what the agent says it uses (nothing was set)."
+    )
+    model: str | None = Field(
+        description="The model id; null when the job named none and the agent did not say."
+    )
     params: dict[str, str] = Field(description="Parameters the job named, as echoed.")
     defaults: dict[str, str] = Field(
         default_factory=dict,
         description="Parameters the agent exposes that the job did not name: its defaults.",
     )
     picker: Literal["variant", "parameterized"]
-    via: Literal["config_option", "set_model"]
-    verified: bool = Field(description="The agent echoed exactly this selection.")
+    via: Literal["config_option", "set_model"] | None = Field(
+        description="How the model was set (null for `source: default`)."
+    )
+    verified: bool = Field(
+        description="The agent echoed exactly this selection (never for `set_model`, which "
+        "returns nothing to compare, nor for a default)."
+    )
 
 
 class ConfigUpdated(Attributed):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.credentials.redact import Redactor
-from worker.errors import AgentError, LeaseLost, WorkerError
+from worker.errors import AgentError, LeaseLost, ModelUnavailable, WorkerError
 from worker.events import notices
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -158,6 +158,7 @@ class Job:
         # phase boundary, opening the session is cut at the deadline, the turn gets what
         # is left. Teardown, change capture and the bundle upload come after it.
         deadline = self._state.deadline = time.monotonic() + self._ctx.spec.limits.timeout_s
+        self._model_policy()
         await self._budget()
         plan = await self._prepare(cancel)
         turn = Turn(self._ctx, self._state)
@@ -166,6 +167,18 @@ class Job:
         session_id = await turn.open(cancel, deadline)
         await self._boundary(cancel, "turn")  # no prompt once cancelled
         return await turn.prompt(client, session_id, cancel, deadline)
+
+    def _model_policy(self) -> None:
+        """With ``ACPW_MODEL_PARAMS_REQUIRED`` a job must name its model: one that leaves
+        it to the agent is refused before anything is prepared (its parameters are
+        checked once the agent lists them, ``worker.acp.session``)."""
+        ctx = self._ctx
+        if ctx.settings.model_params_required and ctx.spec.model is None:
+            raise ModelUnavailable(
+                "the operator requires jobs to name a model and its parameters "
+                "(ACPW_MODEL_PARAMS_REQUIRED): this job names none; nothing was started",
+                reason="model_required",
+            )
 
     async def _budget(self) -> None:
         """The tenant budget the job runs under, if its operator set one: a spent budget

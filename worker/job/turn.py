@@ -113,6 +113,7 @@ class Turn:
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,
+                params_required=ctx.settings.model_params_required,
             ),
         )
         state.agent.start()
