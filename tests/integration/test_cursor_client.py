@@ -218,3 +218,55 @@ def test_unavailable_models_are_refused_not_substituted(
     assert (done["status"], done["error"]["code"]) == ("failed", "model_unavailable")
     assert _of(events, "model.selected") == []
     assert not any(e["type"] == "message.delta" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("model", "reasoning", "param"),
+    [
+        ("grok-4.6", "xhigh", {"effort": "xhigh"}),
+        ("grok-4.6", "low", {"effort": "low"}),
+        ("gpt-5.6-luna", "high", {"reasoning": "high"}),
+        ("claude-opus-5", "off", {"thinking": "false"}),
+        ("claude-opus-5", "medium", {"thinking": "true"}),
+    ],
+)
+def test_a_thinking_level_maps_to_the_parameter_the_model_exposes(
+    tmp_path: Path, model: str, reasoning: str, param: dict[str, str]
+) -> None:
+    events = run_job(tmp_path, "scenario: hello", model={"id": model, "reasoning": reasoning})
+    assert events[-1]["data"]["status"] == "succeeded"
+    [selected] = _of(events, "model.selected")
+    assert (selected["params"], selected["reasoning"], selected["verified"]) == (
+        param,
+        reasoning,
+        True,
+    )
+    assert not set(param) & set(selected["defaults"])
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ({"id": "gpt-5.6-luna", "reasoning": "xhigh"}, "never chosen instead"),  # no step up
+        ({"id": "gpt-5.6-luna", "reasoning": "off"}, "offers no reasoning value"),
+        ({"id": "default", "reasoning": "high"}, "exposes no thinking level"),
+        ({"id": "grok-4.6", "reasoning": "low", "params": {"effort": "high"}}, "names both"),
+    ],
+)
+def test_a_thinking_level_the_catalog_lacks_is_refused(
+    tmp_path: Path, model: dict[str, Any], why: str
+) -> None:
+    events = run_job(tmp_path, "scenario: hello", model=model)
+    error = events[-1]["data"]["error"]
+    assert error["code"] == "model_unavailable"
+    assert why in error["message"]
+    assert _of(events, "model.selected") == []
+
+
+def test_a_variant_id_with_a_thinking_level_is_an_invalid_job(tmp_path: Path) -> None:
+    job = _job(
+        tmp_path, "scenario: hello", model={"id": "grok-4.6[effort=high]", "reasoning": "low"}
+    )
+    done = run_cli(tmp_path, "run", str(job), "--quiet")
+    assert done.returncode == 2
+    assert "model" in done.stderr

@@ -152,7 +152,7 @@ class AcpSession:
             selected = default_selection(session, parameterized=parameterized)
         else:
             selector = ModelSelector(self.client, session_id, parameterized=parameterized)
-            selected = await selector.select(session, model.id, model.params)
+            selected = await selector.select(session, model.id, model.params, model.reasoning)
             if self._wiring.params_required and selected["defaults"]:
                 raise ModelUnavailable(
                     "the operator requires every model parameter to be named "

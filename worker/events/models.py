@@ -402,6 +402,11 @@ class ModelSelected(EventData):
         description="The agent echoed exactly this selection (never for `set_model`, which "
         "returns nothing to compare, nor for a default)."
     )
+    reasoning: str | None = Field(
+        default=None,
+        description="The job's thinking level, when it named one (its parameter and value "
+        "are in `params`).",
+    )
 
 
 class ConfigUpdated(Attributed):
