@@ -18,11 +18,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from worker.cli import add_json_flag
-from worker.cli.service import with_redis
+from worker.cli.service import redis_flag, with_redis
 from worker.settings import Settings
 from worker.store import budgets
-from worker.store.url import DEFAULT_REDIS_URL
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -47,9 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parser.set_defaults(handler=handler)
     for parser in (set_, *(actions.choices[n] for n in ("show", "reset", "remove"))):
         parser.add_argument("tenant", help="the tenant")
-        where = f"default: ACPW_REDIS_URL, else {DEFAULT_REDIS_URL}"
-        parser.add_argument("--redis", default=None, metavar="URL", help=f"Redis ({where})")
-        add_json_flag(parser)
+        redis_flag(parser)
 
 
 def _with_client(
