@@ -26,6 +26,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   │   └── ModeUnavailable      model_unavailable        3
     │   ├── EndpointRefused          endpoint_refused         3
     │   ├── ImageMismatch            image_mismatch           3
+    │   ├── BudgetRefused            budget_exceeded          3
     │   ├── RuntimeUnavailable       runtime_unavailable      3
     │   └── PromptRefused            prompt_refused           3
     ├── SandboxError                 sandbox_failed           1
@@ -39,6 +40,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── ExpectationUnmet         expectation_unmet        1
     │   └── ProtocolError            protocol_error           1
     │       └── LineTooLong          acp_line_too_long        1
+    ├── BudgetExceeded               budget_exceeded          1
     ├── ResultUploadFailed           result_upload_failed     1
     ├── EventTooLarge                event_too_large          1
     ├── SinkUnavailable              sink_unavailable         1
@@ -199,6 +201,12 @@ class PromptRefused(Refused):
     code = "prompt_refused"
 
 
+class BudgetRefused(Refused):
+    """The tenant's budget is spent: the job is refused before anything starts."""
+
+    code = "budget_exceeded"
+
+
 class SandboxError(WorkerError):
     code = "sandbox_failed"
 
@@ -257,6 +265,13 @@ class ProtocolError(AgentError):
 
 class LineTooLong(ProtocolError):
     code = "acp_line_too_long"
+
+
+class BudgetExceeded(WorkerError):
+    """The attempt's reported cost went over its tenant's budget (``per_job`` or
+    ``limit``) mid-turn: the turn was cancelled."""
+
+    code = "budget_exceeded"
 
 
 class ResultUploadFailed(WorkerError):

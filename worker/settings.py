@@ -217,6 +217,18 @@ class Settings(BaseSettings):
         default=("local",),
         description="Backends the reaper sweeps for orphans (names as for `backend`).",
     )
+    model_params_required: bool = Field(
+        default=False,
+        description="Jobs must name a model and every parameter the agent exposes for it "
+        "(none left to the agent's catalog defaults, e.g. Cursor's `fast=true`); others are "
+        "refused with `model_unavailable` (`reason`: `model_required`, `params_required`).",
+    )
+    budget_label: str = Field(
+        default="tenant",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$",
+        description="The job label naming the tenant whose spend budget a job counts "
+        "against (`acp-worker budget`); a job without it counts against `default`.",
+    )
     metrics_port: int | None = Field(
         default=None, description="Port of the Prometheus endpoint; none: no endpoint."
     )

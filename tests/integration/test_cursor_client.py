@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.cursor_jobs import run_job
+from tests.integration.test_run_job import _env, _job, run_cli
 
 Events = list[dict[str, Any]]
 PERMISSIONS = """#!scenario
@@ -137,6 +138,7 @@ def test_parameterized_model_is_selected_exactly_and_defaults_are_visible(
     )
     [selected] = _of(events, "model.selected")
     assert selected == {
+        "source": "job",
         "model": "grok-4.6",
         "params": {"effort": "low"},
         "defaults": {"fast": "true"},  # the catalog's pricier default: shown, not chosen
@@ -145,6 +147,48 @@ def test_parameterized_model_is_selected_exactly_and_defaults_are_visible(
         "verified": True,
     }
     assert events[-1]["data"]["status"] == "succeeded"
+    [notice] = [e["data"] for e in events if e["type"] == "notice"]
+    assert (notice["code"], notice["details"]) == (
+        "cost_raising_default",
+        {"model": "grok-4.6", "params": {"fast": "true"}},
+    )
+
+
+def test_a_job_naming_no_model_is_told_the_agents_default(tmp_path: Path) -> None:
+    events = run_job(tmp_path, "scenario: hello")
+    [selected] = _of(events, "model.selected")
+    assert (selected["source"], selected["via"], selected["verified"]) == ("default", None, False)
+    assert selected["params"] == {}
+    assert selected["model"]  # what the emulator says it uses, as it says it
+    started = _of(events, "session.started")[0]
+    offered = started["models"] or {}
+    options = started["config_options"] or []
+    current = [o.get("currentValue") for o in options if o.get("category") == "model"]
+    assert selected["model"] in [*current, offered.get("currentModelId")]
+
+
+def test_the_operator_can_require_every_parameter_named(tmp_path: Path) -> None:
+    env = _env(tmp_path, ACPW_MODEL_PARAMS_REQUIRED="1")
+    partly = _job(
+        tmp_path, "scenario: hello", model={"id": "grok-4.6", "params": {"effort": "low"}}
+    )
+    done = run_cli(tmp_path, "run", str(partly), "--json", "--quiet", env=env)
+    assert done.returncode == 3
+    error = json.loads(done.stdout.splitlines()[-1])["data"]["error"]
+    assert (error["code"], error["details"]["reason"]) == ("model_unavailable", "params_required")
+    assert error["details"]["unset"] == {"fast": "true"}
+    named = _job(
+        tmp_path,
+        "scenario: hello",
+        model={"id": "grok-4.6", "params": {"effort": "low", "fast": "false"}},
+    )
+    assert run_cli(tmp_path, "run", str(named), "--quiet", env=env).returncode == 0
+    unnamed = _job(tmp_path, "scenario: hello")
+    done = run_cli(tmp_path, "run", str(unnamed), "--json", "--quiet", env=env)
+    assert done.returncode == 3
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert events[-1]["data"]["error"]["details"]["reason"] == "model_required"
+    assert not {"pack.ready", "sandbox.ready"} & {e["type"] for e in events}
 
 
 def test_variant_model_id_uses_the_variant_picker(tmp_path: Path) -> None:
@@ -174,3 +218,55 @@ def test_unavailable_models_are_refused_not_substituted(
     assert (done["status"], done["error"]["code"]) == ("failed", "model_unavailable")
     assert _of(events, "model.selected") == []
     assert not any(e["type"] == "message.delta" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("model", "reasoning", "param"),
+    [
+        ("grok-4.6", "xhigh", {"effort": "xhigh"}),
+        ("grok-4.6", "low", {"effort": "low"}),
+        ("gpt-5.6-luna", "high", {"reasoning": "high"}),
+        ("claude-opus-5", "off", {"thinking": "false"}),
+        ("claude-opus-5", "medium", {"thinking": "true"}),
+    ],
+)
+def test_a_thinking_level_maps_to_the_parameter_the_model_exposes(
+    tmp_path: Path, model: str, reasoning: str, param: dict[str, str]
+) -> None:
+    events = run_job(tmp_path, "scenario: hello", model={"id": model, "reasoning": reasoning})
+    assert events[-1]["data"]["status"] == "succeeded"
+    [selected] = _of(events, "model.selected")
+    assert (selected["params"], selected["reasoning"], selected["verified"]) == (
+        param,
+        reasoning,
+        True,
+    )
+    assert not set(param) & set(selected["defaults"])
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ({"id": "gpt-5.6-luna", "reasoning": "xhigh"}, "never chosen instead"),  # no step up
+        ({"id": "gpt-5.6-luna", "reasoning": "off"}, "offers no reasoning value"),
+        ({"id": "default", "reasoning": "high"}, "exposes no thinking level"),
+        ({"id": "grok-4.6", "reasoning": "low", "params": {"effort": "high"}}, "names both"),
+    ],
+)
+def test_a_thinking_level_the_catalog_lacks_is_refused(
+    tmp_path: Path, model: dict[str, Any], why: str
+) -> None:
+    events = run_job(tmp_path, "scenario: hello", model=model)
+    error = events[-1]["data"]["error"]
+    assert error["code"] == "model_unavailable"
+    assert why in error["message"]
+    assert _of(events, "model.selected") == []
+
+
+def test_a_variant_id_with_a_thinking_level_is_an_invalid_job(tmp_path: Path) -> None:
+    job = _job(
+        tmp_path, "scenario: hello", model={"id": "grok-4.6[effort=high]", "reasoning": "low"}
+    )
+    done = run_cli(tmp_path, "run", str(job), "--quiet")
+    assert done.returncode == 2
+    assert "model" in done.stderr

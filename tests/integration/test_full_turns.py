@@ -135,6 +135,11 @@ async def _job(
     return status, events, fake
 
 
+#: What each agent reports of its usage, kept in ``job.completed.usage``: claude its cost
+#: (from the fake's token counts) and tokens, codex tokens only, gemini nothing.
+USAGE = {"claude-agent-acp": {"cost", "tokens"}, "codex-acp": {"tokens"}, "gemini-cli": set()}
+
+
 @pytest.mark.parametrize("pack", PACKS)
 async def test_text(tmp_path: Path, pack_cache: Path, pack: str) -> None:
     status, events, fake = await _job(
@@ -146,6 +151,13 @@ async def test_text(tmp_path: Path, pack_cache: Path, pack: str) -> None:
     assert (done["status"], done["stop_reason"], done["error"]) == ("succeeded", "end_turn", None)
     [request] = fake.main_requests
     assert "Say hello" in request.text
+    usage = done["usage"]
+    assert (usage["available"], set(usage) - {"available"}) == (bool(USAGE[pack]), USAGE[pack])
+    if "tokens" in usage:
+        assert usage["tokens"]["total"] >= usage["tokens"]["output"] > 0
+    if "cost" in usage:
+        assert usage["cost"]["currency"] == "USD"
+        assert usage["cost"]["amount"] > 0
 
 
 @pytest.mark.parametrize("pack", PACKS)

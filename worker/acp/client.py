@@ -179,7 +179,14 @@ class AcpClient:
         await self._call("session/set_model", {"sessionId": session_id, "modelId": model_id})
 
     async def prompt(self, session_id: str, blocks: Sequence[Mapping[str, JsonValue]]) -> str:
-        """Run one turn; returns the stop reason. Waits as long as the turn lasts.
+        """Run one turn; returns the stop reason (:meth:`turn` for the whole result)."""
+        return (await self.turn(session_id, blocks)).stop_reason
+
+    async def turn(
+        self, session_id: str, blocks: Sequence[Mapping[str, JsonValue]]
+    ) -> PromptResult:
+        """Run one turn; returns its stop reason and the usage the agent reported with it,
+        if any (as sent). Waits as long as the turn lasts.
 
         A second prompt on a busy session *interrupts* the first (Cursor cancels it);
         ACP has no steering, so the worker never sends one concurrently. Any string is a
@@ -191,12 +198,21 @@ class AcpClient:
         params: JsonObject = {"sessionId": session_id, "prompt": [dict(b) for b in blocks]}
         result = await self._call("session/prompt", params, timeout=None)
         stop = result.get("stopReason") if isinstance(result, Mapping) else None
-        if not isinstance(stop, str):
+        if not isinstance(stop, str) or not isinstance(result, Mapping):
             raise ProtocolError("session/prompt returned no stopReason")
-        return stop
+        return PromptResult(stop, result.get("usage"))
 
     async def cancel(self, session_id: str) -> None:
         await self.connection.notify("session/cancel", {"sessionId": session_id})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResult:
+    """A ``session/prompt`` result: its stop reason, and its ``usage`` as sent (None
+    when absent; ACP marks it unstable, so it is checked where it is mapped)."""
+
+    stop_reason: str
+    usage: JsonValue = None
 
 
 def _translated(method: str, exc: RpcError) -> AgentError:

@@ -66,6 +66,30 @@ def _values(option: Option) -> list[str]:
     return [str(c["value"]) for c in _list(choices) if isinstance(c, Mapping) and "value" in c]
 
 
+#: The parameters that carry a model's thinking level, in the order they are looked for.
+LEVEL_PARAMS = ("reasoning", "effort", "reasoning_effort", "thinking")
+#: What each job level may become in a level parameter, most preferred first. Nothing
+#: else is taken: a level the catalog does not offer is refused, never stepped up.
+LEVEL_VALUES: dict[str, tuple[str, ...]] = {
+    "off": ("none", "off"),
+    "low": ("low",),
+    "medium": ("medium",),
+    "high": ("high",),
+    "xhigh": ("xhigh", "extra-high"),
+    "max": ("max",),
+}
+
+
+def level_value(param: str, level: str, offered: Sequence[str]) -> str | None:
+    """The value of ``param`` that means thinking ``level``, if the catalog offers one:
+    a boolean ``thinking`` is ``false`` for ``off`` and ``true`` for any other level."""
+    if param == "thinking" and set(offered) <= {"false", "true"}:
+        wanted: tuple[str, ...] = ("false",) if level == "off" else ("true",)
+    else:
+        wanted = LEVEL_VALUES[level]
+    return next((value for value in wanted if value in offered), None)
+
+
 class ModelSelector:
     """Selects ``model`` with ``params`` in one session."""
 
@@ -75,9 +99,14 @@ class ModelSelector:
         self._picker = "parameterized" if parameterized else "variant"
 
     async def select(
-        self, session: Mapping[str, JsonValue], model: str, params: Mapping[str, str]
+        self,
+        session: Mapping[str, JsonValue],
+        model: str,
+        params: Mapping[str, str],
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
-        """The ``model.selected`` data once the agent echoed exactly this selection.
+        """The ``model.selected`` data once the agent echoed exactly this selection
+        (``reasoning``: a job's thinking level, set after the model and its ``params``).
 
         Raises:
             ModelUnavailable: the model, a parameter or a value is not offered, the agent
@@ -87,9 +116,17 @@ class ModelSelector:
         option = _model_option(options)
         if option is not None:
             try:
-                return await self._by_config(options, option, model, params)
+                selected = await self._by_config(options, option, model, params, reasoning)
             except Unsupported:
                 pass  # the agent lists options but cannot set them: the legacy call
+            else:
+                return selected
+        if reasoning is not None:
+            raise ModelUnavailable(
+                "the agent offers no config options, so a thinking level cannot be set",
+                model=model,
+                reasoning=reasoning,
+            )
         return await self._by_set_model(session, model, params)
 
     async def _by_config(
@@ -98,9 +135,12 @@ class ModelSelector:
         option: Option,
         model: str,
         params: Mapping[str, str],
+        reasoning: str | None,
     ) -> dict[str, Any]:
         _offered(option, model, what="model")
         options = await self._set(str(option["id"]), model, options)
+        if reasoning is not None:
+            params = {**params, **_level(options, model, reasoning, params)}
         for name, value in params.items():
             param = _find(options, id_=name)
             if param is None or name in NON_PARAMS:
@@ -113,7 +153,10 @@ class ModelSelector:
                 )
             _offered(param, value, what=f"{name} value")
             options = await self._set(name, value, options)
-        return self._selected(model, params, options, via="config_option", verified=True)
+        selected = self._selected(model, params, options, via="config_option", verified=True)
+        if reasoning is not None:
+            selected["reasoning"] = reasoning
+        return selected
 
     async def _set(self, config_id: str, value: str, options: list[Option]) -> list[Option]:
         try:
@@ -169,22 +212,103 @@ class ModelSelector:
         verified: bool,
     ) -> dict[str, Any]:
         named = dict(params) or variant_params(model)
-        defaults = {
-            str(o["id"]): str(o.get("currentValue"))
-            for o in options
-            if o.get("id") not in NON_PARAMS
-            and o.get("id") not in named
-            and "id" in o
-            and o.get("category") != "mode"
-        }
         return {
+            "source": "job",
             "model": model,
             "params": named,
-            "defaults": defaults,
+            "defaults": _defaults(options, named=named),
             "picker": self._picker,
             "via": via,
             "verified": verified,
         }
+
+
+def default_selection(session: Mapping[str, JsonValue], *, parameterized: bool) -> dict[str, Any]:
+    """The ``model.selected`` data of a job that named no model (``source: default``):
+    the model the agent says it uses (the model option's ``currentValue``, else the
+    legacy ``models.currentModelId``; None when it says neither) and the values of
+    every parameter it exposes, all the agent's defaults. Nothing is set."""
+    options = _options(session) or []
+    option = _model_option(options)
+    model: str | None = None
+    defaults: dict[str, str] = {}
+    if option is not None and isinstance(option.get("currentValue"), str):
+        model = str(option["currentValue"])
+        defaults = _defaults(options, named={})
+    else:
+        models = session.get("models")
+        current = models.get("currentModelId") if isinstance(models, Mapping) else None
+        if isinstance(current, str):
+            model = current
+            defaults = variant_params(current)
+    return {
+        "source": "default",
+        "model": model,
+        "params": {},
+        "defaults": defaults,
+        "picker": "parameterized" if parameterized else "variant",
+        "via": None,
+        "verified": False,
+    }
+
+
+def _defaults(options: Sequence[Option], *, named: Mapping[str, str]) -> dict[str, str]:
+    """The exposed parameters not in ``named``, at the values the agent reports."""
+    return {
+        str(o["id"]): str(o.get("currentValue"))
+        for o in options
+        if o.get("id") not in NON_PARAMS
+        and o.get("id") not in named
+        and "id" in o
+        and o.get("category") != "mode"
+    }
+
+
+#: Parameter values that raise a turn's cost when an agent's catalog defaults to them
+#: (Cursor's ``fast=true``): never left on without saying so.
+COST_RAISING = {"fast": frozenset({"true"})}
+
+
+def cost_raising(defaults: Mapping[str, str]) -> dict[str, str]:
+    """The defaults among ``defaults`` that raise cost."""
+    return {k: v for k, v in defaults.items() if v in COST_RAISING.get(k, frozenset())}
+
+
+def _level(
+    options: Sequence[Option], model: str, level: str, params: Mapping[str, str]
+) -> dict[str, str]:
+    """The parameter and value that set thinking ``level`` for ``model``.
+
+    Raises:
+        ModelUnavailable: the model exposes no level parameter, the job also names that
+            parameter, or no offered value means ``level``.
+    """
+    param = next((p for name in LEVEL_PARAMS if (p := _find(options, id_=name))), None)
+    if param is None:
+        raise ModelUnavailable(
+            f"model {model!r} exposes no thinking level ({', '.join(LEVEL_PARAMS)})",
+            model=model,
+            reasoning=level,
+        )
+    name = str(param["id"])
+    if name in params:
+        raise ModelUnavailable(
+            f"the job names both `reasoning` and the parameter it sets ({name!r})",
+            model=model,
+            parameter=name,
+        )
+    offered = _values(param)
+    value = level_value(name, level, offered)
+    if value is None:
+        raise ModelUnavailable(
+            f"model {model!r} offers no {name} value for thinking level {level!r} "
+            "(a higher one is never chosen instead)",
+            model=model,
+            parameter=name,
+            reasoning=level,
+            available=offered[:50],
+        )
+    return {name: value}
 
 
 def _offered(option: Option, value: str, *, what: str) -> None:

@@ -21,9 +21,10 @@ from worker.acp.fs import FileService
 from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.prompt import check_capabilities
-from worker.acp.selection import ModelSelector
+from worker.acp.selection import ModelSelector, cost_raising, default_selection
 from worker.acp.terminal import Terminals
-from worker.errors import ModeUnavailable, Unsupported
+from worker.errors import ModelUnavailable, ModeUnavailable, Unsupported
+from worker.events import notices
 from worker.events.emitter import Emit
 from worker.events.models import (
     AgentInitialized,
@@ -57,6 +58,9 @@ class SessionWiring:
     authenticate: str | None = None
     #: The pack's session mode for jobs that name none (``launch.mode``).
     default_mode: str | None = None
+    #: The operator's ``ACPW_MODEL_PARAMS_REQUIRED``: every parameter the agent exposes
+    #: for the job's model must be named by the job (none left to the agent's default).
+    params_required: bool = False
 
 
 class AcpSession:
@@ -161,12 +165,25 @@ class AcpSession:
             check_mode(session, mode)
             await self.client.set_mode(session_id, mode)
         model = self._spec.model
-        if model is not None:
-            selector = ModelSelector(
-                self.client, session_id, parameterized=self.capabilities.parameterized_models
-            )
-            selected = await selector.select(session, model.id, model.params)
-            await self._emit(ModelSelected(**selected))
+        parameterized = self.capabilities.parameterized_models
+        if model is None:
+            selected = default_selection(session, parameterized=parameterized)
+        else:
+            selector = ModelSelector(self.client, session_id, parameterized=parameterized)
+            selected = await selector.select(session, model.id, model.params, model.reasoning)
+            if self._wiring.params_required and selected["defaults"]:
+                raise ModelUnavailable(
+                    "the operator requires every model parameter to be named "
+                    "(ACPW_MODEL_PARAMS_REQUIRED); the job leaves "
+                    f"{', '.join(sorted(selected['defaults']))} to the agent's defaults",
+                    reason="params_required",
+                    model=model.id,
+                    unset=selected["defaults"],
+                )
+        await self._emit(ModelSelected(**selected))
+        raising = cost_raising(selected["defaults"])
+        if raising:
+            await self._emit(notices.cost_raising_default(selected["model"], raising))
 
 
 def offered_modes(session: Mapping[str, Any]) -> list[str]:

@@ -50,8 +50,18 @@ _COMMANDS = {
     "interactions": "interactions",
     "image": "images",
     "agents": "agents",
+    "budget": "budgets",
 }
-_MODULES = ("run", "packs", "admission", "service", "interactions", "images", "agents")
+_MODULES = (
+    "run",
+    "packs",
+    "admission",
+    "service",
+    "interactions",
+    "images",
+    "agents",
+    "budgets",
+)
 
 
 def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

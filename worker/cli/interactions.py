@@ -17,12 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.cli import add_json_flag
-from worker.cli.service import with_redis
+from worker.cli.service import redis_flag, with_redis
 from worker.client import Client
 from worker.errors import InvalidAnswer
 from worker.settings import Settings
-from worker.store.url import DEFAULT_REDIS_URL
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,19 +28,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     answer.add_argument("job_id", help="the job")
     answer.add_argument("interaction_id", help="from its interaction.requested event")
     answer.add_argument("answer", type=Path, help="the answer JSON file (`-` for stdin)")
-    _common(answer)
+    redis_flag(answer)
     answer.set_defaults(handler=_answer)
     listing = sub.add_parser("interactions", help="list a job's interactions")
     listing.add_argument("job_id", help="the job")
     listing.add_argument("--open", action="store_true", help="only those awaiting an answer")
-    _common(listing)
+    redis_flag(listing)
     listing.set_defaults(handler=_list)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    where = f"default: ACPW_REDIS_URL, else {DEFAULT_REDIS_URL}"
-    parser.add_argument("--redis", default=None, metavar="URL", help=f"Redis ({where})")
-    add_json_flag(parser)
 
 
 def _client(args: argparse.Namespace, settings: Settings) -> Client:

@@ -67,7 +67,8 @@ def register(sub: SubParsers) -> None:
     _register_client_side(sub)
 
 
-def _redis_flag(parser: argparse.ArgumentParser, *, default: bool = True) -> None:
+def redis_flag(parser: argparse.ArgumentParser, *, default: bool = True) -> None:
+    """``--redis URL`` (saying which Redis is the default) and ``--json``."""
     where = f"default: ACPW_REDIS_URL, else {DEFAULT_REDIS_URL}" if default else "ACPW_REDIS_URL"
     parser.add_argument("--redis", default=None, metavar="URL", help=f"Redis ({where})")
     add_json_flag(parser)
@@ -84,17 +85,17 @@ def _register_worker_side(sub: SubParsers) -> None:
     )
     serve.add_argument("--metrics-port", type=int, default=None, help="Prometheus port")
     serve.add_argument("--loglevel", default="INFO", help="Celery log level")
-    _redis_flag(serve)
+    redis_flag(serve)
     serve.set_defaults(handler=_serve)
     reap = sub.add_parser("reap", help="one reaper pass (or --loop every reaper_interval)")
     reap.add_argument("--loop", action="store_true", help="keep reaping")
     # `serve`'s own reaper: exit once PID (the worker) is gone; report only passes that did
     # something (an idle pass every few seconds would flood the worker's log).
     reap.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
-    _redis_flag(reap)
+    redis_flag(reap)
     reap.set_defaults(handler=_reap)
     ready = sub.add_parser("ready", help="readiness: Redis and the sandbox backend answer")
-    _redis_flag(ready, default=False)
+    redis_flag(ready, default=False)
     ready.set_defaults(handler=_ready)
 
 
@@ -105,13 +106,13 @@ def _register_client_side(sub: SubParsers) -> None:
     submit.add_argument(
         "--new-attempt", action="store_true", help="re-run a settled job (the spec may change)"
     )
-    _redis_flag(submit)
+    redis_flag(submit)
     submit.set_defaults(handler=_submit)
     events = sub.add_parser("events", help="print a job's events")
     events.add_argument("job_id")
     events.add_argument("--follow", action="store_true", help="wait until it settles")
     events.add_argument("--after", default=None, metavar="ID", help="resume after stream id")
-    _redis_flag(events)
+    redis_flag(events)
     events.set_defaults(handler=_events)
     for name, handler, text in (
         ("status", _status, "print a job's state"),
@@ -120,7 +121,7 @@ def _register_client_side(sub: SubParsers) -> None:
     ):
         parser = sub.add_parser(name, help=text)
         parser.add_argument("job_id")
-        _redis_flag(parser)
+        redis_flag(parser)
         parser.set_defaults(handler=handler)
 
 

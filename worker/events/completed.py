@@ -38,6 +38,7 @@ def job_completed(
     result: Mapping[str, Any] | _Absent | None = ABSENT,
     result_error: WorkerError | None = None,
     teardown_error: WorkerError | None = None,
+    usage: Mapping[str, Any] | None = None,
 ) -> JobCompleted:
     """The ``job.completed`` data; ``timings_ms=None`` and ``result=ABSENT`` leave those
     keys out, a ``None`` ``result_error`` / ``teardown_error`` leaves its key out."""
@@ -55,4 +56,6 @@ def job_completed(
         fields["result_error"] = result_error.to_dict()
     if teardown_error is not None:
         fields["teardown_error"] = teardown_error.to_dict()
+    if usage is not None:
+        fields["usage"] = dict(usage)
     return JobCompleted(**fields)

@@ -26,6 +26,7 @@ from worker.events.models import (
     MessageDelta,
     ModeChanged,
     PlanEntry,
+    TokenUsage,
     UsageCost,
 )
 
@@ -217,6 +218,34 @@ def usage_fields(update: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
         fields["cost"] = UsageCost(amount=float(cost["amount"]), currency=cost["currency"])
     malformed = {k: update[k] for k in ("used", "size", "cost") if k in update and k not in fields}
     return fields, malformed
+
+
+_TOKENS = {
+    "inputTokens": "input",
+    "outputTokens": "output",
+    "totalTokens": "total",
+    "thoughtTokens": "thought",
+    "cachedReadTokens": "cached_read",
+    "cachedWriteTokens": "cached_write",
+}
+_REQUIRED_TOKENS = ("inputTokens", "outputTokens", "totalTokens")
+
+
+def token_usage(usage: Any) -> TokenUsage | None:
+    """The token counts of a prompt result's ``usage`` (ACP, unstable), or None when it
+    is not one: the three required counts must be integers >= 0, the others are kept
+    only when they are."""
+    if not isinstance(usage, Mapping) or not all(
+        _count(usage.get(key)) for key in _REQUIRED_TOKENS
+    ):
+        return None
+    return TokenUsage(
+        **{name: usage[key] for key, name in _TOKENS.items() if _count(usage.get(key))}
+    )
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _is_cost(cost: Any) -> bool:

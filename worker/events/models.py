@@ -425,15 +425,31 @@ class ModeChanged(Attributed):
 class ModelSelected(EventData):
     TYPE = "model.selected"
 
-    model: str
+    source: Literal["job", "default"] = Field(
+        description="`job`: the job named the model and it was set; `default`: the job "
+        "named none, and this is what the agent says it uses (nothing was set)."
+    )
+    model: str | None = Field(
+        description="The model id; null when the job named none and the agent did not say."
+    )
     params: dict[str, str] = Field(description="Parameters the job named, as echoed.")
     defaults: dict[str, str] = Field(
         default_factory=dict,
         description="Parameters the agent exposes that the job did not name: its defaults.",
     )
     picker: Literal["variant", "parameterized"]
-    via: Literal["config_option", "set_model"]
-    verified: bool = Field(description="The agent echoed exactly this selection.")
+    via: Literal["config_option", "set_model"] | None = Field(
+        description="How the model was set (null for `source: default`)."
+    )
+    verified: bool = Field(
+        description="The agent echoed exactly this selection (never for `set_model`, which "
+        "returns nothing to compare, nor for a default)."
+    )
+    reasoning: str | None = Field(
+        default=None,
+        description="The job's thinking level, when it named one (its parameter and value "
+        "are in `params`).",
+    )
 
 
 class ConfigUpdated(Attributed):
@@ -479,6 +495,17 @@ class UsageCost(_Data):
     currency: str
 
 
+class TokenUsage(_Data):
+    """Token counts as the agent reported them (ACP's prompt-result ``usage``)."""
+
+    input: int = Field(ge=0)
+    output: int = Field(ge=0)
+    total: int = Field(ge=0)
+    thought: int | None = Field(default=None, ge=0)
+    cached_read: int | None = Field(default=None, ge=0)
+    cached_write: int | None = Field(default=None, ge=0)
+
+
 class UsageReported(Attributed):
     TYPE = "usage.reported"
 
@@ -486,7 +513,29 @@ class UsageReported(Attributed):
     source: Literal["agent"] | None = None
     used: int | None = Field(default=None, description="Context tokens in use.")
     size: int | None = Field(default=None, description="Context window size.")
-    cost: UsageCost | None = None
+    cost: UsageCost | None = Field(
+        default=None, description="The session's cumulative cost, as the agent reported it."
+    )
+    tokens: TokenUsage | None = Field(
+        default=None, description="The turn's token counts (the agent's prompt result)."
+    )
+
+
+class AttemptUsage(_Data):
+    """What one attempt used, from what its agent reported: never an estimate, never 0
+    for unknown."""
+
+    available: bool = Field(
+        description="False: the agent reported neither a cost nor token counts in this attempt."
+    )
+    cost: UsageCost | None = Field(
+        default=None,
+        description="This attempt's cost: the last cumulative session cost the agent "
+        "reported, less the cost it replayed for the session's earlier attempts (if any).",
+    )
+    tokens: TokenUsage | None = Field(
+        default=None, description="The turn's token counts (the agent's prompt result)."
+    )
 
 
 class ProviderUnmapped(Attributed):
@@ -535,6 +584,11 @@ class JobCompleted(EventData):
         default=None,
         description="Present when a step of the teardown failed (the first one): a job whose "
         "turn succeeded then settles `failed` with this error; another keeps its own.",
+    )
+    usage: AttemptUsage | None = Field(
+        default=None,
+        description="What the attempt used, as its agent reported it (absent when the job "
+        "was settled by another party, e.g. a reaper's `lost`).",
     )
 
 

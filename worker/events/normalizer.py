@@ -283,6 +283,15 @@ class Normalizer:
             return [self.provider_unmapped("session_info_update", update)]
         return [SessionTitled(title=bounded(title, 1024)["text"])]
 
+    def prompt_usage(self, usage: Any) -> Out:
+        """The token counts of a prompt result (``usage``, ACP unstable) as
+        ``usage.reported``; a ``usage`` that is not one is ``provider.unmapped``."""
+        tokens = content.token_usage(usage)
+        if tokens is None:
+            return [self.provider_unmapped("session/prompt.usage", usage)]
+        self.usage_seen = True
+        return [UsageReported(available=True, source="agent", tokens=tokens)]
+
     def _usage(self, update: Mapping[str, Any], child: str | None) -> Out:
         self.usage_seen = True
         fields, malformed = content.usage_fields(update)

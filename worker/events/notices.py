@@ -391,3 +391,28 @@ def session_entries_skipped(
         "(only directories and single-link regular files are)",
         details={"session_id": session_id, "count": count, "entries": [dict(e) for e in entries]},
     )
+
+
+def budget_unenforced(tenant: str, reason: str, why: str) -> Notice:
+    """The job ran under a tenant budget that could not bound it: the agent reported no
+    cost (``no_cost``), or in another currency than the budget's (``currency``), or the
+    budget could not be charged (``unavailable``). Its spend is unknown, not zero."""
+    return Notice(
+        level="warning",
+        code="budget_unenforced",
+        message=f"the budget of tenant {tenant!r} did not bound this attempt: {why}",
+        details={"tenant": tenant, "reason": reason},
+    )
+
+
+def cost_raising_default(model: str | None, params: Mapping[str, str]) -> Notice:
+    """The job left parameters that raise cost (e.g. ``fast=true``) to the agent's
+    defaults: never on without saying so (``ACPW_MODEL_PARAMS_REQUIRED`` refuses it)."""
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+    return Notice(
+        level="warning",
+        code="cost_raising_default",
+        message=f"model {model!r} runs with {shown} by the agent's default: name the "
+        "parameter in the job to choose",
+        details={"model": model, "params": dict(params)},
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.credentials.redact import Redactor
-from worker.errors import AgentError, LeaseLost, WorkerError
+from worker.errors import AgentError, LeaseLost, ModelUnavailable, WorkerError
 from worker.events import notices
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -34,6 +34,7 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
+from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import JobContext, JobState, lease_gone, new_state
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
@@ -157,6 +158,8 @@ class Job:
         # phase boundary, opening the session is cut at the deadline, the turn gets what
         # is left. Teardown, change capture and the bundle upload come after it.
         deadline = self._state.deadline = time.monotonic() + self._ctx.spec.limits.timeout_s
+        self._model_policy()
+        await self._budget()
         plan = await self._prepare(cancel)
         turn = Turn(self._ctx, self._state)
         await self._boundary(cancel, "agent_spawn")
@@ -164,6 +167,28 @@ class Job:
         session_id = await turn.open(cancel, deadline)
         await self._boundary(cancel, "turn")  # no prompt once cancelled
         return await turn.prompt(client, session_id, cancel, deadline)
+
+    def _model_policy(self) -> None:
+        """With ``ACPW_MODEL_PARAMS_REQUIRED`` a job must name its model: one that leaves
+        it to the agent is refused before anything is prepared (its parameters are
+        checked once the agent lists them, ``worker.acp.session``)."""
+        ctx = self._ctx
+        if ctx.settings.model_params_required and ctx.spec.model is None:
+            raise ModelUnavailable(
+                "the operator requires jobs to name a model and its parameters "
+                "(ACPW_MODEL_PARAMS_REQUIRED): this job names none; nothing was started",
+                reason="model_required",
+            )
+
+    async def _budget(self) -> None:
+        """The tenant budget the job runs under, if its operator set one: a spent budget
+        refuses the job before anything is prepared (``budget_exceeded``)."""
+        ctx = self._ctx
+        tenant = tenant_of(dict(ctx.spec.labels), ctx.settings.budget_label)
+        guard = await BudgetGuard.load(ctx.control, tenant)
+        if guard is not None:
+            guard.check_start()
+            self._state.budget = guard
 
     async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
         """Everything before the launch, checking for a cancel between phases."""
@@ -214,6 +239,10 @@ class Job:
             await emitter.emit(event)
         if not state.normalizer.usage_seen:
             await emitter.emit(UsageReported(available=False))
+        if state.budget is not None:
+            notice = await state.budget.settle(state.spend)
+            if notice is not None:
+                await emitter.emit(notice)
         completed = job_completed(
             status=outcome.status,
             stop_reason=outcome.stop_reason,
@@ -223,5 +252,6 @@ class Job:
             result=state.result,
             result_error=state.upload_error,
             teardown_error=state.teardown_error,
+            usage=state.spend.summary(),
         )
         await emitter.emit(completed)

@@ -22,6 +22,7 @@ from worker.events.normalizer import Normalizer
 from worker.interactions import InteractionBroker, InteractionStore
 from worker.job.network import NetworkPlan
 from worker.job.outcome import Timings
+from worker.job.spend import BudgetGuard, Spend
 from worker.jobs.spec import JobSpec
 from worker.sandbox import base
 from worker.sandbox.base import ExitDiagnosis, Sandbox, SandboxBackend
@@ -99,6 +100,10 @@ class JobState:
     #: Why the agent ended, when it ended on its own (the teardown did not signal it).
     agent_exit: ExitDiagnosis | None = None
     acp: AcpSession | None = None
+    #: What the attempt spent, as its agent reported it.
+    spend: Spend = field(default_factory=Spend)
+    #: The tenant budget it runs under (a served or ``--redis`` job whose tenant has one).
+    budget: BudgetGuard | None = None
     #: What the capture found (None: no capture ran, or it failed).
     changes: tuple[Change, ...] | None = None
     result: dict[str, Any] | None = None

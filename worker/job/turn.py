@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from worker.acp.agent import AgentProcess
-from worker.acp.client import AcpClient
+from worker.acp.client import AcpClient, PromptResult
 from worker.acp.prompt import check_links
 from worker.acp.session import AcpSession, SessionWiring
 from worker.admission import Note
 from worker.errors import WorkerError
 from worker.events import notices
+from worker.events.models import EventData, UsageReported
 from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
 from worker.packs.runtime import LaunchPlan
@@ -113,6 +114,7 @@ class Turn:
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,
+                params_required=ctx.settings.model_params_required,
             ),
         )
         state.agent.start()
@@ -171,13 +173,21 @@ class Turn:
         blocks = self._ctx.spec.prompt_blocks()
         # Linked files checked against the staged workspace as the agent will find them.
         check_links(blocks, self._state.normalizer.artifacts)
-        prompt = asyncio.create_task(client.prompt(session_id, blocks))
+        prompt = asyncio.create_task(client.turn(session_id, blocks))
+        budget = self._state.budget
+        over = budget.exceeded if budget is not None else None
         try:
-            if await _done_first(prompt, cancel, deadline):
-                stop = prompt.result()
+            if await _done_first(prompt, cancel, deadline, over):
+                result = prompt.result()
                 self._state.timings.mark("turn")
                 await self._ctx.emitter.flush_text()  # the turn's streamed text, held back
-                return stop
+                if result.usage is not None:
+                    await self._emit(self._state.normalizer.prompt_usage(result.usage))
+                return result.stop_reason
+            if budget is not None and budget.error is not None and not cancel.is_set():
+                await self._state.broker.end_turn("cancelled")
+                await self._interrupt(client, session_id, prompt)
+                raise budget.error
             status: StopStatus = "cancelled" if cancel.is_set() else "timed_out"
             # Open questions are answered `cancelled` first, so nothing waits on them.
             await self._state.broker.end_turn(status)
@@ -186,15 +196,29 @@ class Turn:
             await _end(prompt)
 
     async def _interrupt(
-        self, client: AcpClient, session_id: str, prompt: asyncio.Task[str]
+        self, client: AcpClient, session_id: str, prompt: asyncio.Task[PromptResult]
     ) -> str | None:
         """session/cancel, then wait the grace period for the agent's own stop reason."""
         with contextlib.suppress(WorkerError):
             await client.cancel(session_id)
         try:
-            return await asyncio.wait_for(asyncio.shield(prompt), self._ctx.settings.cancel_grace)
+            grace = self._ctx.settings.cancel_grace
+            return (await asyncio.wait_for(asyncio.shield(prompt), grace)).stop_reason
         except (TimeoutError, WorkerError):
             return None
+
+    async def _emit(self, events: list[EventData]) -> None:
+        """Emit ``events``; what a ``usage.reported`` among them adds is this attempt's
+        spend, charged to its budget (if any) right after the event went out."""
+        state, emitter = self._state, self._ctx.emitter
+        for event in events:
+            await emitter.emit(event)
+            if isinstance(event, UsageReported):
+                added = state.spend.observe(event, replay=state.normalizer.replay)
+                if state.budget is not None:
+                    notice = await state.budget.charge(added, state.spend)
+                    if notice is not None:
+                        await emitter.emit(notice)
 
     async def _notification(self, method: str, params: Any) -> None:
         """A ``session/update`` as its events; any other notification is kept as
@@ -203,8 +227,7 @@ class Turn:
         if method != "session/update":
             await emitter.emit(normalizer.provider_unmapped(method, params))
             return
-        for event in normalizer.session_update(params):
-            await emitter.emit(event)
+        await self._emit(normalizer.session_update(params))
 
     async def _malformed(self, preview: str, reason: str) -> None:
         await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))
@@ -218,20 +241,26 @@ class Turn:
         await self._ctx.emitter.emit(notices.acp_line_skipped(line, tool_event=bool(events)))
 
 
-async def _done_first(work: asyncio.Task[str], cancel: asyncio.Event, deadline: float) -> bool:
-    """Wait until ``work`` is done, ``cancel`` is set or ``deadline`` (monotonic) passes;
-    whether ``work`` finished first."""
-    cancelled = asyncio.create_task(cancel.wait())
+async def _done_first(
+    work: asyncio.Task[Any],
+    cancel: asyncio.Event,
+    deadline: float,
+    over: asyncio.Event | None = None,
+) -> bool:
+    """Wait until ``work`` is done, ``cancel`` (or ``over``: a budget exceeded) is set or
+    ``deadline`` (monotonic) passes; whether ``work`` finished first."""
+    stops = [asyncio.create_task(event.wait()) for event in (cancel, over) if event is not None]
     try:
         remaining = max(0.0, deadline - time.monotonic())
-        await asyncio.wait({work, cancelled}, timeout=remaining, return_when=FIRST_COMPLETED)
+        await asyncio.wait({work, *stops}, timeout=remaining, return_when=FIRST_COMPLETED)
     finally:
-        cancelled.cancel()
-        await asyncio.gather(cancelled, return_exceptions=True)
+        for stop in stops:
+            stop.cancel()
+        await asyncio.gather(*stops, return_exceptions=True)
     return work.done()
 
 
-async def _end(work: asyncio.Task[str]) -> None:
+async def _end(work: asyncio.Task[Any]) -> None:
     """Cancel ``work`` unless it is done, and collect it (its error, if any, is not ours)."""
     if not work.done():
         work.cancel()

@@ -162,10 +162,16 @@ class ModelSpec(_Strict):
         description="auto: variant ids (with `[...]`) use the variant picker, others the "
         "parameterized one.",
     )
+    reasoning: Literal["off", "low", "medium", "high", "xhigh", "max"] | None = Field(
+        default=None,
+        description="The thinking level, mapped to the parameter the model exposes for it "
+        "(`reasoning`, `effort`, `reasoning_effort`, boolean `thinking`): only to a value its "
+        "catalog offers, never a higher one (see docs/contracts.md).",
+    )
 
     @model_validator(mode="after")
     def _one_id_space(self) -> ModelSpec:
-        if self.params and self.variant:
+        if (self.params or self.reasoning) and self.variant:
             raise ValueError("a variant id (`base[k=v,…]`) already fixes its parameters")
         return self
 

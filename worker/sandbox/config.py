@@ -9,6 +9,9 @@ class, see ``worker.sandbox.registry``). What every backend needs from the worke
 
 A new backend adds its config here with its own ``type`` literal, joins
 :data:`BackendConfig`, and registers its name in ``worker.sandbox.registry``.
+``KubernetesConfig`` is here ahead of its backend (only the manifests of
+``worker.sandbox.kubernetes`` read it): it joins the union when the backend registers,
+so nothing can select it before then.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -147,6 +150,69 @@ class FakeConfig(_BackendSettings):
     for selection by settings (see ``worker.sandbox.registry``)."""
 
     type: Literal["fake"] = "fake"
+
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class KubernetesConfig(_BackendSettings):
+    """The Kubernetes backend (``kubernetes``): a pod per job attempt in one namespace.
+
+    Not selectable yet: only ``worker.sandbox.kubernetes.manifests`` reads it
+    (docs/kubernetes.md). Its variables are ``ACPW_K8S_*``.
+    """
+
+    type: Literal["kubernetes"] = "kubernetes"
+    k8s_namespace: str = Field(
+        default="acp-sandboxes",
+        pattern=_DNS_LABEL,
+        description="Namespace of the sandbox pods and of their NetworkPolicies.",
+    )
+    k8s_runtime_class_name: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+        description="RuntimeClass of the sandbox pods (gVisor `gvisor`, Kata `kata`); none: "
+        "the nodes' default runtime.",
+    )
+    k8s_image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="Pull policy of the pack image; the image is named by digest, so "
+        "`IfNotPresent` never runs other content than `Always` would.",
+    )
+    k8s_owner_pod_name: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        max_length=253,
+        description="The worker's own pod (downward API `metadata.name`) when it runs in "
+        "the cluster, in the sandbox namespace: sandbox pods get an ownerReference to it, "
+        "so the garbage collector deletes them with it. Set with k8s_owner_pod_uid.",
+    )
+    k8s_owner_pod_uid: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="That pod's `metadata.uid` (downward API). Set with k8s_owner_pod_name.",
+    )
+    k8s_ephemeral_storage_bytes: int = Field(
+        default=10 * 1024**3,
+        ge=16 * 1024**2,
+        description="Workspace size (its emptyDir's sizeLimit and the container's "
+        "ephemeral-storage) of a job that gives no disk limit.",
+    )
+    k8s_pids_limit_supported: bool = Field(
+        default=False,
+        description="The sandbox nodes' kubelet bounds the pids of each pod (`podPidsLimit`). "
+        "A pod spec has no field for it, so the job's `limits.pids` is only recorded on the "
+        "pod (annotation `acpw.io/pids-limit`); true says the node bounds it.",
+    )
+
+    @model_validator(mode="after")
+    def _owner_pod_whole(self) -> Self:
+        if (self.k8s_owner_pod_name is None) != (self.k8s_owner_pod_uid is None):
+            msg = "k8s_owner_pod_name and k8s_owner_pod_uid are set together or not at all"
+            raise ValueError(msg)
+        return self
 
 
 BackendConfig = Annotated[LocalConfig | DockerConfig | FakeConfig, Field(discriminator="type")]

@@ -51,3 +51,9 @@ def settled(job_id: str) -> str:
 def job_keys(job_id: str) -> list[str]:
     """The per-job keys the Lua programs take, in the order they expect."""
     return [lease(job_id), state(job_id), events(job_id), control(job_id), settled(job_id)]
+
+
+def budget(tenant: str) -> str:
+    """Hash of one tenant's spend budget (``worker.store.budgets``): ``limit``,
+    ``per_job``, ``currency``, ``spent``, ``unattributed``."""
+    return f"{PREFIX}:budget:{tenant}"
