@@ -263,6 +263,7 @@ def _open(source: RemoteSource) -> Iterator[Iterable[bytes]]:
 @contextlib.contextmanager
 def _open_https(source: HttpsSource) -> Iterator[Iterable[bytes]]:
     import http.client
+    import ssl
     import urllib.error
     import urllib.request
 
@@ -273,7 +274,15 @@ def _open_https(source: HttpsSource) -> Iterator[Iterable[bytes]]:
         if exc.code >= 500 or exc.code == 429:
             raise _Retryable(f"HTTP {exc.code}") from exc
         raise ArchiveRefused(f"HTTP {exc.code} from {source.url}", status=exc.code) from exc
-    except (urllib.error.URLError, OSError) as exc:
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):  # retrying cannot help
+            raise ArchiveRefused(
+                f"{source.url}: the server's certificate is not trusted: {exc.reason} (a "
+                "private CA: SSL_CERT_FILE)",
+                source=source.url,
+            ) from exc
+        raise _Retryable(str(exc)) from exc
+    except OSError as exc:
         raise _Retryable(str(exc)) from exc
     with response:
         try:
