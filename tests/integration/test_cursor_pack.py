@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cursor_vendor import TlsServer, tls_server, vendor_archive
+from tests.integration.cursor_vendor import VERSION, TlsServer, tls_server, vendor_archive
 from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _job
 from worker.packs.closure import read_lock
 from worker.packs.names import current_platform
@@ -197,3 +197,38 @@ def test_a_yolo_flag_added_after_locking_is_refused_at_launch(
     assert (error["code"], error["details"]["flag"]) == ("launch_refused", "--yolo")
     types = [e["type"] for e in _events(result.stdout)]
     assert "sandbox.ready" not in types  # refused before anything started
+
+
+QUALIFY = REPO / "scripts" / "qualify-cursor.sh"
+
+
+def test_qualify_without_a_key_says_it_skipped_and_records_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in _env(tmp_path).items() if k != "CURSOR_API_KEY"}
+    env["CURSOR_QUALIFY_OUT"] = str(tmp_path / "out.json")
+    done = subprocess.run([str(QUALIFY)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "SKIPPED" in done.stdout
+    assert "CURSOR_API_KEY is not set" in done.stdout
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_qualify_records_agent_version_from_the_locked_pack(
+    tmp_path: Path, vendor: tuple[TlsServer, bytes]
+) -> None:
+    server, _ = vendor
+    packs = _packs(tmp_path, server.url(ARCHIVE_PATH))
+    locked = _cli(tmp_path, packs, server.ca_file, "pack", "lock", "cursor", "--json")
+    assert locked.returncode == 0, locked.stderr
+    out = tmp_path / "out.json"
+    env = _env(tmp_path, ACPW_PACKS_DIR=str(packs), CURSOR_QUALIFY_OUT=str(out))
+    env["CURSOR_API_KEY"] = "qualify-fake-key"  # the emulator takes any key
+    # Only the version: the emulator cannot do the real turns (it echoes prompts).
+    done = subprocess.run(
+        [str(QUALIFY), "-k", "agent_version"], capture_output=True, text=True, env=env,
+        timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    assert results["agent_version"] == VERSION
+    assert results["closure_digest"] == json.loads(locked.stdout)["closure_digest"]
+    assert results["pack"] == "cursor"
