@@ -232,3 +232,24 @@ def test_qualify_records_agent_version_from_the_locked_pack(
     assert results["agent_version"] == VERSION
     assert results["closure_digest"] == json.loads(locked.stdout)["closure_digest"]
     assert results["pack"] == "cursor"
+
+
+def test_a_download_over_max_bytes_is_refused_and_leaves_nothing(
+    tmp_path: Path, vendor: tuple[TlsServer, bytes]
+) -> None:
+    server, archive = vendor
+    packs = _packs(tmp_path, server.url(ARCHIVE_PATH))
+    args = ("pack", "lock", "cursor", "--max-bytes", str(len(archive) - 1), "--json")
+    result = _cli(tmp_path, packs, server.ca_file, *args)
+    assert result.returncode == 3
+    assert _error(result)["code"] == "archive_refused"
+    assert list((tmp_path / "cache" / "archives").iterdir()) == []
+    assert "platforms" not in json.loads((packs / "cursor" / "pack.json").read_text())
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a.tar.gz", "ftp://example.com/a.tar.gz"])
+def test_lock_refuses_a_url_that_is_not_https(tmp_path: Path, url: str) -> None:
+    args = ("pack", "lock", "cursor", "--url", url, "--json")
+    result = _cli(tmp_path, _packs(tmp_path), None, *args)
+    assert result.returncode == 2
+    assert _error(result)["code"] == "invalid_input"
