@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs qualify-cursor demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -18,6 +18,12 @@ emulator-pack: bootstrap
 # After editing the emulator's source: rebuild and re-pin (commit pack.json and lock/).
 lock-packs: emulator-pack
 	@$(VENV)/bin/acp-worker pack lock $(PACKS)/dist/cursor-emulator-linux.tar --pack cursor-emulator --platform any
+
+# Real Cursor: full conformance turns with the locked `cursor` pack and CURSOR_API_KEY,
+# `agent --version` recorded with the results (tests/conformance/results/); without the
+# key it says it skipped. Lock the pack first: `.venv/bin/acp-worker pack lock cursor`.
+qualify-cursor: bootstrap
+	@./scripts/qualify-cursor.sh
 
 demo: emulator-pack
 	@$(VENV)/bin/acp-worker run examples/hello.json --json
