@@ -221,7 +221,14 @@ def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], messag
     ("values", "message"),
     [
         ({"image": {"ref": IMAGE}}, "set redis.url, redis.existingSecret, or devRedis.enabled"),
-        (_merge(BASE, {"drain": {"graceSeconds": 3600}}), "drain.graceSeconds (3600) must be less"),
+        (
+            _merge(BASE, {"drain": {"graceSeconds": 950}}),
+            "drain.terminationGracePeriodSeconds (960) must be at least 970",
+        ),
+        (
+            _merge(BASE, {"env": {"ACPW_CANCEL_GRACE": "60"}}),
+            "drain.terminationGracePeriodSeconds (960) must be at least 970",
+        ),
         (
             _merge(BASE, {"autoscaling": {"keda": {"enabled": True}, "hpa": {"enabled": True}}}),
             "are exclusive",
@@ -286,17 +293,16 @@ def test_the_worker_runs_serve_from_the_digest_hardened(
 
 def test_drain_grace_is_set_from_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["default"]
-    assert (
-        one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
-    )
-    assert env_of(docs)["ACPW_DRAIN_GRACE_S"] == "3540"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 960
+    assert env_of(docs)["ACPW_DRAIN_GRACE_S"] == "900"
 
 
 def test_the_settings_the_chart_sets_are_the_workers(
     rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every plain ACPW_* value the kubernetes profile sets parses into Settings and
-    KubernetesConfig (ACPW_DRAIN_GRACE_S is read by the drain in `serve`, not a setting yet)."""
+    KubernetesConfig."""
     env = env_of(rendered["sandbox-namespace"])
     for name, value in env.items():
         if isinstance(value, str):

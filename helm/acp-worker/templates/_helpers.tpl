@@ -48,6 +48,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "max(acpw_queue_depth{%s}) + max(acpw_jobs_running{%s})" $sel $sel -}}
 {{- end -}}
 
+{{/* Seconds a SIGTERMed worker may need: the drain grace, then the hand-back (the agent's
+cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celery's exit. */}}
+{{- define "acp-worker.drainNeeds" -}}
+{{- $env := .Values.env -}}
+{{- $cancel := index $env "ACPW_CANCEL_GRACE" | default "10" | float64 -}}
+{{- $eof := index $env "ACPW_SHUTDOWN_EOF_GRACE" | default "3" | float64 -}}
+{{- $term := index $env "ACPW_SHUTDOWN_TERM_GRACE" | default "2" | float64 -}}
+{{- addf (float64 .Values.drain.graceSeconds) $cancel $eof $term 5 -}}
+{{- end -}}
+
 {{/* Refusals the schema cannot express, each with what to do instead. */}}
 {{- define "acp-worker.checks" -}}
 {{- if and (not .Values.redis.url) (not .Values.redis.existingSecret) (not .Values.devRedis.enabled) -}}
@@ -56,8 +66,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.devRedis.enabled (or .Values.redis.url .Values.redis.existingSecret) -}}
 {{- fail "acp-worker: devRedis.enabled and redis.url/redis.existingSecret are exclusive: pick one Redis" -}}
 {{- end -}}
-{{- if ge (int .Values.drain.graceSeconds) (int .Values.drain.terminationGracePeriodSeconds) -}}
-{{- fail (printf "acp-worker: drain.graceSeconds (%v) must be less than drain.terminationGracePeriodSeconds (%v): the worker needs time after the grace to hand back unfinished jobs" .Values.drain.graceSeconds .Values.drain.terminationGracePeriodSeconds) -}}
+{{- $need := include "acp-worker.drainNeeds" . | float64 -}}
+{{- if lt (float64 .Values.drain.terminationGracePeriodSeconds) $need -}}
+{{- fail (printf "acp-worker: drain.terminationGracePeriodSeconds (%v) must be at least %v: drain.graceSeconds + ACPW_CANCEL_GRACE + ACPW_SHUTDOWN_EOF_GRACE + ACPW_SHUTDOWN_TERM_GRACE + 5, the time to hand back what outlives the grace (docs/operating.md, Draining a worker)" .Values.drain.terminationGracePeriodSeconds $need) -}}
 {{- end -}}
 {{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled -}}
 {{- fail "acp-worker: autoscaling.keda.enabled and autoscaling.hpa.enabled are exclusive (KEDA makes its own HPA)" -}}
