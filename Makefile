@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test chart unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -45,6 +45,7 @@ test: packs lint chart
 # helm/acp-worker rendered by Helm's own engine (helm-python-sdk, no helm binary) for every
 # value profile, linted, each manifest validated (Kubernetes 1.29/1.37 schemas, the CRD
 # kinds against tests/unit/fixtures/crds/), bad values refused: ~15 s.
+.PHONY: chart
 chart: bootstrap
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_helm_chart.py
 
