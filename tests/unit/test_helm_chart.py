@@ -255,6 +255,14 @@ def test_inconsistent_values_fail_with_the_charts_message(
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
 
 
+def test_the_values_schema_is_draft_07() -> None:
+    """Draft-07, which Helm 3 before 3.18 (gojsonschema) validates too, not only Helm 4."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.Draft7Validator(schema).validate(PROFILES["keda"])
+
+
 def test_the_schema_takes_digests_as_the_kubernetes_backend_does() -> None:
     """One rule for "named by digest": the schema's pattern is manifests' own."""
     schema = json.loads((CHART / "values.schema.json").read_text())
