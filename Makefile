@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs qualify-cursor demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -18,6 +18,12 @@ emulator-pack: bootstrap
 # After editing the emulator's source: rebuild and re-pin (commit pack.json and lock/).
 lock-packs: emulator-pack
 	@$(VENV)/bin/acp-worker pack lock $(PACKS)/dist/cursor-emulator-linux.tar --pack cursor-emulator --platform any
+
+# Real Cursor: full conformance turns with the locked `cursor` pack and CURSOR_API_KEY,
+# `agent --version` recorded with the results (tests/conformance/results/); without the
+# key it says it skipped. Lock the pack first: `.venv/bin/acp-worker pack lock cursor`.
+qualify-cursor: bootstrap
+	@./scripts/qualify-cursor.sh
 
 demo: emulator-pack
 	@$(VENV)/bin/acp-worker run examples/hello.json --json
@@ -38,8 +44,16 @@ serve-demo: emulator-pack
 demo-git: emulator-pack
 	@$(PY) examples/git_change.py
 
-test: packs lint
-	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# The chart's tests run once, in `make chart`, not again in the suite.
+test: packs lint chart
+	@$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit/test_helm_chart.py $(PYTEST_ARGS)
+
+# helm/acp-worker rendered by Helm's own engine (helm-python-sdk, no helm binary) for every
+# value profile, linted, each manifest validated (Kubernetes 1.29/1.37 schemas, the CRD
+# kinds against tests/unit/fixtures/crds/), bad values refused: ~15 s.
+.PHONY: chart
+chart: bootstrap
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_helm_chart.py
 
 unit: bootstrap
 	@$(PY) -m pytest -q tests/unit

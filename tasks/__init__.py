@@ -73,7 +73,11 @@ def _job_time_limits(headers: dict[str, Any] | None = None, body: Any = None, **
 def _serve_metrics(**_: object) -> None:
     """In the worker's main process: ``/metrics``, ``/ready``, ``/healthz``."""
     if settings.metrics_port is not None:
-        metrics.start_server(settings.metrics_port, lambda: metrics.readiness_of(settings))
+        metrics.start_server(
+            settings.metrics_port,
+            lambda: metrics.readiness_of(settings),
+            backlog_read=lambda: metrics.backlog_of(settings),
+        )
 
 
 def _int_or_none(value: object) -> int | None:

@@ -23,5 +23,6 @@ def hungry_packs(dest: Path) -> Path:
     path = packs / "cursor-emulator" / "pack.json"
     data = json.loads(path.read_text())
     data["launch"]["argv"] = ["/usr/bin/python3", "-c", ALLOCATE]
+    data["dialect"] = "acp"  # not Cursor's launch: the cursor launch contract would refuse it
     path.write_text(json.dumps(data))
     return packs

@@ -28,6 +28,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── ImageMismatch            image_mismatch           3
     │   ├── BudgetRefused            budget_exceeded          3
     │   ├── RuntimeUnavailable       runtime_unavailable      3
+    │   ├── PackUnlocked             pack_unlocked            3
+    │   ├── LaunchRefused            launch_refused           3
     │   └── PromptRefused            prompt_refused           3
     ├── SandboxError                 sandbox_failed           1
     ├── AgentError                   agent_error              1
@@ -160,6 +162,23 @@ class RuntimeUnavailable(Refused):
     ``details`` ``runtime``, ``required``, ``path``, ``found``, ``reason``."""
 
     code = "runtime_unavailable"
+
+
+class PackUnlocked(Refused):
+    """The pack is a recipe whose pins were never filled (``platforms`` is empty): its
+    bytes are unknown, so nothing of it runs. ``details``: ``pack``, ``platform``,
+    ``command`` (the one command that locks it, on a machine with internet)."""
+
+    code = "pack_unlocked"
+
+
+class LaunchRefused(Refused):
+    """The pack's launch breaks its dialect's launch contract (``worker.packs.contract``):
+    a flag that widens what the agent may do (``--force``, ``--yolo``, ``--trust``, …),
+    an endpoint or credential the operator did not bind, or a private setting missing.
+    ``details``: ``pack``, ``dialect``, ``flag`` or ``variable``, ``reason``."""
+
+    code = "launch_refused"
 
 
 class CredentialRefused(Refused):

@@ -5,6 +5,13 @@ prometheus_client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set (
 serve --metrics-port`` sets it before the pool forks); otherwise the default registry.
 The same HTTP server answers ``/ready`` (Redis and the sandbox backend answer) and
 ``/healthz`` (the process is up).
+
+``acpw_queue_depth``, ``acpw_jobs_running`` and ``acpw_leases_expired`` are read from
+Redis at scrape time (the queue's length on the broker, the leases held, those past their
+expiry): the autoscaling signal counts queued and running jobs, so a scale-in never aims
+below the jobs still running; expired leases piling up mean no reaper is settling them.
+They are the same for every worker of a pool (aggregate them with ``max``), and absent
+while Redis does not answer.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,8 +37,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from worker.settings import Settings
+from worker.store.keys import LEASES
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +94,64 @@ def sandboxes_reaped(backend: str, count: int) -> None:
         REAPED.labels(backend=backend).inc(count)
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What the pool has to do, as Redis says now."""
+
+    queued: int  # messages waiting on the broker's queue
+    running: int  # leases held: jobs a worker runs (or ran and the reaper has yet to see)
+    expired: int  # of those, leases past their expiry: the reaper's to-do
+
+
+#: The backlog now, or None when Redis does not answer.
+BacklogRead = Callable[[], Backlog | None]
+
+
+class BacklogCollector(Collector):
+    """``acpw_queue_depth``, ``acpw_jobs_running`` and ``acpw_leases_expired``, read when
+    scraped."""
+
+    def __init__(self, read: BacklogRead) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self._read()
+        if now is None:  # no sample rather than a wrong zero that would scale in
+            return
+        yield GaugeMetricFamily(
+            "acpw_queue_depth", "Run jobs waiting in the broker queue (pool-wide).", now.queued
+        )
+        yield GaugeMetricFamily(
+            "acpw_jobs_running", "Jobs holding a lease, i.e. running (pool-wide).", now.running
+        )
+        yield GaugeMetricFamily(
+            "acpw_leases_expired",
+            "Leases past their expiry the reaper has not settled yet (pool-wide).",
+            now.expired,
+        )
+
+
+def backlog(broker_url: str, redis_url: str, queue: str) -> Backlog | None:
+    """LLEN of ``queue`` on the broker, and the leases held and expired in the job store;
+    None if either Redis does not answer."""
+    try:
+        with redis.Redis.from_url(broker_url, socket_timeout=2) as broker:
+            queued = int(broker.llen(queue))
+        with redis.Redis.from_url(redis_url, socket_timeout=2) as store:
+            running = int(store.zcard(LEASES))
+            expired = int(store.zcount(LEASES, "-inf", time.time()))
+    except (redis.exceptions.RedisError, OSError):
+        return None
+    return Backlog(queued=queued, running=running, expired=expired)
+
+
+def backlog_of(settings: Settings) -> Backlog | None:
+    """:func:`backlog` of the broker, job store and queue ``settings`` name."""
+    if not settings.redis_url:
+        return None
+    return backlog(settings.broker_url or settings.redis_url, settings.redis_url, settings.queue)
+
+
 def registry() -> CollectorRegistry | None:
     """The multiprocess registry when enabled, else None (the default registry)."""
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -95,13 +164,22 @@ def registry() -> CollectorRegistry | None:
 ReadyCheck = Callable[[], Mapping[str, Any]]
 
 
-def _handler(ready: ReadyCheck) -> type[BaseHTTPRequestHandler]:
+def exposition(backlog_read: BacklogRead | None = None) -> bytes:
+    """The ``/metrics`` body: this process's (or the pool's) metrics, then the backlog."""
+    reg = registry()
+    body = generate_latest(reg) if reg is not None else generate_latest()
+    if backlog_read is not None:
+        extra = CollectorRegistry()
+        extra.register(BacklogCollector(backlog_read))
+        body += generate_latest(extra)
+    return body
+
+
+def _handler(ready: ReadyCheck, backlog_read: BacklogRead | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                reg = registry()
-                body = generate_latest(reg) if reg is not None else generate_latest()
-                self._reply(200, body, CONTENT_TYPE_LATEST)
+                self._reply(200, exposition(backlog_read), CONTENT_TYPE_LATEST)
             elif self.path == "/ready":
                 report = dict(ready())
                 code = 200 if report.get("ready") else 503
@@ -124,9 +202,16 @@ def _handler(ready: ReadyCheck) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start_server(port: int, ready: ReadyCheck, host: str = "0.0.0.0") -> ThreadingHTTPServer:  # noqa: S104
-    """Serve ``/metrics``, ``/ready`` and ``/healthz`` from a daemon thread."""
-    server = ThreadingHTTPServer((host, port), _handler(ready))
+def start_server(
+    port: int,
+    ready: ReadyCheck,
+    host: str = "0.0.0.0",  # noqa: S104
+    *,
+    backlog_read: BacklogRead | None = None,
+) -> ThreadingHTTPServer:
+    """Serve ``/metrics`` (with the backlog gauges when ``backlog_read`` is given),
+    ``/ready`` and ``/healthz`` from a daemon thread."""
+    server = ThreadingHTTPServer((host, port), _handler(ready, backlog_read))
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server
 

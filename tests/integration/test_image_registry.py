@@ -155,7 +155,7 @@ def pack(tmp_path: Path) -> Path:
         "name": "pushed",
         "version": "1.0.0",
         "provider": "cursor",
-        "dialect": "cursor",
+        "dialect": "acp",  # a toy agent, not under the cursor launch contract
         "launch": {"argv": ["{pack}/agent"]},
     }
     (pack_dir / "pack.json").write_text(json.dumps(manifest))

@@ -44,7 +44,7 @@ def _synthetic_pack(packs: Path, name: str, size: int) -> Path:
         "name": name,
         "version": "1.0.0",
         "provider": "cursor",
-        "dialect": "cursor",
+        "dialect": "acp",  # a toy agent, not under the cursor launch contract
         "launch": {"argv": ["{pack}/bin/agent", "acp"]},
     }
     (pack_dir / "pack.json").write_text(json.dumps(manifest))

@@ -111,7 +111,7 @@ def declaration(name: str) -> dict[str, Any]:
         "name": name,
         "version": "1.0.0",
         "provider": "cursor",
-        "dialect": "cursor",
+        "dialect": "acp",  # a toy agent, not under the cursor launch contract
         "launch": {"argv": ["{pack}/bin/agent"], "credentials": []},
     }
 

@@ -98,7 +98,7 @@ def declaration(name: str) -> dict[str, Any]:
         "name": name,
         "version": "1.2.3",
         "provider": "cursor",
-        "dialect": "cursor",
+        "dialect": "acp",  # a toy agent, not under the cursor launch contract
         "launch": {"argv": ["{pack}/bin/agent", "acp"], "credentials": ["CURSOR_API_KEY"]},
     }
 
@@ -650,7 +650,7 @@ def test_prepare_pack_verifies_and_plans_launch(cfg: Settings, pack: Pack) -> No
     plan = prepared.launch_plan({"CURSOR_API_KEY": "k"})
     assert plan.argv == ("/opt/acp-pack/bin/agent", "acp")
     assert plan.env["CURSOR_API_KEY"] == "k"
-    assert plan.dialect == "cursor"
+    assert plan.dialect == "acp"
     (prepared.closure / "index.js").chmod(0o644)
     with pytest.raises(DigestMismatch):
         prepare_pack(cfg, declared, None)

@@ -443,6 +443,9 @@ def test_metrics_and_readiness(worker: Worker, client: Client) -> None:
         "acpw_queue_wait_seconds",
         "acpw_phase_duration_seconds",
         "acpw_events_written_total",
+        "acpw_queue_depth",  # the autoscaling signal, read from Redis (helm chart)
+        "acpw_jobs_running",
+        "acpw_leases_expired",
     ):
         assert name in text
 

@@ -337,7 +337,7 @@ def test_public_api_is_pinned() -> None:
     assert set(worker.packs.__all__) == {
         "DEFAULT_LIMITS", "PLATFORMS", "ClosureLock", "ExtractLimits", "FileEntry",
         "LockResult", "Pack", "PackManifest", "Platform", "PlatformTarget", "VerifyStats",
-        "closure_digest", "closure_path", "current_platform", "extract_tar",
-        "extract_verified", "load_pack", "load_pack_dir", "lock_archive", "materialize",
-        "parse_manifest", "read_lock", "verify_closure",
+        "check_declared", "closure_digest", "closure_path", "current_platform", "extract_tar",
+        "extract_verified", "load_pack", "load_pack_dir", "lock_archive", "lock_url",
+        "materialize", "parse_manifest", "read_lock", "verify_closure",
     }  # fmt: skip

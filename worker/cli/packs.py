@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from worker.cli import add_json_flag
+from worker.errors import InvalidInput
 from worker.packs.archive import DEFAULT_LIMITS
 from worker.packs.cache import materialize
 from worker.packs.gc import DEFAULT_BUDGET, GcResult, gc
-from worker.packs.lock import LockResult, lock_archive
+from worker.packs.lock import LockResult, lock_archive, lock_url
 from worker.packs.manifest import Pack, load_pack, load_pack_dir
 from worker.packs.names import PACK_NAME_RE, PLATFORMS
 from worker.packs.runtime import prepare_pack
@@ -36,10 +37,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _add_lock(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    lock = actions.add_parser("lock", help="inventory an archive and pin it in the pack")
-    lock.add_argument("archive", type=Path, metavar="ARCHIVE", help="tar or tar.gz archive")
-    lock.add_argument("--pack", required=True, metavar="NAME", help="pack name or folder")
-    lock.add_argument("--platform", required=True, choices=PLATFORMS)
+    lock = actions.add_parser(
+        "lock",
+        help="inventory an archive and pin it in the pack",
+        description="Two forms: `lock ARCHIVE --pack NAME --platform P` pins an archive "
+        "file; `lock PACK [--url URL] [--platform P]` downloads the archive over HTTPS "
+        "(default: the pack's `download` URL for the platform, default this host's) and "
+        "pins it, its URL becoming the platform's source.",
+    )
+    lock.add_argument(
+        "archive", metavar="ARCHIVE|PACK", help="tar or tar.gz archive (with --pack), or a pack"
+    )
+    lock.add_argument("--pack", metavar="NAME", help="pack name or folder (archive form)")
+    lock.add_argument("--url", metavar="URL", help="download the archive from this HTTPS URL")
+    lock.add_argument("--platform", choices=PLATFORMS, help="required in the archive form")
     lock.add_argument(
         "--max-bytes",
         type=parse_size,
@@ -174,17 +185,32 @@ def _lock_data(result: LockResult) -> dict[str, Any]:
         "closure_digest": result.closure_digest,
         "archive_sha256": result.archive_sha256,
         "archive_size": result.archive_size,
+        "source": result.source,
         "lock": str(result.lock_path),
     }
 
 
 def lock_command(args: argparse.Namespace, settings: Settings) -> int:
-    """``pack lock ARCHIVE --pack NAME --platform P``."""
-    pack_dir = _pack_dir(args.pack, settings)
+    """``pack lock ARCHIVE --pack NAME --platform P`` or ``pack lock PACK [--url URL]``.
+
+    Raises:
+        InvalidInput: the two forms mixed, or the archive form without ``--platform``.
+    """
     limits = replace(DEFAULT_LIMITS, max_bytes=args.max_bytes, max_ratio=args.max_ratio)
-    result = lock_archive(
-        args.archive, pack_dir=pack_dir, name=pack_dir.name, platform=args.platform, limits=limits
-    )
+    if args.pack is None:
+        pack_dir = _pack_dir(args.archive, settings)
+        result = lock_url(pack_dir, name=pack_dir.name, url=args.url, platform=args.platform,
+                          cache_dir=settings.cache_dir, limits=limits)  # fmt: skip
+    else:
+        if args.url is not None or args.platform is None:
+            raise InvalidInput(
+                "pack lock ARCHIVE --pack NAME takes --platform and no --url "
+                "(to download: pack lock NAME --url URL)",
+                field="platform" if args.url is None else "url",
+            )
+        pack_dir = _pack_dir(args.pack, settings)
+        result = lock_archive(Path(args.archive), pack_dir=pack_dir, name=pack_dir.name,
+                              platform=args.platform, limits=limits)  # fmt: skip
     data = _lock_data(result)
     text = (
         f"locked {result.pack} for {result.platform}: {result.files} files, "

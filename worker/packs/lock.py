@@ -2,7 +2,10 @@
 
 The declaration (``pack.json`` without pins) is hand-written; locking fills in one
 platform's pins and writes ``lock/<platform>.json``, leaving the rest of ``pack.json``
-as it was.
+as it was. The archive is a file (``lock_archive``) or an HTTPS URL (``lock_url``:
+downloaded into the cache, hashed as it arrives, then inventoried the same way, its URL
+becoming the platform's source). A declaration whose launch breaks its dialect's
+contract is refused before anything is read (``worker.packs.contract``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.errors import ArchiveRefused, InvalidInput
+from pydantic import ValidationError
+
+from worker.errors import ArchiveRefused, InvalidInput, WorkerError
 from worker.packs._io import read_json, write_json
 from worker.packs.archive import (
     DEFAULT_LIMITS,
@@ -22,8 +27,10 @@ from worker.packs.archive import (
     sha256_stream,
 )
 from worker.packs.closure import ClosureLock, write_lock
-from worker.packs.manifest import MANIFEST, parse_manifest
-from worker.packs.names import Platform, check_pack_name, check_platform
+from worker.packs.contract import check_declared
+from worker.packs.manifest import MANIFEST, PackManifest, parse_manifest
+from worker.packs.names import Platform, check_pack_name, check_platform, current_platform
+from worker.packs.sources import HttpsSource, download_unpinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +55,8 @@ class _Archive:
     sha256: str
     size: int
     format: ArchiveFormat
-    source: str
+    #: A pack-folder path, or a remote source's JSON (``{"kind": "https", "url": …}``).
+    source: str | dict[str, Any]
 
 
 def lock_archive(
@@ -75,21 +83,80 @@ def lock_archive(
     """
     plat = check_platform(platform)
     manifest_path = pack_dir / MANIFEST
-    raw = _declaration(manifest_path, check_pack_name(name))
+    raw, _ = _declaration(manifest_path, check_pack_name(name))
     source = _source(archive_path, pack_dir, raw, plat)
     archive, lock = _inventory(archive_path, source, name=name, platform=plat, limits=limits)
+    return _write(pack_dir, raw, archive, lock)
+
+
+def lock_url(
+    pack_dir: Path,
+    *,
+    name: str,
+    url: str | None,
+    platform: str | None,
+    cache_dir: Path,
+    limits: ExtractLimits = DEFAULT_LIMITS,
+) -> LockResult:
+    """Download the archive at *url* (default: the declaration's ``download`` entry for
+    *platform*, default this host's) over HTTPS and pin it as that platform's.
+
+    The bytes land in the cache under their digest (the first materialization then
+    downloads nothing), at most ``limits.max_bytes`` of them; the inventory is
+    ``lock_archive``'s, and the URL becomes the platform's source.
+
+    Raises InvalidInput (bad name, platform or URL; no URL to lock from), LaunchRefused
+    (the declaration breaks its dialect's launch contract: nothing is downloaded), and
+    ArchiveRefused, UnsupportedFormat like ``lock_archive`` (a failed download too).
+    """
+    plat = check_platform(platform) if platform is not None else current_platform()
+    raw, manifest = _declaration(pack_dir / MANIFEST, check_pack_name(name))
+    source = _https_source(url, manifest, plat)
+    fetched = download_unpinned(source, cache_dir, max_bytes=limits.max_bytes)
+    remote = {"kind": "https", "url": source.url}
+    try:
+        archive, lock = _inventory(fetched.path, remote, name=name, platform=plat,
+                                   limits=limits)  # fmt: skip
+    except WorkerError:
+        fetched.path.unlink(missing_ok=True)  # bytes nothing pins stay out of the cache
+        raise
+    return _write(pack_dir, raw, archive, lock)
+
+
+def _https_source(url: str | None, manifest: PackManifest, platform: Platform) -> HttpsSource:
+    if url is None:
+        recipe = (manifest.download or {}).get(platform)
+        if recipe is None:
+            raise InvalidInput(
+                f"pack {manifest.name!r} names no download for {platform}: pass --url",
+                field="download",
+                platform=platform,
+            )
+        return recipe
+    try:
+        return HttpsSource(url=url)
+    except ValidationError as exc:
+        raise InvalidInput(
+            f"not an HTTPS URL: {url!r} (plain http only to loopback)", field="url"
+        ) from exc
+
+
+def _write(pack_dir: Path, raw: dict[str, Any], archive: _Archive, lock: ClosureLock) -> LockResult:
+    manifest_path = pack_dir / MANIFEST
+    plat = lock.platform
     raw.setdefault("platforms", {})[plat] = _pin(archive, lock)
     parse_manifest(raw, path=manifest_path)  # never write a manifest we would not load
     lock_path = pack_dir / "lock" / f"{plat}.json"
     write_lock(lock_path, lock)
     write_json(manifest_path, raw)
+    source = archive.source if isinstance(archive.source, str) else archive.source["url"]
     return LockResult(
-        name, plat, archive.sha256, archive.size, archive.format, source,
+        lock.pack, plat, archive.sha256, archive.size, archive.format, source,
         lock.closure_digest, len(lock.files), lock.total_bytes, lock_path, manifest_path,
     )  # fmt: skip
 
 
-def _declaration(manifest_path: Path, name: str) -> dict[str, Any]:
+def _declaration(manifest_path: Path, name: str) -> tuple[dict[str, Any], PackManifest]:
     if not manifest_path.is_file():
         raise InvalidInput(
             f"{manifest_path} does not exist: write the pack declaration first",
@@ -104,8 +171,9 @@ def _declaration(manifest_path: Path, name: str) -> dict[str, Any]:
             path=str(manifest_path),
             field="name",
         )
+    check_declared(manifest)  # a launch the worker would refuse is never pinned
     assert isinstance(raw, dict)  # parse_manifest accepted it, so it is an object
-    return raw
+    return raw, manifest
 
 
 def _source(archive: Path, pack_dir: Path, raw: dict[str, Any], platform: Platform) -> str:
@@ -125,7 +193,12 @@ def _source(archive: Path, pack_dir: Path, raw: dict[str, Any], platform: Platfo
 
 
 def _inventory(
-    archive_path: Path, source: str, *, name: str, platform: Platform, limits: ExtractLimits
+    archive_path: Path,
+    source: str | dict[str, Any],
+    *,
+    name: str,
+    platform: Platform,
+    limits: ExtractLimits,
 ) -> tuple[_Archive, ClosureLock]:
     fmt = detect_format(archive_path)
     try:

@@ -15,6 +15,15 @@ The manifest is hand-written (name, provider, launch) except ``platforms``, whos
         "closure": {"digest": "sha256:<hex>", "files": 7, "bytes": 40000}}}}
 
 ``{pack}`` in ``launch.argv`` stands for the verified closure directory.
+
+A pack with no ``platforms`` yet is **unlocked**: a recipe whose bytes nobody has hashed
+(``provider_packs/cursor``). Nothing of it runs: a job naming it, ``pack verify`` and
+``pack materialize`` are refused ``pack_unlocked`` with the one command that locks it,
+``acp-worker pack lock <name> --url <https-url>``, the URL defaulting to the recipe's
+``download`` entry for the platform::
+
+    "download": {"linux-x64": {"kind": "https",
+                               "url": "https://…/linux/x64/agent-cli-package.tar.gz"}}
 ``launch.runtime`` (optional) is what the launch needs from the sandbox's root filesystem
 outside the closure: the npm packs' closures hold ``node_modules`` only and run the host's
 ``/usr/bin/node`` (bound read-only with ``/usr``), so they declare
@@ -50,7 +59,13 @@ from pydantic import (
     model_validator,
 )
 
-from worker.errors import DigestMismatch, InvalidInput, PackNotFound, PlatformUnsupported
+from worker.errors import (
+    DigestMismatch,
+    InvalidInput,
+    PackNotFound,
+    PackUnlocked,
+    PlatformUnsupported,
+)
 from worker.packs._io import invalid_input, read_json
 from worker.packs.closure import ClosureLock, read_lock
 from worker.packs.names import (
@@ -395,6 +410,16 @@ class PackManifest(_Strict):
     dialect: Annotated[str, Field(pattern=_SLUG)]
     launch: Launch
     platforms: dict[Platform, PlatformPin] = Field(default_factory=dict)
+    download: dict[Platform, HttpsSource] | None = Field(
+        default=None,
+        description="Where each platform's vendor archive is downloaded from when the pack "
+        "is locked (`pack lock NAME` without `--url`); its pins, not this, are what runs.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value is not None}
 
 
 def parse_manifest(data: object, *, path: Path | str) -> PackManifest:
@@ -433,11 +458,14 @@ class Pack:
     def for_platform(self, platform: str | None = None) -> PlatformTarget:
         """The entry for *platform* (default: this host's), else the ``any`` entry.
 
-        Raises InvalidInput for an unknown platform name, PlatformUnsupported when the
-        pack has neither the platform nor ``any``.
+        Raises InvalidInput for an unknown platform name, PackUnlocked when the pack has
+        no pins at all (a recipe never locked), PlatformUnsupported when it has neither
+        the platform nor ``any``.
         """
         wanted = check_platform(platform) if platform is not None else _host_platform()
         pins = self.manifest.platforms
+        if not pins:
+            self.refuse_unlocked(wanted)
         for key in (wanted, ANY):
             if key is not None and key in pins:
                 return PlatformTarget(key, pins[key])
@@ -446,6 +474,36 @@ class Pack:
             pack=self.name,
             platform=wanted,
             available=sorted(pins),
+        )
+
+    @property
+    def unlocked(self) -> bool:
+        """No platform pinned yet: a recipe, not something that runs."""
+        return not self.manifest.platforms
+
+    def lock_command(self, platform: str | None) -> str:
+        """The one command that locks this pack for *platform* (its download URL if the
+        recipe names one, else a placeholder)."""
+        recipe = (self.manifest.download or {}).items()
+        url = next((src.url for plat, src in recipe if plat == platform), "<https-url>")
+        plat = f" --platform {platform}" if platform else ""
+        return f"acp-worker pack lock {self.name} --url {url}{plat}"
+
+    def refuse_unlocked(self, platform: str | None = None) -> None:
+        """Raise PackUnlocked if the pack has no pins (*platform*: default this host's).
+
+        Raises:
+            PackUnlocked: naming the command that locks it.
+        """
+        if not self.unlocked:
+            return
+        command = self.lock_command(platform or _host_platform())
+        raise PackUnlocked(
+            f"pack {self.name!r} is not locked: its archive and closure digests are not "
+            f"pinned yet, so it cannot run. On a machine with internet, run: {command}",
+            pack=self.name,
+            platform=platform,
+            command=command,
         )
 
     def archive_path(self, target: PlatformTarget) -> Path:

@@ -1,6 +1,9 @@
 """The runner's seam to packs: resolve a declaration, check its runtime, prepare a
 verified closure.
 
+``load_declaration`` refuses a pack that is unlocked (``pack_unlocked``) or whose launch
+breaks its dialect's contract (``launch_refused``, ``worker.packs.contract``); the
+launch plan is checked against that contract again, as it will run.
 ``check_runtime`` refuses a pack whose ``launch.runtime`` this host cannot provide (the
 host's Node.js for the npm packs; see ``worker.packs.requirements``), before anything is
 prepared. ``prepare_pack`` runs before every launch (in a thread: it is blocking I/O). It
@@ -19,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.events.models import PackReady
-from worker.launch import LaunchPlan, launch_plan
+from worker.launch import LaunchPlan, expand, launch_plan
 from worker.packs.cache import closure_path, materialize, verified_dir
+from worker.packs.contract import check_declared, check_launch
 from worker.packs.manifest import Pack, PlatformTarget, load_pack
 from worker.packs.requirements import check_runtime
 from worker.packs.sources import touch
@@ -31,6 +35,7 @@ from worker.settings import Settings
 __all__ = [
     "LaunchPlan",
     "PreparedPack",
+    "check_contract",
     "check_runtime",
     "load_declaration",
     "prepare_pack",
@@ -53,13 +58,15 @@ class PreparedPack:
         the job has a model endpoint, the pack's ``launch.endpoint`` variables for it."""
         launch = self.pack.manifest.launch
         endpoint_env = None if launch.endpoint is None else launch.endpoint.env
-        return launch_plan(
+        plan = launch_plan(
             argv=launch.argv, env=launch.env, dialect=self.pack.manifest.dialect,
             credentials=credentials, authenticate=launch.authenticate,
             client_fs=launch.client_fs is not False,
             endpoint_env=endpoint_env, endpoint_url=endpoint_url, default_mode=launch.mode,
             exits_on_eof=launch.exits_on_eof is not False,
         )  # fmt: skip
+        check_contract(self.pack, plan)
+        return plan
 
     def event_data(self) -> PackReady:
         """The ``pack.ready`` event: what was verified, and how long it took."""
@@ -78,9 +85,25 @@ class PreparedPack:
 def load_declaration(settings: Settings, name: str) -> Pack:
     """The pack *name* in ``settings.packs_dir``; ``.credentials`` lists what it accepts.
 
-    Raises PackNotFound or InvalidInput.
+    Raises PackNotFound or InvalidInput; PackUnlocked (no pins yet) or LaunchRefused (its
+    launch breaks its dialect's contract).
     """
-    return load_pack(settings.packs_dir, name)
+    pack = load_pack(settings.packs_dir, name)
+    pack.refuse_unlocked()
+    check_declared(pack.manifest)
+    return pack
+
+
+def check_contract(pack: Pack, plan: LaunchPlan) -> None:
+    """Refuse *plan* if it breaks the launch contract of *pack*'s dialect.
+
+    Raises:
+        LaunchRefused: naming the offending flag or variable.
+    """
+    check_launch(
+        plan.dialect, plan.argv, plan.env, home=expand("{home}"), pack=pack.name,
+        fixed_env=pack.manifest.launch.env,
+    )  # fmt: skip
 
 
 def prepare_pack(

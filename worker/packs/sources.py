@@ -136,13 +136,27 @@ def _lock(path: Path) -> Iterator[None]:
 def _download(
     source: RemoteSource, final: Path, *, sha256: str, size: int, retries: int, backoff_s: float
 ) -> int:
+    def copy(out: IO[bytes]) -> None:
+        _stream(source, out, sha256=sha256, size=size)
+
+    return _retrying(source, final, copy, retries=retries, backoff_s=backoff_s)
+
+
+def _retrying(
+    source: RemoteSource,
+    final: Path,
+    copy: Callable[[IO[bytes]], None],
+    *,
+    retries: int,
+    backoff_s: float,
+) -> int:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.part")
     try:
         for attempt in range(1, retries + 1):
             try:
                 with tmp.open("wb") as out:
-                    _stream(source, out, sha256=sha256, size=size)
+                    copy(out)
             except _Retryable as exc:
                 if attempt == retries:
                     raise ArchiveRefused(
@@ -156,6 +170,58 @@ def _download(
     finally:
         tmp.unlink(missing_ok=True)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass(frozen=True, slots=True)
+class Unpinned:
+    """An archive downloaded before anything pinned it (``pack lock --url``): its bytes'
+    digest and size, at ``path`` in the cache (content-addressed by that digest)."""
+
+    path: Path
+    sha256: str
+    size: int
+    attempts: int
+
+
+def download_unpinned(
+    source: HttpsSource,
+    cache_dir: Path,
+    *,
+    max_bytes: int,
+    retries: int = RETRIES,
+    backoff_s: float = BACKOFF_S,
+) -> Unpinned:
+    """Download *source* (no pin yet: what ``pack lock`` hashes) into the cache.
+
+    Streamed and hashed as it arrives, at most *max_bytes* (more aborts the transfer),
+    retried like ``fetch``; the file appears complete under its own digest's name.
+
+    Raises:
+        ArchiveRefused: more than *max_bytes*, an HTTP refusal, or failures after
+            ``retries`` attempts.
+    """
+    digest, seen = hashlib.sha256(), 0
+
+    def copy(out: IO[bytes]) -> None:
+        nonlocal digest, seen
+        digest, seen = hashlib.sha256(), 0  # a retry starts over
+        with _open(source) as chunks:
+            for chunk in chunks:
+                seen += len(chunk)
+                if seen > max_bytes:
+                    raise ArchiveRefused(
+                        f"archive from {source.url} is larger than {max_bytes} bytes",
+                        source=source.url, max_bytes=max_bytes,
+                    )  # fmt: skip
+                digest.update(chunk)
+                out.write(chunk)
+
+    token = f"unpinned-{os.getpid()}-{time.monotonic_ns()}"
+    landing = cache_dir / "archives" / f".{token}"
+    attempts = _retrying(source, landing, copy, retries=retries, backoff_s=backoff_s)
+    final = archive_path(cache_dir, digest.hexdigest())
+    landing.replace(final)
+    return Unpinned(final, digest.hexdigest(), seen, attempts)
 
 
 def _stream(source: RemoteSource, out: IO[bytes], *, sha256: str, size: int) -> None:
@@ -197,6 +263,7 @@ def _open(source: RemoteSource) -> Iterator[Iterable[bytes]]:
 @contextlib.contextmanager
 def _open_https(source: HttpsSource) -> Iterator[Iterable[bytes]]:
     import http.client
+    import ssl
     import urllib.error
     import urllib.request
 
@@ -207,7 +274,15 @@ def _open_https(source: HttpsSource) -> Iterator[Iterable[bytes]]:
         if exc.code >= 500 or exc.code == 429:
             raise _Retryable(f"HTTP {exc.code}") from exc
         raise ArchiveRefused(f"HTTP {exc.code} from {source.url}", status=exc.code) from exc
-    except (urllib.error.URLError, OSError) as exc:
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):  # retrying cannot help
+            raise ArchiveRefused(
+                f"{source.url}: the server's certificate is not trusted: {exc.reason} (a "
+                "private CA: SSL_CERT_FILE)",
+                source=source.url,
+            ) from exc
+        raise _Retryable(str(exc)) from exc
+    except OSError as exc:
         raise _Retryable(str(exc)) from exc
     with response:
         try:
@@ -255,7 +330,9 @@ __all__ = [
     "HttpsSource",
     "RemoteSource",
     "S3Source",
+    "Unpinned",
     "archive_path",
+    "download_unpinned",
     "fetch",
     "touch",
 ]

@@ -1,0 +1,79 @@
+{{/* The release's full name, at most 63 characters. */}}
+{{- define "acp-worker.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "acp-worker.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: worker
+{{- end -}}
+
+{{- define "acp-worker.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "acp-worker.serviceAccountName" -}}
+{{- if .Values.serviceAccount.name -}}
+{{- .Values.serviceAccount.name -}}
+{{- else -}}
+{{- include "acp-worker.fullname" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding ACPW_REDIS_URL (and ACPW_BROKER_URL), "" with the dev Redis. */}}
+{{- define "acp-worker.redisSecret" -}}
+{{- if .Values.redis.existingSecret -}}
+{{- .Values.redis.existingSecret -}}
+{{- else if .Values.redis.url -}}
+{{- printf "%s-redis-url" (include "acp-worker.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "acp-worker.devRedisName" -}}
+{{- printf "%s-dev-redis" (include "acp-worker.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The pool-wide backlog of this release: queued plus running jobs (PromQL). */}}
+{{- define "acp-worker.backlogQuery" -}}
+{{- $sel := printf "namespace=%q,service=%q" .Release.Namespace (printf "%s-metrics" (include "acp-worker.fullname" .)) -}}
+{{- printf "max(acpw_queue_depth{%s}) + max(acpw_jobs_running{%s})" $sel $sel -}}
+{{- end -}}
+
+{{/* Seconds a SIGTERMed worker may need: the drain grace, then the hand-back (the agent's
+cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celery's exit. */}}
+{{- define "acp-worker.drainNeeds" -}}
+{{- $env := .Values.env -}}
+{{- $cancel := index $env "ACPW_CANCEL_GRACE" | default "10" | float64 -}}
+{{- $eof := index $env "ACPW_SHUTDOWN_EOF_GRACE" | default "3" | float64 -}}
+{{- $term := index $env "ACPW_SHUTDOWN_TERM_GRACE" | default "2" | float64 -}}
+{{- addf (float64 .Values.drain.graceSeconds) $cancel $eof $term 5 -}}
+{{- end -}}
+
+{{/* Refusals the schema cannot express, each with what to do instead. */}}
+{{- define "acp-worker.checks" -}}
+{{- if and (not .Values.redis.url) (not .Values.redis.existingSecret) (not .Values.devRedis.enabled) -}}
+{{- fail "acp-worker: set redis.url, redis.existingSecret, or devRedis.enabled=true (trying it out only)" -}}
+{{- end -}}
+{{- if and .Values.devRedis.enabled (or .Values.redis.url .Values.redis.existingSecret) -}}
+{{- fail "acp-worker: devRedis.enabled and redis.url/redis.existingSecret are exclusive: pick one Redis" -}}
+{{- end -}}
+{{- $need := include "acp-worker.drainNeeds" . | float64 -}}
+{{- if lt (float64 .Values.drain.terminationGracePeriodSeconds) $need -}}
+{{- fail (printf "acp-worker: drain.terminationGracePeriodSeconds (%v) must be at least %v: drain.graceSeconds + ACPW_CANCEL_GRACE + ACPW_SHUTDOWN_EOF_GRACE + ACPW_SHUTDOWN_TERM_GRACE + 5, the time to hand back what outlives the grace (docs/operating.md, Draining a worker)" .Values.drain.terminationGracePeriodSeconds $need) -}}
+{{- end -}}
+{{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled -}}
+{{- fail "acp-worker: autoscaling.keda.enabled and autoscaling.hpa.enabled are exclusive (KEDA makes its own HPA)" -}}
+{{- end -}}
+{{- if and .Values.sandbox.kubernetes.ownerReferences (ne .Release.Namespace .Values.sandbox.kubernetes.namespace) -}}
+{{- fail (printf "acp-worker: sandbox.kubernetes.ownerReferences needs the release in the sandbox namespace %q (owner references cannot cross namespaces); it is in %q" .Values.sandbox.kubernetes.namespace .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,549 @@
+"""The Helm chart (helm/acp-worker): rendered by Helm's own engine, linted, and every
+manifest validated, across the value profiles an operator installs.
+
+No cluster and no ``helm`` binary exist on these machines. ``helm-python-sdk`` binds
+Helm v4's Go SDK (a shared library in the wheel): it renders templates and applies
+``values.schema.json`` exactly as ``helm install``/``helm template`` do, and lints as
+``helm lint`` does, offline. Built-in kinds are validated against the Kubernetes OpenAPI
+schemas of 1.29 and 1.37 (``kubernetes-validate``, strict); the CRD kinds (ScaledObject,
+ServiceMonitor, PrometheusRule) against the minimal hand-written JSON schemas in
+tests/unit/fixtures/crds/ (each says what it covers). What is not tested here: a real
+install (`podman kube play`, a cluster), and the drain itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from worker import metrics
+from worker.sandbox.config import DockerConfig, KubernetesConfig
+from worker.sandbox.kubernetes import manifests
+from worker.sandbox.kubernetes.manifests import RBAC_RULES, ProxyPeer
+from worker.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "acp-worker"
+CRDS = Path(__file__).parent / "fixtures" / "crds"
+K8S_VERSIONS = ("1.29", "1.37")
+RELEASE, NAMESPACE = "acpw", "acp-system"
+IMAGE = "registry.example:5000/acp/worker@sha256:" + "ab" * 32
+REDIS_IMAGE = "docker.io/library/redis@sha256:" + "cd" * 32
+BASE: dict[str, Any] = {"image": {"ref": IMAGE}, "redis": {"url": "redis://redis.example:6379/0"}}
+CRD_SCHEMAS = {
+    "ScaledObject": "scaledobject",
+    "ServiceMonitor": "servicemonitor",
+    "PrometheusRule": "prometheusrule",
+}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _single_node() -> dict[str, Any]:
+    text = (CHART / "values-single-node.yaml").read_text(encoding="utf-8")
+    return _merge(helm.values_from_yaml(text), BASE)
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": BASE,
+    "keda": _merge(
+        BASE,
+        {
+            "autoscaling": {"keda": {"enabled": True}},
+            "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        },
+    ),
+    "hpa": _merge(BASE, {"autoscaling": {"hpa": {"enabled": True}}}),
+    "single-node": _single_node(),
+    "dev-redis": {"image": {"ref": IMAGE}, "devRedis": {"enabled": True, "image": REDIS_IMAGE}},
+    "sandbox-namespace": _merge(
+        BASE,
+        {
+            "redis": {
+                "url": "",
+                "existingSecret": "acpw-redis",
+                "existingSecretKeys": {"brokerUrl": "broker"},
+            },
+            "sandbox": {
+                "kubernetes": {
+                    "namespace": NAMESPACE,
+                    "createNamespace": True,
+                    "ownerReferences": True,
+                    "runtimeClassName": "gvisor",
+                    "networkPolicies": {
+                        "proxy": {
+                            "enabled": True,
+                            "podLabels": {"app.kubernetes.io/name": "acp-egress-proxy"},
+                            "namespaceLabels": {"kubernetes.io/metadata.name": "acp-proxy"},
+                        }
+                    },
+                }
+            },
+        },
+    ),
+}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every manifest the chart renders for ``values`` (release acpw in acp-system)."""
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".yaml"):
+            docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = by_kind(docs, kind)
+    return found
+
+
+def worker_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = [
+        d for d in by_kind(docs, "Deployment") if "dev-redis" not in d["metadata"]["name"]
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        entry["name"]: entry.get("value", entry.get("valueFrom"))
+        for entry in worker_container(docs)["env"]
+    }
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: render(values) for name, values in PROFILES.items()}
+
+
+# --- rendering, lint, validation ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_lints_without_errors_or_warnings(profile: str) -> None:
+    report = helm.lint(CHART, PROFILES[profile], namespace=NAMESPACE, kube_version="v1.29.0")
+    assert report["total_charts_linted"] == 1
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_built_in_manifest_validates_strictly(
+    rendered: dict[str, list[dict[str, Any]]], profile: str, version: str
+) -> None:
+    built_in = [doc for doc in rendered[profile] if doc["kind"] not in CRD_SCHEMAS]
+    assert {"Deployment", "Service", "ServiceAccount"} <= {doc["kind"] for doc in built_in}
+    for doc in built_in:
+        assert kubernetes_validate.validate(doc, version, strict=True) == version, doc["kind"]
+
+
+def _crds(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    for docs in rendered.values():
+        yield from (doc for doc in docs if doc["kind"] in CRD_SCHEMAS)
+
+
+def test_crd_kinds_validate_against_their_schemas(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    seen = set()
+    for doc in _crds(rendered):
+        schema = json.loads((CRDS / f"{CRD_SCHEMAS[doc['kind']]}.schema.json").read_text())
+        jsonschema.validate(doc, schema)
+        seen.add(doc["kind"])
+    assert seen == set(CRD_SCHEMAS)
+
+
+def test_a_crd_schema_refuses_a_misplaced_field(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    scaled = one(rendered["keda"], "ScaledObject")
+    scaled["spec"]["minReplicas"] = 1  # HPA's spelling, not KEDA's
+    schema = json.loads((CRDS / "scaledobject.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(scaled, schema)
+
+
+# --- bad values fail at install time with the schema's (or the chart's) message ---------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (_merge(BASE, {"image": {"ref": "registry.example/acp/worker:1.2.3"}}), "/image/ref"),
+        (_merge(BASE, {"image": {"ref": IMAGE.replace("@", ":1.2.3@")}}), "/image/ref"),
+        ({"redis": BASE["redis"]}, "at '/image/ref': '' does not match pattern"),
+        (_merge(BASE, {"replicas": -1}), "/replicas"),
+        (_merge(BASE, {"concurrency": 0}), "/concurrency"),
+        (_merge(BASE, {"sandbox": {"backend": "daytona"}}), "/sandbox/backend"),
+        (_merge(BASE, {"replica": 3}), "additional properties 'replica' not allowed"),
+        (
+            _merge(BASE, {"autoscaling": {"keda": {"enabled": True, "minReplicas": 0}}}),
+            "/autoscaling/keda/minReplicas",
+        ),
+        (_merge(BASE, {"devRedis": {"enabled": True, "image": "redis:7"}}), "/devRedis/image"),
+    ],
+)
+def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], message: str) -> None:
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmValuesError, match=re.escape(message)),
+    ):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"image": {"ref": IMAGE}}, "set redis.url, redis.existingSecret, or devRedis.enabled"),
+        (
+            _merge(BASE, {"drain": {"graceSeconds": 950}}),
+            "drain.terminationGracePeriodSeconds (960) must be at least 970",
+        ),
+        (
+            _merge(BASE, {"env": {"ACPW_CANCEL_GRACE": "60"}}),
+            "drain.terminationGracePeriodSeconds (960) must be at least 970",
+        ),
+        (
+            _merge(BASE, {"autoscaling": {"keda": {"enabled": True}, "hpa": {"enabled": True}}}),
+            "are exclusive",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"ownerReferences": True}}}),
+            "owner references cannot cross namespaces",
+        ),
+        (
+            _merge(
+                BASE, {"sandbox": {"kubernetes": {"networkPolicies": {"proxy": {"enabled": True}}}}}
+            ),
+            "podLabels must name the proxy's pods",
+        ),
+    ],
+)
+def test_inconsistent_values_fail_with_the_charts_message(
+    values: dict[str, Any], message: str
+) -> None:
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmRenderError, match=re.escape(message)),
+    ):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_the_values_schema_is_draft_07() -> None:
+    """Draft-07, which Helm 3 before 3.18 (gojsonschema) validates too, not only Helm 4."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    jsonschema.Draft7Validator.check_schema(schema)
+    with helm.Chart.load(CHART) as chart:  # Helm validates the values merged with defaults
+        merged = chart.merge_values(PROFILES["keda"])
+    jsonschema.Draft7Validator(schema).validate(merged)
+
+
+def test_the_schema_takes_digests_as_the_kubernetes_backend_does() -> None:
+    """One rule for "named by digest": the schema's pattern is manifests' own."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert (
+        schema["properties"]["image"]["properties"]["ref"]["pattern"]
+        == manifests._DIGEST_REF.pattern
+    )
+
+
+# --- the worker Deployment ---------------------------------------------------------------
+
+
+def test_the_worker_runs_serve_from_the_digest_hardened(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["default"]
+    container = worker_container(docs)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert container["image"] == IMAGE
+    assert container["args"][:3] == ["serve", "--concurrency", "2"]
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["readinessProbe"]["exec"]["command"] == ["acp-worker", "ready"]
+    assert container["livenessProbe"]["exec"]["command"] == ["acp-worker", "ready"]
+    assert {c["topologyKey"] for c in pod["topologySpreadConstraints"]} == {
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    }
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/var/lib/acp-worker", "/tmp"}
+
+
+def test_drain_grace_is_set_from_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["default"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 960
+    assert env_of(docs)["ACPW_DRAIN_GRACE_S"] == "900"
+
+
+def test_the_settings_the_chart_sets_are_the_workers(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every plain ACPW_* value the kubernetes profile sets parses into Settings and
+    KubernetesConfig."""
+    env = env_of(rendered["sandbox-namespace"])
+    for name, value in env.items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACPW_K8S_OWNER_POD_NAME", "acpw-acp-worker-0")
+    monkeypatch.setenv("ACPW_K8S_OWNER_POD_UID", "0f6c1e0a-3b3e-4a59-9d7e-2a1c0de1f00d")
+    settings = Settings()
+    assert (settings.backend, settings.reap_backends, settings.queue) == (
+        "kubernetes",
+        ("kubernetes",),
+        "runs",
+    )
+    config = KubernetesConfig()
+    assert (config.k8s_namespace, config.k8s_runtime_class_name) == (NAMESPACE, "gvisor")
+    assert config.k8s_ephemeral_storage_bytes == 10 * 1024**3
+    assert env["ACPW_K8S_OWNER_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["ACPW_REDIS_URL"] == {"secretKeyRef": {"name": "acpw-redis", "key": "redis-url"}}
+    assert env["ACPW_BROKER_URL"] == {"secretKeyRef": {"name": "acpw-redis", "key": "broker"}}
+
+
+def test_single_node_uses_the_nodes_engine(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = rendered["single-node"]
+    env = env_of(docs)
+    monkeypatch.setenv("ACPW_DOCKER_HOST", env["ACPW_DOCKER_HOST"])
+    assert DockerConfig().docker_host == "unix:///var/run/docker.sock"
+    assert (env["ACPW_BACKEND"], env["ACPW_REAP_BACKENDS"]) == ("docker", '["docker"]')
+    kinds = {doc["kind"] for doc in docs}
+    assert not kinds & {"Role", "RoleBinding", "NetworkPolicy", "PodDisruptionBudget"}
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "docker-socket",
+        "hostPath": {"path": "/var/run/docker.sock", "type": "Socket"},
+    } in volumes
+
+
+def test_the_dev_redis_is_off_by_default_and_wired_when_on(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert not [d for d in rendered["default"] if "dev-redis" in d["metadata"]["name"]]
+    docs = rendered["dev-redis"]
+    redis_deployment = next(
+        d for d in by_kind(docs, "Deployment") if "dev-redis" in d["metadata"]["name"]
+    )
+    assert redis_deployment["spec"]["replicas"] == 1
+    assert env_of(docs)["ACPW_REDIS_URL"] == "redis://acpw-acp-worker-dev-redis:6379/0"
+    assert not by_kind(docs, "Secret")
+
+
+# --- RBAC and the sandbox namespace --------------------------------------------------------
+
+
+def test_the_role_has_exactly_the_backends_rules(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    role = one(rendered["default"], "Role")
+    expected = manifests.role(KubernetesConfig(k8s_namespace="acp-sandboxes"))
+    assert role["rules"] == expected["rules"]
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
+        ([rule.api_group], [rule.resource], list(rule.verbs)) for rule in RBAC_RULES
+    ]
+    assert role["metadata"]["namespace"] == "acp-sandboxes"
+    assert not [d for d in rendered["default"] if d["kind"].startswith("Cluster")]
+
+
+def test_the_role_is_bound_to_the_workers_service_account(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["default"]
+    binding = one(docs, "RoleBinding")
+    account = one(docs, "ServiceAccount")["metadata"]
+    expected = manifests.role_binding(
+        KubernetesConfig(k8s_namespace="acp-sandboxes"),
+        service_account=account["name"],
+        service_account_namespace=account["namespace"],
+    )
+    assert (binding["roleRef"], binding["subjects"]) == (expected["roleRef"], expected["subjects"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["name"]
+
+
+def test_network_policies_are_the_backends(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    config = KubernetesConfig(k8s_namespace=NAMESPACE)
+    proxy = ProxyPeer(
+        pod_labels={"app.kubernetes.io/name": "acp-egress-proxy"},
+        namespace_labels={"kubernetes.io/metadata.name": "acp-proxy"},
+        port=3128,
+    )
+    assert by_kind(rendered["sandbox-namespace"], "NetworkPolicy") == manifests.network_policies(
+        config, proxy
+    )
+    default_config = KubernetesConfig(k8s_namespace="acp-sandboxes")
+    assert by_kind(rendered["default"], "NetworkPolicy") == manifests.network_policies(
+        default_config, None
+    )
+
+
+def test_the_sandbox_namespace_enforces_restricted(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    labels = one(rendered["sandbox-namespace"], "Namespace")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert not by_kind(rendered["default"], "Namespace")
+
+
+# --- scaling -------------------------------------------------------------------------------
+
+
+def test_keda_scales_on_queued_plus_running_per_concurrency(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = rendered["keda"]
+    scaled = one(docs, "ScaledObject")
+    (trigger,) = scaled["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    assert "acpw_queue_depth" in query
+    assert "acpw_jobs_running" in query
+    assert trigger["metadata"]["threshold"] == "2"  # concurrency: jobs per replica
+    assert scaled["spec"]["minReplicaCount"] >= 1
+    assert "replicas" not in one(docs, "Deployment")["spec"]  # the autoscaler owns it
+
+
+def test_the_hpa_fallback_uses_the_same_signal(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    hpa = one(rendered["hpa"], "HorizontalPodAutoscaler")
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["name"] == "acpw_backlog"
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "2"}
+    assert hpa["spec"]["behavior"]["scaleDown"]["policies"] == [
+        {"type": "Pods", "value": 1, "periodSeconds": 60}
+    ]
+
+
+def test_a_pdb_guards_the_workers(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pdb = one(rendered["default"], "PodDisruptionBudget")
+    pod_labels = one(rendered["default"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+# --- observability: every metric a query names is one the worker exports ---------------------
+
+_METRIC = re.compile(r"\bacpw_[a-z0-9_]+\b")
+_PHASE = re.compile(r'phase="([a-z_]+)"')
+
+
+def exported_series() -> set[str]:
+    """Every series name worker/metrics.py exports: counters' ``_total``, histograms'
+    ``_bucket``/``_count``/``_sum``, and the backlog gauges."""
+    names: set[str] = set()
+    for collector in [
+        *REGISTRY._collector_to_names,
+        metrics.BacklogCollector(lambda: metrics.Backlog(0, 0, 0)),
+    ]:
+        for family in collector.collect():
+            if not family.name.startswith("acpw_"):
+                continue
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}
+            names |= {family.name + suffix for suffix in suffixes.get(family.type, [""])}
+    return names
+
+
+def _queries(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    for group in one(rendered["keda"], "PrometheusRule")["spec"]["groups"]:
+        queries |= {f"alert {rule['alert']}": rule["expr"] for rule in group["rules"]}
+    dashboard = json.loads(one(rendered["default"], "ConfigMap")["data"]["acp-worker.json"])
+    for panel in dashboard["panels"]:
+        queries |= {f"panel {panel['title']} {t['refId']}": t["expr"] for t in panel["targets"]}
+    queries["keda"] = one(rendered["keda"], "ScaledObject")["spec"]["triggers"][0]["metadata"][
+        "query"
+    ]
+    return queries
+
+
+def test_every_query_names_metrics_the_worker_exports(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    exported = exported_series()
+    assert {"acpw_jobs_total", "acpw_job_duration_seconds_bucket", "acpw_queue_depth"} <= exported
+    queries = _queries(rendered)
+    assert len(queries) > 15
+    for where, expr in queries.items():
+        named = set(_METRIC.findall(expr))
+        assert named, f"{where} names no acp-worker metric: {expr}"
+        assert named <= exported, f"{where} names {named - exported}, not exported"
+
+
+def test_phase_labels_in_queries_are_phases_the_worker_marks(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    marked = {
+        match
+        for path in (REPO / "worker").rglob("*.py")
+        for match in re.findall(r'mark\("([a-z_]+)"\)', path.read_text(encoding="utf-8"))
+    }
+    phases = {phase for expr in _queries(rendered).values() for phase in _PHASE.findall(expr)}
+    assert phases == {"sandbox_create"}
+    assert phases <= marked
+
+
+def test_the_alerts_and_the_dashboard_cover_the_issue(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    alerts = {
+        rule["alert"]
+        for rule in one(rendered["keda"], "PrometheusRule")["spec"]["groups"][0]["rules"]
+    }
+    assert {
+        "ACPWorkerQueueBackingUp",
+        "ACPWorkerJobsLost",
+        "ACPWorkerReaperFailing",
+        "ACPWorkerSandboxStartSlow",
+    } <= alerts
+    configmap = one(rendered["default"], "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    titles = " ".join(
+        p["title"] for p in json.loads(configmap["data"]["acp-worker.json"])["panels"]
+    )
+    for topic in (
+        "status",
+        "Queue depth",
+        "running",
+        "Job duration",
+        "Phase durations",
+        "Sandbox start",
+        "Events",
+        "Leases lost",
+        "Reaper",
+    ):
+        assert topic in titles
+    service_monitor = one(rendered["keda"], "ServiceMonitor")
+    service = one(rendered["keda"], "Service")
+    assert (
+        service_monitor["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    )
