@@ -7,6 +7,10 @@ here, at the entry point; with no ``ACPW_REDIS_URL`` the local default Redis is 
 ``celery -A tasks worker`` or ``acp-worker serve`` runs it (``serve`` also starts this
 host's reaper; a bare ``celery worker`` does not).
 
+SIGTERM drains the worker (``worker.service.drain``): Celery stops consuming at once and
+waits for the running jobs; after ``ACPW_DRAIN_GRACE_S`` the main process signals its pool
+processes, whose jobs still running are handed back and queued again as a new attempt.
+
 A producer that imports this module and publishes ``run_job`` itself
 (``tasks.run_job.apply_async(...)``, ``app.send_task``) gets the message's Celery time
 limits derived from the job's ``limits.timeout_s`` when it set none
@@ -18,13 +22,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import before_task_publish, worker_init
+from celery.signals import (
+    before_task_publish,
+    worker_init,
+    worker_process_init,
+    worker_shutting_down,
+)
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
 from worker.service.guarded import Delivery, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
@@ -35,6 +46,9 @@ log = logging.getLogger(__name__)
 settings = Settings()
 settings = settings.model_copy(update={"redis_url": choose_redis(settings.redis_url).url})
 app = make_celery(settings)
+# In each pool process: tripped by the main process once the drain grace is over.
+hand_back = HandBack()
+_drain: list[DrainTimer] = []  # the main process's, made at worker_init
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -48,7 +62,9 @@ def run_job(
     """
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     try:
-        result = asyncio.run(run_delivery(delivery, settings=settings, environ=dict(os.environ)))
+        result = asyncio.run(
+            run_delivery(delivery, settings=settings, environ=dict(os.environ), hand_back=hand_back)
+        )
     except SoftTimeLimitExceeded:
         # Backstop beyond the job's own timeout: the lease expires and the reaper settles.
         log.error("run_job exceeded its Celery soft time limit")
@@ -74,6 +90,33 @@ def _serve_metrics(**_: object) -> None:
     """In the worker's main process: ``/metrics``, ``/ready``, ``/healthz``."""
     if settings.metrics_port is not None:
         metrics.start_server(settings.metrics_port, lambda: metrics.readiness_of(settings))
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _drain_timer(sender: Any = None, **_: object) -> None:
+    """In the main process: the timer a SIGTERM arms (``worker.service.drain``)."""
+    worker = sender
+    _drain.append(DrainTimer(settings.drain_grace_s, lambda: _pool_pids(worker)))
+
+
+@worker_shutting_down.connect  # type: ignore[untyped-decorator]
+def _drain_started(**_: object) -> None:
+    """SIGTERM (or SIGINT, SIGQUIT): Celery has stopped consuming; the grace starts."""
+    for timer in _drain:
+        timer.arm()
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _hand_back_on_signal(**_: object) -> None:
+    """In each pool process: ``HAND_BACK_SIGNAL`` trips the switch its jobs watch."""
+    signal.signal(HAND_BACK_SIGNAL, lambda *_: hand_back.trip())
+
+
+def _pool_pids(worker: Any) -> list[int]:
+    pool = getattr(worker, "pool", None)
+    info = pool.info if pool is not None else {}
+    pids = info.get("processes", []) if isinstance(info, dict) else []
+    return [pid for pid in pids if isinstance(pid, int)]
 
 
 def _int_or_none(value: object) -> int | None:

@@ -74,6 +74,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": soft,
         "task_time_limit": hard,
         "worker_prefetch_multiplier": 1,
+        # A worker fetches a message only for a free pool process: a draining worker holds
+        # none it has not started (docs/operating.md, Draining a worker).
+        "worker_disable_prefetch": True,
         "broker_transport_options": {"visibility_timeout": visibility_timeout(settings)},
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
