@@ -10,6 +10,8 @@ are printed; ``-s`` shows them. No assertion is on elapsed time.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import signal
 import subprocess
@@ -20,7 +22,9 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from tests.integration.test_run_job import _job
 from tests.integration.test_service import (
     ACP_WORKER,
     BROKER_URL,
@@ -36,7 +40,18 @@ from tests.integration.test_service import (
     wait_for,
 )
 from worker.client import Client
+from worker.errors import HandedBack, LeaseLost
+from worker.events.completed import job_completed
+from worker.events.emitter import EventEmitter
+from worker.events.models import Notice
+from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
+from worker.service.guarded import Delivery, run_delivery
+from worker.settings import Settings
 from worker.store import keys
+from worker.store import lease as leases
+from worker.store.fenced import FencedStreamSink, SinkPolicy
+from worker.store.lease import Lease, Refusal
+from worker.store.state import read_state
 
 pytestmark = pytest.mark.integration
 
@@ -72,11 +87,12 @@ class Serve:
         self.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "Warm shutdown" in self.log.read_text(), "the warm shutdown", 10)
 
-    def exited(self, timeout: float = 60) -> tuple[int, float]:
-        """The exit code, and milliseconds from SIGTERM to exit."""
+    def exited(self, timeout: float = 60, *, since: float | None = None) -> tuple[int, float]:
+        """The exit code, and milliseconds from SIGTERM (or ``since``) to exit."""
         code = self.proc.wait(timeout)
-        assert self.termed_at is not None
-        return code, (time.monotonic() - self.termed_at) * 1000
+        start = since if since is not None else self.termed_at
+        assert start is not None
+        return code, (time.monotonic() - start) * 1000
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -155,15 +171,16 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(
     ]
     assert _worker_of([e.event for e in after], 1) == "drain-b"
     assert first.proc.poll() is None  # still draining: busy-1 waits for its answer
+    answered = time.monotonic()
     client.answer("busy-1", question, ANSWER)
-    code, term_to_exit = first.exited()
+    code, answer_to_exit = first.exited(since=answered)
     events = events_of(client, "busy-1")
     assert [(e["attempt"], e["data"]["status"]) for e in completed(events)] == [(1, "succeeded")]
     assert _worker_of(events, 1) == "drain-a"
     assert code == 0
     assert "duplicates" not in client.get("after-1").fields
     assert sandboxes_of("busy-1") == []
-    FIGURES["busy_sigterm_to_exit_incl_waiting_for_the_answer"] = round(term_to_exit)
+    FIGURES["busy_last_job_answered_to_exit"] = round(answer_to_exit)
     second.term()
     code, idle_term_to_exit = second.exited()
     assert code == 0
@@ -201,3 +218,140 @@ def test_a_job_outliving_the_grace_is_handed_back_and_run_as_attempt_2(
     FIGURES["handback_to_attempt_2_running"] = _stream_ms("long-1", "job.started", 2) - _stream_ms(
         "long-1", "job.completed", 1
     )
+
+
+# --- the hand-back itself, in one process -----------------------------------------------
+
+
+async def _emit_completed(client: aioredis.Redis, lease: Lease, error: HandedBack) -> bool:
+    sink = FencedStreamSink(client, lease, policy=SinkPolicy())
+    emitter = EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[sink])
+    await emitter.emit(job_completed(status="cancelled", error=error, duration_ms=1.0))
+    await emitter.close()
+    return sink.handed_back
+
+
+async def test_a_hand_back_queues_the_next_attempt_and_fences_the_old_owner(
+    aredis: aioredis.Redis,
+) -> None:
+    old = await leases.acquire(aredis, "hb-1", worker_id="w1", ttl=30, job_json="{}")
+    assert isinstance(old, Lease)
+    assert await _emit_completed(aredis, old, HandedBack("drained", next_attempt=2))
+    state = await read_state(aredis, "hb-1")
+    assert state is not None
+    [(last_id, _)] = await aredis.xrevrange(keys.events("hb-1"), count=1)
+    assert (state.attempt, state.status, state.enqueued) == (2, "queued", False)
+    assert state.attempt_after == last_id.decode()  # attempt 2's events start after it
+    assert await aredis.exists(keys.lease("hb-1"), keys.settled("hb-1")) == 0
+    assert await aredis.ttl(keys.state("hb-1")) == -1  # not settled: no TTL
+    late = FencedStreamSink(aredis, old, policy=SinkPolicy())
+    late_emitter = EventEmitter(job_id="hb-1", attempt=1, sinks=[late])
+    await late_emitter.emit(Notice(level="info", code="late", message="too late"))
+    with pytest.raises(LeaseLost):
+        await late.close()
+    assert not await leases.renew(aredis, old, ttl=30)
+    new = await leases.acquire(aredis, "hb-1", worker_id="w2", ttl=30, attempt=2)
+    assert isinstance(new, Lease), new  # never `held` by the handed-back owner
+    assert new.token > old.token
+    again = await leases.acquire(aredis, "hb-1", worker_id="w3", ttl=30, attempt=1)
+    assert isinstance(again, Refusal)
+    assert again.reason == "stale"
+    events = [json.loads(f[b"event"]) for _, f in await aredis.xrange(keys.events("hb-1"))]
+    assert [e["type"] for e in events] == ["job.completed"]
+
+
+def _in_process_settings(tmp_path: Path) -> Settings:
+    return Settings(
+        redis_url=REDIS_URL,
+        broker_url=BROKER_URL,
+        lease_renew=0.5,
+        cache_dir=tmp_path / "cache",
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        secrets_dir=tmp_path / "secrets",
+        shutdown_eof_grace=1,
+        cancel_grace=2,
+        drain_grace_s=0,
+    )
+
+
+async def _marker(client: Client, job_id: str, text: str) -> None:
+    for _ in range(600):
+        if any(text in json.dumps(e) for e in events_of(client, job_id)):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"{text!r} never reached Redis")
+
+
+def _published_attempts() -> list[int]:
+    """The ``attempt`` of each ``tasks.run_job`` message waiting in the broker."""
+    with redis.Redis.from_url(BROKER_URL) as broker:
+        raw = broker.lrange("runs", 0, -1)
+    bodies = [json.loads(base64.b64decode(json.loads(m)["body"])) for m in raw]
+    return [int(body[1]["attempt"]) for body in bodies]
+
+
+@pytest.mark.usefixtures("redis_url")
+async def test_a_tripped_switch_hands_the_job_back_and_publishes_attempt_2(
+    tmp_path: Path, client: Client
+) -> None:
+    _flush(BROKER_URL)
+    spec = json.loads(_job(tmp_path, "#!scenario\nsay running\nhang\n").read_text())
+    spec["workspace"]["path"] = str(tmp_path / "ws")
+    client.submit(spec)  # attempt 1's message: taken here, by hand, as a worker would
+    _flush(BROKER_URL)
+    switch = HandBack()
+    delivery = Delivery(spec, attempt=1)
+    settings = _in_process_settings(tmp_path)
+    served = asyncio.create_task(
+        run_delivery(delivery, settings=settings, environ={}, hand_back=switch)
+    )
+    await _marker(client, spec["job_id"], "running")
+    switch.trip()
+    result = await asyncio.wait_for(served, 60)
+    assert (result.outcome, result.attempt, result.status) == ("handed_back", 1, "cancelled")
+    state = client.get(spec["job_id"])
+    assert (state.attempt, state.status, state.enqueued) == (2, "queued", True)
+    assert _published_attempts() == [2]
+    assert await asyncio.to_thread(sandboxes_of, spec["job_id"]) == []
+    assert list((tmp_path / "work").iterdir()) == []
+    _flush(BROKER_URL)
+
+
+@pytest.mark.usefixtures("redis_url")
+async def test_a_job_the_control_plane_cancelled_is_not_handed_back(
+    tmp_path: Path, client: Client
+) -> None:
+    """Both a cancel and the drain are there when the job starts (each sets its ``cancel``
+    at once): the cancel the control plane asked for wins, no next attempt is queued."""
+    _flush(BROKER_URL)
+    spec = json.loads(_job(tmp_path, "#!scenario\nsay running\nhang\n").read_text())
+    spec["workspace"]["path"] = str(tmp_path / "ws")
+    client.submit(spec)
+    _flush(BROKER_URL)
+    client.cancel(spec["job_id"])
+    switch = HandBack()
+    switch.trip()
+    settings = _in_process_settings(tmp_path)
+    delivery = Delivery(spec, attempt=1)
+    result = await run_delivery(delivery, settings=settings, environ={}, hand_back=switch)
+    assert (result.outcome, result.status, result.error) == ("ran", "cancelled", None)
+    state = client.get(spec["job_id"])
+    assert (state.attempt, state.status) == (1, "cancelled")
+    codes = [e["data"]["code"] for e in events_of(client, spec["job_id"]) if e["type"] == "notice"]
+    assert codes == ["cancelled_before_launch"]
+    assert _published_attempts() == []
+
+
+def test_the_timer_signals_every_pool_process_and_skips_one_gone() -> None:
+    """Real processes: one that takes the signal's default action, one already reaped."""
+    alive = subprocess.Popen(["sleep", "60"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        timer = DrainTimer(0.0, lambda: [alive.pid, gone.pid])
+        assert timer.fire() == [alive.pid]
+        assert alive.wait(10) == -HAND_BACK_SIGNAL
+    finally:
+        alive.kill()
+        alive.wait()
