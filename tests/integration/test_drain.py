@@ -211,6 +211,12 @@ def test_a_job_outliving_the_grace_is_handed_back_and_run_as_attempt_2(
     assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
     assert (_worker_of(everything, 1), _worker_of(everything, 2)) == ("drain-c", "drain-d")
     assert client.get("long-1").status == "succeeded"
+    followed = client.events("long-1", follow=True, attempt=1, timeout=30)
+    assert [  # a follower of attempt 1 goes on with attempt 2, to its end
+        (e.event["attempt"], e.event["data"]["status"])
+        for e in followed
+        if e.event["type"] == "job.completed"
+    ] == [(1, "cancelled"), (2, "succeeded")]
     assert sandboxes_of("long-1") == []
     with redis.Redis.from_url(REDIS_URL) as r:
         assert r.hget(keys.settled("long-1"), "attempt") == b"2"  # attempt 1 never settled
