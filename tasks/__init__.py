@@ -8,13 +8,9 @@ here, at the entry point; with no ``ACPW_REDIS_URL`` the local default Redis is 
 host's reaper; a bare ``celery worker`` does not).
 
 SIGTERM drains the worker (``worker.service.drain``): Celery stops consuming at once and
-waits for the running jobs; after ``ACPW_DRAIN_GRACE_S`` the main process signals its pool
-processes, whose jobs still running are handed back and queued again as a new attempt.
-
-A producer that imports this module and publishes ``run_job`` itself
-(``tasks.run_job.apply_async(...)``, ``app.send_task``) gets the message's Celery time
-limits derived from the job's ``limits.timeout_s`` when it set none
-(``before_task_publish``), like ``Client.submit``.
+waits for the running jobs (a message still arriving goes back to the queue at once);
+after ``ACPW_DRAIN_GRACE_S`` the main process signals its pool processes, whose jobs still
+running are handed back and queued again as a new attempt.
 """
 
 from __future__ import annotations
@@ -28,10 +24,12 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import (
     before_task_publish,
+    task_received,
     worker_init,
     worker_process_init,
     worker_shutting_down,
 )
+from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
@@ -104,6 +102,23 @@ def _drain_started(**_: object) -> None:
     """SIGTERM (or SIGINT, SIGQUIT): Celery has stopped consuming; the grace starts."""
     for timer in _drain:
         timer.arm()
+
+
+@task_received.connect  # type: ignore[untyped-decorator]
+def _not_while_draining(request: Any = None, **_: object) -> None:
+    """A message that reaches a draining worker goes back to the head of the queue now.
+
+    Cancelling the consumer does not cut a fetch already in flight (kombu delays it until
+    the read completes, celery#1773): its message would otherwise sit in this worker,
+    never run, until the worker exits (kombu restores unacknowledged messages then).
+    Rejected with requeue it is another worker's at once; marked revoked, this worker
+    drops it instead of running it.
+    """
+    if request is None or not any(timer.armed for timer in _drain):
+        return
+    log.info("draining: message %s goes back to the queue", request.id)
+    request.reject(requeue=True)
+    revoked_tasks.add(request.id)
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

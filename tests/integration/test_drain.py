@@ -64,13 +64,13 @@ FIGURES: dict[str, float] = {}
 
 
 class Serve:
-    """``acp-worker serve --concurrency 1``; ``term`` signals the serve process only."""
+    """``acp-worker serve``; ``term`` signals the serve process only."""
 
-    def __init__(self, log: Path, worker_id: str, *, grace: float) -> None:
+    def __init__(self, log: Path, worker_id: str, *, grace: float, concurrency: int) -> None:
         self.worker_id = worker_id
         self.log = log
         env = _env(worker_id) | {"ACPW_DRAIN_GRACE_S": str(grace)}
-        argv = [ACP_WORKER, "serve", "--concurrency", "1", "--no-reaper", "--loglevel", "INFO"]
+        argv = [ACP_WORKER, "serve", "--concurrency", str(concurrency), "--no-reaper"]
         with log.open("w") as out:
             self.proc = subprocess.Popen(
                 argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
@@ -106,8 +106,9 @@ def serve(tmp_path: Path, redis_url: str) -> Iterator[Any]:
     _flush(BROKER_URL)
     started: list[Serve] = []
 
-    def start(worker_id: str, grace: float) -> Serve:
-        started.append(Serve(tmp_path / f"{worker_id}.log", worker_id, grace=grace))
+    def start(worker_id: str, grace: float, concurrency: int = 1) -> Serve:
+        log = tmp_path / f"{worker_id}.log"
+        started.append(Serve(log, worker_id, grace=grace, concurrency=concurrency))
         return started[-1]
 
     yield start
@@ -159,11 +160,12 @@ def _stream_ms(job_id: str, event_type: str, attempt: int) -> int:
 def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(
     serve: Any, client: Client
 ) -> None:
-    first = serve("drain-a", grace=60)
+    first = serve("drain-a", grace=60, concurrency=2)
     client.submit(job("busy-1", GATED))
     question = _question(client, "busy-1", 1)
     first.term()
-    client.submit(job("after-1"))  # queued after the signal: not for the draining worker
+    # Queued after the signal: the draining worker has a free process, yet does not take it.
+    client.submit(job("after-1"))
     second = serve("drain-b", grace=60)
     after = list(client.events("after-1", follow=True, timeout=60))
     assert [e.event["data"]["status"] for e in after if e.event["type"] == "job.completed"] == [

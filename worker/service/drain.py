@@ -1,7 +1,8 @@
 """Draining a worker on SIGTERM: finish what runs within a grace, hand back the rest.
 
     SIGTERM to ``serve`` (Celery's main process) → Celery's warm shutdown stops
-    consuming at once and waits for the running tasks → after ``drain_grace_s``,
+    consuming and waits for the running tasks (a message its last fetch brings in after
+    the signal goes straight back to the head of the queue, ``tasks``) → after ``drain_grace_s``,
     :class:`DrainTimer` sends ``HAND_BACK_SIGNAL`` to every pool process → in each, the
     :class:`HandBack` switch sets the ``cancel`` of the job under way (and of any job it
     would start later) → that job stops like a cancelled one (sandbox destroyed), but its
@@ -80,6 +81,11 @@ class DrainTimer:
         self._pids = pids
         self._send = send
         self._timer: threading.Timer | None = None
+
+    @property
+    def armed(self) -> bool:
+        """True once the drain began (SIGTERM)."""
+        return self._timer is not None
 
     def arm(self) -> None:
         """Start the countdown (once; a second SIGTERM does not restart it)."""
