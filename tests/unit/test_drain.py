@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from worker.errors import HandedBack, LeaseLost
+from worker.events import notices
 from worker.events.completed import job_completed
 from worker.service.drain import HandBack
 from worker.settings import Settings
@@ -34,6 +35,12 @@ def test_only_a_cancelled_completion_carrying_handed_back_hands_back(
     event: dict[str, Any], marker: str
 ) -> None:
     assert terminal_marker(event) == marker
+
+
+def test_the_handed_back_notice_names_the_next_attempt() -> None:
+    notice = notices.handed_back(3, "w-1", 10.0)
+    assert (notice.level, notice.code) == ("warning", "handed_back")
+    assert notice.details == {"next_attempt": 4, "worker_id": "w-1", "drain_grace_s": 10.0}
 
 
 def test_handed_back_is_a_cancel_of_the_attempt_not_a_failure() -> None:
