@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from celery import current_app
 
 from tests.integration.test_run_job import _job
 from tests.integration.test_service import (
@@ -40,6 +41,7 @@ from tests.integration.test_service import (
     wait_for,
 )
 from worker.client import Client
+from worker.client.queue import make_celery
 from worker.errors import HandedBack, LeaseLost
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -363,3 +365,12 @@ def test_the_timer_signals_every_pool_process_and_skips_one_gone() -> None:
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_client_made_in_a_worker_process_leaves_the_worker_app_current(redis_url: str) -> None:
+    """The hand-back publishes through a ``Client`` in the pool process: the pool's task
+    tracing looks tasks up in Celery's current app, which must stay the worker's."""
+    worker_app = make_celery(_settings())
+    assert current_app._get_current_object() is worker_app
+    with Client(redis_url, settings=_settings()):
+        assert current_app._get_current_object() is worker_app

@@ -89,7 +89,7 @@ class Client:
     def __init__(self, redis_url: str, *, settings: Settings | None = None) -> None:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
         self._redis = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
-        self._celery = queue.make_celery(self._settings, name="acp-worker-client")
+        self._celery = queue.make_celery(self._settings, name="acp-worker-client", current=False)
         self._events = _EventReader(self._redis)
 
     def close(self) -> None:
