@@ -182,6 +182,7 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(
     assert [(e["attempt"], e["data"]["status"]) for e in completed(events)] == [(1, "succeeded")]
     assert _worker_of(events, 1) == "drain-a"
     assert code == 0
+    assert "drain grace of" not in first.log.read_text()  # out before the grace was over
     assert "duplicates" not in client.get("after-1").fields
     assert sandboxes_of("busy-1") == []
     FIGURES["busy_last_job_answered_to_exit"] = round(answer_to_exit)
