@@ -7,10 +7,10 @@ here, at the entry point; with no ``ACPW_REDIS_URL`` the local default Redis is 
 ``celery -A tasks worker`` or ``acp-worker serve`` runs it (``serve`` also starts this
 host's reaper; a bare ``celery worker`` does not).
 
-A producer that imports this module and publishes ``run_job`` itself
-(``tasks.run_job.apply_async(...)``, ``app.send_task``) gets the message's Celery time
-limits derived from the job's ``limits.timeout_s`` when it set none
-(``before_task_publish``), like ``Client.submit``.
+SIGTERM drains the worker (``worker.service.drain``): Celery stops consuming at once and
+waits for the running jobs (a message still arriving goes back to the queue at once);
+after ``ACPW_DRAIN_GRACE_S`` the main process signals its pool processes, whose jobs still
+running are handed back and queued again as a new attempt.
 """
 
 from __future__ import annotations
@@ -18,13 +18,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from typing import Any
 
+from celery import bootsteps
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import before_task_publish, worker_init
+from celery.signals import (
+    before_task_publish,
+    task_received,
+    worker_init,
+    worker_process_init,
+    worker_shutting_down,
+)
+from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
 from worker.service.guarded import Delivery, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
@@ -35,6 +45,9 @@ log = logging.getLogger(__name__)
 settings = Settings()
 settings = settings.model_copy(update={"redis_url": choose_redis(settings.redis_url).url})
 app = make_celery(settings)
+# In each pool process: tripped by the main process once the drain grace is over.
+hand_back = HandBack()
+_drain: list[DrainTimer] = []  # the main process's, made at worker_init
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -48,7 +61,9 @@ def run_job(
     """
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     try:
-        result = asyncio.run(run_delivery(delivery, settings=settings, environ=dict(os.environ)))
+        result = asyncio.run(
+            run_delivery(delivery, settings=settings, environ=dict(os.environ), hand_back=hand_back)
+        )
     except SoftTimeLimitExceeded:
         # Backstop beyond the job's own timeout: the lease expires and the reaper settles.
         log.error("run_job exceeded its Celery soft time limit")
@@ -78,6 +93,75 @@ def _serve_metrics(**_: object) -> None:
             lambda: metrics.readiness_of(settings),
             backlog_read=lambda: metrics.backlog_of(settings),
         )
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _drain_timer(sender: Any = None, **_: object) -> None:
+    """In the main process: the timer a SIGTERM arms (``worker.service.drain``)."""
+    worker = sender
+    _drain.append(DrainTimer(settings.drain_grace_s, lambda: _pool_pids(worker)))
+
+
+@worker_shutting_down.connect  # type: ignore[untyped-decorator]
+def _drain_started(**_: object) -> None:
+    """SIGTERM (or SIGINT, SIGQUIT): Celery has stopped consuming; the grace starts."""
+    for timer in _drain:
+        timer.arm()
+
+
+class _FetchInFlight(bootsteps.StartStopStep):  # type: ignore[misc]
+    """At the warm shutdown, the reply of a fetch (BRPOP) still in flight is read before
+    the queue consumer is cancelled, so its message reaches ``_not_while_draining``.
+
+    Otherwise the popped message waits unread in the connection until the worker exits
+    (kombu reads it when it closes the channel, then requeues it), the whole drain long.
+    Reading it costs at most kombu's BRPOP timeout (1 s).
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)  # so it stops before Tasks does
+
+    def stop(self, parent: Any) -> None:
+        channel = getattr(getattr(parent, "task_consumer", None), "channel", None)
+        if channel is None or not getattr(channel, "_in_poll", None):  # none, or not Redis
+            return
+        try:
+            channel._brpop_read()  # kombu has no public way to finish a fetch
+            log.info("draining: read the fetch in flight")
+        except Exception as exc:  # an empty reply (kombu's Empty) or a broken connection
+            log.info("draining: no message in flight (%s)", type(exc).__name__)
+
+
+app.steps["consumer"].add(_FetchInFlight)
+
+
+@task_received.connect  # type: ignore[untyped-decorator]
+def _not_while_draining(request: Any = None, **_: object) -> None:
+    """A message that reaches a draining worker goes back to the head of the queue now.
+
+    Cancelling the consumer does not cut a fetch already in flight (kombu delays it until
+    the read completes, celery#1773): its message would otherwise sit in this worker,
+    never run, until the worker exits (kombu restores unacknowledged messages then).
+    Rejected with requeue it is another worker's at once; marked revoked, this worker
+    drops it instead of running it.
+    """
+    if request is None or not any(timer.armed for timer in _drain):
+        return
+    log.info("draining: message %s goes back to the queue", request.id)
+    request.reject(requeue=True)
+    revoked_tasks.add(request.id)
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _hand_back_on_signal(**_: object) -> None:
+    """In each pool process: ``HAND_BACK_SIGNAL`` trips the switch its jobs watch."""
+    signal.signal(HAND_BACK_SIGNAL, lambda *_: hand_back.trip())
+
+
+def _pool_pids(worker: Any) -> list[int]:
+    pool = getattr(worker, "pool", None)
+    info = pool.info if pool is not None else {}
+    pids = info.get("processes", []) if isinstance(info, dict) else []
+    return [pid for pid in pids if isinstance(pid, int)]
 
 
 def _int_or_none(value: object) -> int | None:

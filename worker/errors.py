@@ -48,6 +48,7 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── SinkUnavailable              sink_unavailable         1
     ├── ServiceUnavailable           service_unavailable      1
     ├── EventsTrimmed                events_trimmed           1
+    ├── HandedBack                   handed_back              4
     └── LeaseError                   lease_error              1
         └── LeaseLost                lease_lost               1
 
@@ -320,6 +321,16 @@ class EventsTrimmed(WorkerError):
     """
 
     code = "events_trimmed"
+
+
+class HandedBack(WorkerError):
+    """A draining worker stopped the attempt and queued the job again as the next attempt:
+    the error of the handed-back attempt's ``job.completed`` (status ``cancelled``), not
+    an outcome of the job. ``details``: ``next_attempt``, ``worker_id``, ``drain_grace_s``.
+    """
+
+    code = "handed_back"
+    exit_code = EXIT_CANCELLED
 
 
 class LeaseError(WorkerError):

@@ -48,7 +48,11 @@ log = logging.getLogger(__name__)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
 _SHORT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
-JOBS = Counter("acpw_jobs_total", "Jobs settled, by terminal status.", ["status"])
+JOBS = Counter(
+    "acpw_jobs_total",
+    "Jobs settled, by terminal status; handed_back: an attempt a draining worker gave back.",
+    ["status"],
+)
 JOB_DURATION = Histogram(
     "acpw_job_duration_seconds", "Lease acquired to job settled.", buckets=_DURATION_BUCKETS
 )

@@ -197,6 +197,13 @@ class Settings(BaseSettings):
     queue: str = Field(default="runs", description="Celery queue of run jobs.")
     lease_ttl: float = Field(default=30.0, gt=0, description="Seconds a lease lives unrenewed.")
     lease_renew: float = Field(default=10.0, gt=0, description="Seconds between renewals.")
+    drain_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="Seconds `serve` lets running jobs finish after SIGTERM before it hands "
+        "them back (cancelled, queued again as a new attempt); size it below the pod's "
+        "terminationGracePeriodSeconds (docs/operating.md, Draining a worker).",
+    )
     events_ttl: int = Field(
         default=24 * 3600, gt=0, description="Seconds a job's keys live after it settled."
     )

@@ -30,6 +30,7 @@ import redis.exceptions
 from worker.client import queue
 from worker.errors import (
     EventsTrimmed,
+    HandedBack,
     InteractionClosed,
     InvalidInput,
     InvalidJobSpec,
@@ -88,7 +89,7 @@ class Client:
     def __init__(self, redis_url: str, *, settings: Settings | None = None) -> None:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
         self._redis = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
-        self._celery = queue.make_celery(self._settings, name="acp-worker-client")
+        self._celery = queue.make_celery(self._settings, name="acp-worker-client", current=False)
         self._events = _EventReader(self._redis)
 
     def close(self) -> None:
@@ -262,7 +263,9 @@ class Client:
         ``attempt``, or by default of the attempt that was current when the call began
         (an earlier attempt's completion does not end it; a job with no state, e.g. one
         run by ``acp-worker run --redis``, ends at the first), or once ``timeout`` seconds
-        passed without it; without ``follow``, ends at the current end of the stream. A
+        passed without it. A completion whose error is ``handed_back`` (a draining worker
+        queued the job again) does not end it: the follow goes on with the next attempt,
+        as ``attempt`` then too; without ``follow``, ends at the current end of the stream. A
         cursor already past that ``job.completed`` (resuming after it) ends it too: once
         the job's state says the attempt settled and the stream, read again after that,
         has nothing more.
@@ -320,7 +323,12 @@ class _EventReader:
                     continue
                 yield item
                 if follow and _completes(item, until):
-                    return
+                    following = _handed_back_to(item)
+                    if following is None:
+                        return
+                    # The job goes on as its next attempt: so does the follow.
+                    until = following
+                    attempt = following if attempt is not None else None
             if len(batch) < _PAGE:
                 if not follow or settled:
                     return
@@ -417,6 +425,17 @@ def _completes(item: StreamEvent, attempt: int | None) -> bool:
         return False
     seen = item.event.get("attempt")
     return attempt is None or (isinstance(seen, int) and seen >= attempt)
+
+
+def _handed_back_to(item: StreamEvent) -> int | None:
+    """The next attempt, when ``item`` is the ``job.completed`` of an attempt a draining
+    worker handed back (``cancelled``, error ``handed_back``); None otherwise."""
+    data = item.event.get("data") or {}
+    error = data.get("error") or {}
+    seen = item.event.get("attempt")
+    if error.get("code") != HandedBack.code or not isinstance(seen, int):
+        return None
+    return seen + 1
 
 
 def _stream_id(text: str) -> tuple[int, int]:

@@ -74,6 +74,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": soft,
         "task_time_limit": hard,
         "worker_prefetch_multiplier": 1,
+        # A worker fetches a message only for a free pool process: a draining worker holds
+        # none it has not started (docs/operating.md, Draining a worker).
+        "worker_disable_prefetch": True,
         "broker_transport_options": {"visibility_timeout": visibility_timeout(settings)},
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
@@ -89,11 +92,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def make_celery(settings: Settings, name: str = "acp-worker") -> Celery:
-    """A Celery app configured for run jobs (celery is the optional ``celery`` extra)."""
+def make_celery(settings: Settings, name: str = "acp-worker", *, current: bool = True) -> Celery:
+    """A Celery app configured for run jobs (celery is the optional ``celery`` extra).
+
+    ``current=False`` leaves Celery's current app alone: a client made inside a worker
+    process (a hand-back publishing the next attempt) must not replace the worker's app,
+    which the pool's task tracing looks tasks up in.
+    """
     from celery import Celery  # the optional `celery` extra: loaded only when used
 
-    app = Celery(name)
+    app = Celery(name, set_as_current=current)
     app.conf.update(celery_config(settings))
     return app
 

@@ -154,6 +154,19 @@ def not_launched(status: Literal["cancelled", "timed_out"], next_phase: str) -> 
     )
 
 
+def handed_back(attempt: int, worker_id: str, grace_s: float) -> Notice:
+    """The worker is draining (SIGTERM) and the attempt outlived the drain grace: it is
+    stopped and the job queued again as attempt ``attempt + 1`` for another worker."""
+    return Notice(
+        level="warning",
+        code="handed_back",
+        message=f"worker {worker_id} is shutting down and attempt {attempt} did not finish "
+        f"within its {grace_s:g} s drain grace: it stops here and the job runs again as "
+        f"attempt {attempt + 1}",
+        details={"next_attempt": attempt + 1, "worker_id": worker_id, "drain_grace_s": grace_s},
+    )
+
+
 def admission_notes(notes: Sequence[Mapping[str, str]]) -> Notice:
     """What the workspace admission could not judge (it admitted the workspace): each
     ``{path, code, reason}``, e.g. a ``.git`` gitfile pointing nowhere."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.credentials.redact import Redactor
-from worker.errors import AgentError, LeaseLost, ModelUnavailable, WorkerError
+from worker.errors import AgentError, HandedBack, LeaseLost, ModelUnavailable, WorkerError
 from worker.events import notices
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -35,7 +35,7 @@ from worker.job.outcome import (
 )
 from worker.job.prepare import Preparation
 from worker.job.spend import BudgetGuard, tenant_of
-from worker.job.state import JobContext, JobState, lease_gone, new_state
+from worker.job.state import JobContext, JobState, handing_back, lease_gone, new_state
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
@@ -61,6 +61,7 @@ async def run_job(
     control: aioredis.Redis | None = None,
     lease_gone: Callable[[], Awaitable[bool]] | None = None,
     lease_deadline: LeaseDeadline | None = None,
+    handing_back: Callable[[], bool] | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
@@ -69,7 +70,9 @@ async def run_job(
     ``lease_gone`` (an owned job's ``Owned.lease_gone``): once it answers True, the
     teardown saves no session, captures no change and uploads nothing (a notice says so).
     ``lease_deadline`` (``Owned.deadline``) bounds the sandbox by the lease
-    (``SandboxSpec.lease_deadline``).
+    (``SandboxSpec.lease_deadline``). ``handing_back``: once it answers True, a job stopped
+    by ``cancel`` was handed back by a draining worker (``job.completed`` ``cancelled`` with
+    the error ``handed_back``, after a ``handed_back`` notice).
     """
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -90,6 +93,7 @@ async def run_job(
         control=control,
         lease_gone=lease_gone,
         lease_deadline=lease_deadline,
+        handing_back=handing_back,
     )
     try:
         outcome = await Job(ctx).run(cancel or asyncio.Event())
@@ -131,15 +135,32 @@ class Job:
     async def _interrupted(self, stop: Stopped) -> JobOutcome:
         """The outcome of a job stopped early. A lost lease also sets ``cancel``, and the
         heartbeat or the sink may be first to see it: either way the job failed
-        ``lease_lost``, never `cancelled` by nobody."""
+        ``lease_lost``, never `cancelled` by nobody. A draining worker's cancel hands
+        the job back."""
         outcome = interrupted(stop)
-        if outcome.status != "cancelled" or not await lease_gone(self._ctx):
+        if outcome.status != "cancelled":
             return outcome
+        if not await lease_gone(self._ctx):
+            return await self._handed_back(outcome) if handing_back(self._ctx) else outcome
         error = LeaseLost(
             "the job's lease was lost (another owner holds it now): it stopped",
             job_id=self._ctx.spec.job_id,
         )
         return JobOutcome("failed", outcome.stop_reason, error, error.exit_code)
+
+    async def _handed_back(self, outcome: JobOutcome) -> JobOutcome:
+        """The attempt ends ``cancelled`` with ``handed_back``: the sink that owns the
+        job's state queues the next attempt in the same write (``lua/append.lua``)."""
+        ctx = self._ctx
+        grace = ctx.settings.drain_grace_s
+        await ctx.emitter.emit(notices.handed_back(ctx.attempt, ctx.settings.worker_id, grace))
+        error = HandedBack(
+            f"the worker shut down: attempt {ctx.attempt} was handed back",
+            next_attempt=ctx.attempt + 1,
+            worker_id=ctx.settings.worker_id,
+            drain_grace_s=grace,
+        )
+        return JobOutcome("cancelled", outcome.stop_reason, error, error.exit_code)
 
     async def _accepted(self) -> None:
         ctx = self._ctx

@@ -57,12 +57,20 @@ class JobContext:
     lease_gone: Callable[[], Awaitable[bool]] | None = None
     #: When the lease expires unless renewed (``Owned.deadline``); None: no lease.
     lease_deadline: base.LeaseDeadline | None = None
+    #: Whether a cancel now means "hand the job back" (a draining worker, not the control
+    #: plane, stopped it); None: a run that is never handed back.
+    handing_back: Callable[[], bool] | None = None
 
 
 async def lease_gone(ctx: JobContext) -> bool:
     """True once the job's lease is gone: another attempt (or a reaper) owns the job
     now, so its results are not this attempt's to write."""
     return ctx.lease_gone is not None and await ctx.lease_gone()
+
+
+def handing_back(ctx: JobContext) -> bool:
+    """True once a draining worker asked for the job back (see ``JobContext``)."""
+    return ctx.handing_back is not None and ctx.handing_back()
 
 
 async def tell_results_skipped(ctx: JobContext, skipped: list[str]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from worker import metrics
+from worker.client.client import REQUEUED, Client
 from worker.errors import InvalidJobSpec, LeaseLost, WorkerError
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
@@ -33,6 +34,7 @@ from worker.events.models import TERMINAL_TYPE
 from worker.job import run_job
 from worker.jobs.spec import JobSpec, parse_job
 from worker.sandbox import backend_config, get_backend
+from worker.service.drain import HandBack
 from worker.service.ownership import Claim, LeaseRefusedError, Owned, owning
 from worker.settings import Settings
 from worker.store.lease import Refusal, redis_client
@@ -52,7 +54,8 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class GuardedResult:
-    """What became of one delivery; ``outcome`` is ``ran``, ``invalid`` or a refusal."""
+    """What became of one delivery; ``outcome`` is ``ran``, ``invalid``, ``handed_back``
+    (a draining worker stopped it and queued the next attempt) or a refusal."""
 
     job_id: str | None
     outcome: str
@@ -71,12 +74,20 @@ class GuardedResult:
 
 
 async def run_delivery(
-    delivery: Delivery, *, settings: Settings, environ: Mapping[str, str]
+    delivery: Delivery,
+    *,
+    settings: Settings,
+    environ: Mapping[str, str],
+    hand_back: HandBack | None = None,
 ) -> GuardedResult:
-    """Validate, lease and run one delivery; never raises for an anticipated failure."""
+    """Validate, lease and run one delivery; never raises for an anticipated failure.
+
+    Once ``hand_back`` is tripped (a draining worker, ``worker.service.drain``) the job
+    stops, is handed back (outcome ``handed_back``) and its next attempt is published.
+    """
     client = redis_client(settings.redis_url)
     try:
-        return await _GuardedRun(client, settings, environ, delivery).run()
+        return await _GuardedRun(client, settings, environ, delivery, hand_back).run()
     finally:
         await client.aclose()
 
@@ -102,11 +113,13 @@ class _GuardedRun:
         settings: Settings,
         environ: Mapping[str, str],
         delivery: Delivery,
+        hand_back: HandBack | None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.environ = environ
         self.delivery = delivery
+        self.hand_back = hand_back or HandBack()
 
     async def run(self) -> GuardedResult:
         try:
@@ -121,7 +134,8 @@ class _GuardedRun:
         try:
             async with owning(self.client, claim, settings=self.settings, cancel=cancel) as owned:
                 metrics.observe_queue_wait(self.delivery.submitted_at)
-                status = await self._run_owned(spec, owned, observer, cancel)
+                with self.hand_back.watching(cancel):
+                    status = await self._run_owned(spec, owned, observer, cancel)
         except LeaseRefusedError as refused:
             return await self._refused(refused.refusal)
         except LeaseLost as exc:
@@ -132,11 +146,33 @@ class _GuardedRun:
             # and a reaper settles the job `lost`.
             log.error("job %s could not settle, lease left to expire: %s", spec.job_id, exc.message)
             return GuardedResult(spec.job_id, "unsettled", _attempt(owned), error=exc.to_dict())
+        if owned.sink.handed_back:
+            return await self._handed_back(spec.job_id, owned.lease.attempt, observer)
         metrics.job_settled(status, time.monotonic() - started)
         metrics.observe_phases(observer.completed.get("timings_ms"))
         return GuardedResult(
             spec.job_id, "ran", owned.lease.attempt, status, observer.completed.get("error")
         )
+
+    async def _handed_back(self, job_id: str, attempt: int, observer: _Observer) -> GuardedResult:
+        """Publish the next attempt's message (queued by the hand-back, not yet sent).
+
+        ``Client.requeue`` claims the publish in the job's state first (``enqueue.lua``),
+        so a ``submit`` or ``requeue`` racing it still publishes one message. Should the
+        broker not answer, the attempt stays ``queued`` with ``enqueued`` 0 and the next
+        ``submit`` of the job (or a ``requeue``) publishes it.
+        """
+        log.info("handed back %s attempt %d: publishing attempt %d", job_id, attempt, attempt + 1)
+        try:
+            done = await asyncio.to_thread(_requeue, self.settings, job_id)
+        except WorkerError as exc:
+            log.error("handed back %s but could not queue it again: %s", job_id, exc.message)
+            return GuardedResult(job_id, "handed_back", attempt, "cancelled", exc.to_dict())
+        if done != REQUEUED:
+            log.warning("handed back %s: the next attempt was not published (%s)", job_id, done)
+        metrics.job_settled("handed_back", None)
+        error = observer.completed.get("error")
+        return GuardedResult(job_id, "handed_back", attempt, "cancelled", error)
 
     async def _refused(self, refusal: Refusal) -> GuardedResult:
         log.info("not running %s: %s (%s)", refusal.job_id, refusal.reason, refusal.detail)
@@ -174,6 +210,7 @@ class _GuardedRun:
             control=self.client,
             lease_gone=owned.lease_gone,
             lease_deadline=owned.deadline,
+            handing_back=lambda: self.hand_back.requested and not owned.control.requested,
         )
         return outcome.status
 
@@ -184,6 +221,11 @@ async def _settle_invalid(owned: Owned, exc: InvalidJobSpec) -> None:
     emitter = EventEmitter(job_id=lease.job_id, attempt=lease.attempt, sinks=[owned.sink])
     await emitter.emit(job_completed(status="failed", error=exc, duration_ms=0.0))
     await emitter.close()
+
+
+def _requeue(settings: Settings, job_id: str) -> str:
+    with Client(settings.redis_url or "", settings=settings) as client:
+        return client.requeue(job_id).outcome
 
 
 def _attempt(owned: Owned | None) -> int | None:

@@ -4,12 +4,12 @@ Both the service (``worker.service.guarded``, a Celery delivery) and
 ``acp-worker run --redis`` run a job under :func:`owning`:
 
     acquire the lease (an attempt whose last owner vanished is settled ``lost`` first, as
-    a reaper would, and refused) → renew it on a heartbeat and follow the job's control
-    stream (a lost lease or a ``cancel`` entry sets ``cancel``) → the body runs the job
-    with the fenced sink → on the way out, release the lease once the sink settled the
-    stream; otherwise leave it to expire, so the reaper's index keeps the job and a
-    reaper settles it ``lost`` (releasing would drop it from the index and leave it
-    ``running`` for good).
+    a reaper would, and refused) → renew it on a heartbeat (whose ``on_lost`` sets
+    ``cancel``) and follow the job's control stream (a ``cancel`` entry sets it) → the
+    body runs the job with the fenced sink → on the way out, release the lease once the
+    sink settled the stream (drop its index entry if the attempt was handed back);
+    otherwise leave it to expire, so the reaper's index keeps the job and a reaper settles
+    it ``lost`` (releasing would drop it from the index and leave it ``running`` for good).
 
 What differs between the two is only what a broken sink does: the service cancels the
 job (``on_broken``); ``run`` has the sink raise, so the job fails with the typed error
@@ -69,6 +69,8 @@ class Owned:
     #: When the lease expires unless renewed, moved on by each renewal: the job's
     #: sandbox is bounded by it (``SandboxSpec.lease_deadline``).
     deadline: LeaseDeadline
+    #: Follows the job's control stream: ``control.requested`` once it asked for a cancel.
+    control: ControlWatcher
 
     @property
     def labels(self) -> dict[str, str]:
@@ -132,9 +134,10 @@ async def owning(
         on_failure=metrics.lease_renew_failed,
         on_renewed=deadline.extend,
     )
+    watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
     try:
-        async with _guards(client, lease, heartbeat, cancel):
-            yield Owned(client, lease, sink, heartbeat, deadline)
+        async with heartbeat.running(), watcher.running():
+            yield Owned(client, lease, sink, heartbeat, deadline, watcher)
     finally:
         await _give_back(client, lease, sink)
 
@@ -161,19 +164,15 @@ async def claim_lease(client: aioredis.Redis, claim: Claim, *, settings: Setting
     return got
 
 
-@contextlib.asynccontextmanager
-async def _guards(
-    client: aioredis.Redis, lease: Lease, heartbeat: Heartbeat, cancel: asyncio.Event
-) -> AsyncIterator[None]:
-    """While the body runs, renew ``lease`` (``heartbeat``, whose ``on_lost`` sets
-    ``cancel``) and follow the job's control stream (a ``cancel`` entry sets it)."""
-    watcher = ControlWatcher(client, lease.job_id, lease.attempt, cancel)
-    async with heartbeat.running(), watcher.running():
-        yield
-
-
 async def _give_back(client: aioredis.Redis, lease: Lease, sink: FencedStreamSink) -> None:
-    """Release the lease once the stream is settled; otherwise let it expire for a reaper."""
+    """Release the lease once the stream is settled; otherwise let it expire for a reaper.
+    A handed-back attempt's lease is gone already (``lua/hand_back.lua``): only its entry
+    in the reaper's index is dropped, before the next attempt's message is published, so
+    it can never drop that attempt's entry."""
+    if sink.handed_back:
+        with contextlib.suppress(*leases.REDIS_ERRORS):  # a stale hint: the reaper skips it
+            await leases.forget_lease(client, lease.job_id)
+        return
     if not sink.settled:
         log.warning(
             "the events of %s could not be settled in Redis: its lease is left to "

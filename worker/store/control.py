@@ -111,13 +111,18 @@ class ControlStream:
 
 
 class ControlWatcher(ControlStream):
-    """Sets ``cancel`` when a cancel entry for ``attempt`` of ``job_id`` arrives."""
+    """Sets ``cancel`` when a cancel entry for ``attempt`` of ``job_id`` arrives;
+    ``requested`` says whether one did (``cancel`` is also set by others: a lost lease, a
+    draining worker)."""
 
     def __init__(
         self, client: aioredis.Redis, job_id: str, attempt: int, cancel: asyncio.Event
     ) -> None:
+        self.requested = False
+
         async def on_cancel(fields: Mapping[str, str]) -> None:
             log.info("cancel requested for %s", keys.control(job_id))
+            self.requested = True
             cancel.set()
 
         super().__init__(client, job_id, attempt, {CANCEL: on_cancel})

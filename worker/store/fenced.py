@@ -3,7 +3,9 @@
 Every batch goes through one Lua program (``scripts.APPEND``) that compares the
 writer's fencing token with the job's lease before appending, so a worker that lost its
 lease cannot add a single event after the new owner started. The same program settles
-the job's state when ``job.completed`` passes and gives the job's keys their TTL.
+the job's state when ``job.completed`` passes and gives the job's keys their TTL, or, for
+an attempt a draining worker handed back, queues the job's next attempt
+(:func:`terminal_marker`).
 
 When Redis is briefly unreachable the sink keeps events in a bounded in-memory queue
 and retries with exponential backoff (tenacity); a full queue makes ``write`` wait, so
@@ -53,6 +55,22 @@ class SinkPolicy:
     retry_for: float = 30.0
 
 
+HANDED_BACK = "handed_back"
+
+
+def terminal_marker(event: Mapping[str, Any]) -> str:
+    """What ``append.lua`` does after writing ``event``: nothing (``""``), settle the job
+    with the ``job.completed`` status, or, for an attempt a draining worker handed back
+    (``cancelled`` with the error ``handed_back``), queue the next attempt."""
+    if event["type"] != TERMINAL_TYPE:
+        return ""
+    data = event["data"]
+    error = data.get("error") or {}
+    if data.get("status") == "cancelled" and error.get("code") == HANDED_BACK:
+        return HANDED_BACK
+    return str(data.get("status", ""))
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     seq: int
@@ -88,6 +106,7 @@ class FencedStreamSink:
         self._error: BaseException | None = None
         self._fenced = False
         self._settled = False
+        self._handed_back = False
         self._closing = False
         self.dropped = 0
 
@@ -95,6 +114,12 @@ class FencedStreamSink:
     def settled(self) -> bool:
         """True once Redis took this attempt's ``job.completed`` (the state is settled)."""
         return self._settled
+
+    @property
+    def handed_back(self) -> bool:
+        """True once Redis took a handed-back ``job.completed``: the job's next attempt is
+        queued and this attempt's lease is gone (``lua/hand_back.lua``)."""
+        return self._handed_back
 
     @property
     def fenced(self) -> bool:
@@ -119,8 +144,7 @@ class FencedStreamSink:
             if self._raise_when_broken:
                 raise self._failure()
             return
-        status = str(event["data"].get("status", "")) if event["type"] == TERMINAL_TYPE else ""
-        self._queue.append(_Pending(int(event["seq"]), status, line))
+        self._queue.append(_Pending(int(event["seq"]), terminal_marker(event), line))
         self._wakeup.set()
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop(), name="fenced-sink")
@@ -165,6 +189,7 @@ class FencedStreamSink:
         for _ in batch:
             self._queue.popleft()
         self._settled = self._settled or any(item.status for item in batch)
+        self._handed_back = self._handed_back or any(item.status == HANDED_BACK for item in batch)
         self._on_written(written)
         await self._notify_space()
 

@@ -45,7 +45,7 @@ def _program(name: str, *preludes: str) -> Program:
 ACQUIRE = _program("acquire", "terminal")
 RENEW = _program("renew")
 RELEASE = _program("release")
-APPEND = _program("append", "terminal", "trim")
+APPEND = _program("append", "terminal", "trim", "hand_back")
 MARK_LOST = _program("mark_lost", "terminal", "trim")
 SUBMIT = _program("submit", "terminal")
 ENQUEUE = _program("enqueue", "terminal")
