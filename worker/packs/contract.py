@@ -5,8 +5,8 @@ Written in a pack file, a contract is only a convention; here it is enforced, at
 so a pack edited after its lock is refused too. A breach is ``LaunchRefused``
 (``launch_refused``, exit 3) naming the offending flag or variable.
 
-Only the ``cursor`` dialect has a contract (seed 000, "Wire and isolation findings"; and
-``docs/CURSOR_ACP_FACTS.md`` §1): Cursor's CLI runs as ``<program> [options] acp`` where
+Only the ``cursor`` dialect has a contract (``docs/CURSOR_ACP_FACTS.md`` §1, the observed
+runner S0 and the bundle reading R1): Cursor's CLI runs as ``<program> [options] acp`` where
 
 - the options are exactly ``--disable-project-configs`` and ``--disable-auto-update``
   (both required), plus, at most, ``--sandbox enabled``. Everything else is refused,
