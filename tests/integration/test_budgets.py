@@ -42,8 +42,8 @@ def _budget(redis_url: str, tenant: str) -> dict[str, str]:
         client.close()
 
 
-def _set(redis_url: str, tenant: str, *args: str) -> None:
-    done = run_cli(Path("/"), "budget", "set", tenant, "--redis", redis_url, *args)
+def _set(tmp_path: Path, redis_url: str, tenant: str, *args: str) -> None:
+    done = run_cli(tmp_path, "budget", "set", tenant, "--redis", redis_url, *args)
     assert done.returncode == 0, done.stderr
 
 
@@ -69,7 +69,7 @@ def test_unknown_usage_is_unavailable_never_zero(tmp_path: Path) -> None:
 def test_a_spent_budget_refuses_the_job_before_anything_starts(
     tmp_path: Path, redis_url: str
 ) -> None:
-    _set(redis_url, "acme", "--currency", "USD", "--limit", "1")
+    _set(tmp_path, redis_url, "acme", "--currency", "USD", "--limit", "1")
     redis.Redis.from_url(redis_url).hincrbyfloat(keys.budget("acme"), "spent", 1.0)
     code, events = _run(tmp_path, SPENDING, redis_url, labels={"tenant": "acme"})
     assert code == 3
@@ -81,7 +81,7 @@ def test_a_spent_budget_refuses_the_job_before_anything_starts(
 
 
 def test_going_over_per_job_mid_turn_cancels_the_turn(tmp_path: Path, redis_url: str) -> None:
-    _set(redis_url, "acme", "--currency", "USD", "--limit", "10", "--per-job", "0.5")
+    _set(tmp_path, redis_url, "acme", "--currency", "USD", "--limit", "10", "--per-job", "0.5")
     code, events = _run(tmp_path, RUNAWAY, redis_url, labels={"tenant": "acme"})
     assert code == 1
     done = events[-1]["data"]
@@ -92,7 +92,7 @@ def test_going_over_per_job_mid_turn_cancels_the_turn(tmp_path: Path, redis_url:
 
 
 def test_going_over_the_tenant_limit_mid_turn_cancels_too(tmp_path: Path, redis_url: str) -> None:
-    _set(redis_url, "default", "--currency", "USD", "--limit", "0.5")
+    _set(tmp_path, redis_url, "default", "--currency", "USD", "--limit", "0.5")
     code, events = _run(tmp_path, RUNAWAY, redis_url)  # no tenant label: `default`
     assert code == 1
     error = events[-1]["data"]["error"]
@@ -106,7 +106,7 @@ def test_going_over_the_tenant_limit_mid_turn_cancels_too(tmp_path: Path, redis_
 def test_a_budget_the_agent_reports_no_cost_for_is_said_unenforced(
     tmp_path: Path, redis_url: str
 ) -> None:
-    _set(redis_url, "acme", "--currency", "USD", "--limit", "1")
+    _set(tmp_path, redis_url, "acme", "--currency", "USD", "--limit", "1")
     code, events = _run(tmp_path, "scenario: hello", redis_url, labels={"tenant": "acme"})
     assert code == 0
     [notice] = _notices(events, "budget_unenforced")
@@ -116,7 +116,7 @@ def test_a_budget_the_agent_reports_no_cost_for_is_said_unenforced(
 
 
 def test_a_cost_in_another_currency_is_not_summed(tmp_path: Path, redis_url: str) -> None:
-    _set(redis_url, "acme", "--currency", "EUR", "--limit", "0.1")
+    _set(tmp_path, redis_url, "acme", "--currency", "EUR", "--limit", "0.1")
     code, events = _run(tmp_path, SPENDING, redis_url, labels={"tenant": "acme"})
     assert code == 0
     [notice] = _notices(events, "budget_unenforced")
