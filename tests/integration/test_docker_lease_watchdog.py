@@ -16,7 +16,7 @@ import pytest
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from tests.integration.test_containment import _host_pids_with, _tree_script
 from tests.integration.test_docker_backend import ENV, _spec
-from tests.integration.test_lease_watchdog import freeze_mid_turn
+from tests.integration.test_lease_watchdog import freeze_mid_turn, heartbeat
 from worker.errors import SandboxError
 from worker.images.engine import EngineConfig, connect
 from worker.sandbox.base import LeaseDeadline, Sandbox
@@ -67,15 +67,15 @@ async def test_a_container_whose_lease_is_not_renewed_is_killed(
     engine_config: EngineConfig, tmp_path: Path
 ) -> None:
     backend = _backend(engine_config, tmp_path / "leases")
-    box = await backend.create(
-        _spec(tmp_path, lease_deadline=LeaseDeadline(time.monotonic() + 4.0))
-    )
+    deadline = LeaseDeadline(time.monotonic() + 4.0)
+    box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
     try:
         marker = f"marker-{uuid.uuid4().hex}"
-        proc = await box.spawn(_tree_script(marker), env=ENV)
-        assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
-        assert await _until(lambda: len(_host_pids_with(marker)) < 3, 10) is False  # all 3 run
-        assert len(_watchdogs_of(backend, box.sandbox_id)) == 1
+        async with heartbeat(deadline):  # renewed until the tree runs, then never again
+            proc = await box.spawn(_tree_script(marker), env=ENV)
+            assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+            assert await _until(lambda: len(_host_pids_with(marker)) < 3, 10) is False
+            assert len(_watchdogs_of(backend, box.sandbox_id)) == 1
         assert await _until(lambda: _host_pids_with(marker), 20) == []  # no renewal: killed
         assert await asyncio.wait_for(proc.wait(), 20) != 0
         assert await _until(lambda: _running(engine_config, box.sandbox_id), 20) == []
@@ -94,13 +94,13 @@ async def test_a_renewed_lease_keeps_every_container_alive_and_destroy_ends_the_
     assert isinstance(box, DockerSandbox)
     markers = [f"marker-{uuid.uuid4().hex}" for _ in range(2)]
     try:
-        procs = [await box.spawn(_tree_script(m), env=ENV) for m in markers]
-        for proc in procs:
-            assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
-        assert len(_watchdogs_of(backend, box.sandbox_id)) == 2  # one per container
-        while time.monotonic() < first + 2.5:  # renewed as a heartbeat does
-            deadline.extend(time.monotonic() + 1.0)
-            await asyncio.sleep(0.1)
+        async with heartbeat(deadline):  # renewed as the lease heartbeat does
+            procs = [await box.spawn(_tree_script(m), env=ENV) for m in markers]
+            for proc in procs:
+                assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+            assert len(_watchdogs_of(backend, box.sandbox_id)) == 2  # one per container
+            while time.monotonic() < first + 2.5:  # well past the first deadline
+                await asyncio.sleep(0.1)
         assert all(_host_pids_with(m) for m in markers)
         assert all(p.returncode is None for p in procs)
     finally:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,26 @@ def _watchdogs_of(cgroup: Path) -> list[int]:
     return _host_pids_with(str(cgroup))
 
 
+@contextlib.asynccontextmanager
+async def heartbeat(deadline: LeaseDeadline, ahead: float = 3.0) -> AsyncIterator[None]:
+    """Renews ``deadline`` to ``ahead`` seconds from now every 0.1 s while the block runs,
+    as the lease heartbeat does: containers started under a loaded machine's slow spawns
+    are not cut by the initial deadline before the test's own clock starts."""
+
+    async def renew() -> None:
+        while True:
+            deadline.extend(time.monotonic() + ahead)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 # --- the backend --------------------------------------------------------------------------
 
 
@@ -60,9 +80,10 @@ async def test_a_sandbox_whose_lease_is_not_renewed_is_killed(
     box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
     try:
         marker = f"marker-{uuid.uuid4().hex}"
-        proc = await box.spawn(_tree_script(marker), env=ENV)
-        assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
-        assert len(_host_pids_with(marker)) >= 3
+        async with heartbeat(deadline):  # renewed until the tree runs, then never
+            proc = await box.spawn(_tree_script(marker), env=ENV)
+            assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
+            assert len(_host_pids_with(marker)) >= 3
         assert await _until_gone(marker, seconds=20) == []  # no renewal: killed
         assert await asyncio.wait_for(proc.wait(), 10) != 0
         status = await backend.status(box.sandbox_id)
@@ -81,12 +102,12 @@ async def test_a_renewed_lease_keeps_the_sandbox_alive_past_its_first_deadline(
     box = await backend.create(_spec(tmp_path, lease_deadline=deadline))
     try:
         marker = f"marker-{uuid.uuid4().hex}"
-        proc = await box.spawn(_tree_script(marker), env=ENV)
-        assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
-        assert len(_watchdogs_of(box.cgroups.paths[0])) == 1
-        while time.monotonic() < first + 2.0:  # renewed as a heartbeat does
-            deadline.extend(time.monotonic() + 1.0)
-            await asyncio.sleep(0.1)
+        async with heartbeat(deadline):  # renewed as the lease heartbeat does
+            proc = await box.spawn(_tree_script(marker), env=ENV)
+            assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"ready\n"
+            assert len(_watchdogs_of(box.cgroups.paths[0])) == 1
+            while time.monotonic() < first + 2.0:  # well past the first deadline
+                await asyncio.sleep(0.1)
         assert len(_host_pids_with(marker)) >= 3
         assert proc.returncode is None
     finally:
