@@ -92,9 +92,10 @@ class HostWorkspaceFiles:
         """:meth:`read_text`, blocking."""
         _, host = self.host(path)
         fd = _open(host, os.O_RDONLY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: it refuses a directory
+            os.close(fd)
+            raise PathRefused("not_regular_file")
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise PathRefused("not_regular_file")
             data = handle.read(limit + 1)
         if len(data) > limit:
             raise PathRefused("too_large")
