@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,23 @@ __all__ = ["GOLDEN", "check_golden", "golden_form", "run_job", "run_live"]
 
 
 def run_job(
-    tmp_path: Path, prompt: str, *, timeout: float = 60, **spec: Any
+    tmp_path: Path,
+    prompt: Any,
+    *,
+    timeout: float = 60,
+    env: Mapping[str, str] | None = None,
+    **spec: Any,
 ) -> list[dict[str, Any]]:
-    """Run one job with ``acp-worker run --json``; returns its events (schema-checked)."""
+    """Run one job with ``acp-worker run --json``; returns its events (schema-checked).
+
+    ``env``: more settings (e.g. ``docker_engine.job_backend``'s backend)."""
     job = _job(tmp_path, prompt, **spec)
     result = subprocess.run(
         [sys.executable, "-m", "worker.cli", "run", str(job), "--json", "--quiet"],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(tmp_path),
+        env=_env(tmp_path, **(env or {})),
         cwd=REPO,
     )
     events = _events(result.stdout)

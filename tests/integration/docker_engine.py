@@ -54,6 +54,22 @@ def engine_config(docker_host: str) -> EngineConfig:
     return EngineConfig(docker_host=docker_host, images_dir=IMAGES_DIR)
 
 
+@pytest.fixture(params=["local", "docker"])
+def job_backend(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The environment that makes ``acp-worker run`` use each backend in turn: nothing
+    for ``local``; for ``docker``, the engine and image store of these fixtures (the
+    base image built first)."""
+    if request.param == "local":
+        return {}
+    config: EngineConfig = request.getfixturevalue("engine_config")
+    request.getfixturevalue("base_image")
+    return {
+        "ACPW_BACKEND": "docker",
+        "ACPW_DOCKER_HOST": str(config.docker_host),
+        "ACPW_IMAGES_DIR": str(config.images_dir),
+    }
+
+
 @pytest.fixture(scope="session")
 def base_image(engine_config: EngineConfig) -> str:
     """The base image id (built on first use on this machine: ≈ 70 s)."""

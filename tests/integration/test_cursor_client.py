@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from tests.integration.cursor_jobs import run_job
+from tests.integration.docker_engine import base_image, docker_host, engine_config, job_backend
 from tests.integration.test_run_job import _env, _job, run_cli
+
+__all__ = ["base_image", "docker_host", "engine_config", "job_backend"]
 
 Events = list[dict[str, Any]]
 PERMISSIONS = """#!scenario
@@ -52,32 +55,62 @@ def test_permission_policies_never_allow_always(tmp_path: Path, policy: str, exp
     ]
 
 
-def test_fs_is_served_inside_the_workspace_only(tmp_path: Path) -> None:
+def test_fs_is_served_inside_the_workspace_only(
+    tmp_path: Path, job_backend: dict[str, str]
+) -> None:
+    """The same answers on every backend, through its own file access: reads and writes
+    inside the workspace (a new file and folder the agent can change afterwards, so
+    owned as the sandbox user), refusals with the same reasons, and config paths the
+    sandbox masks neither read nor written (``masked``)."""
     calls = [
-        {"method": "fs/read_text_file", "params": {"path": "/workspace/README.md"}},
-        {
-            "method": "fs/write_text_file",
-            "params": {"path": "/workspace/out/new.txt", "content": "written by fs\n"},
-        },
-        {"method": "fs/read_text_file", "params": {"path": "/workspace/out/new.txt"}},
-        {"method": "fs/read_text_file", "params": {"path": "/workspace/../etc/passwd"}},
-        {"method": "fs/read_text_file", "params": {"path": "/etc/passwd"}},
-        {"method": "fs/read_text_file", "params": {"path": "/workspace/pw"}},
-        {"method": "fs/write_text_file", "params": {"path": "/workspace/pw", "content": "x"}},
+        _read("/workspace/README.md"),
+        _write("/workspace/out/new.txt", "written by fs\n"),
+        _read("/workspace/out/new.txt"),
+        "exec echo changed by the agent >> out/new.txt && touch out/by-agent",
+        _read("out/new.txt"),
+        _write("/workspace/.cursor/rules/style.md", "ok\n"),  # an anchor: still editable
+        _read("/workspace/../etc/passwd"),
+        _read("/etc/passwd"),
+        _read("/workspace/pw"),
+        _write("/workspace/pw", "x"),
+        _read("/workspace/.cursor/hooks.json"),
+        _write("/workspace/.cursor/mcp.json", "{}"),
+        _write(".codex/config.toml", "x = 1"),
+        _write("/workspace/.cursor/plugins/p/index.js", "x"),
     ]
-    lines = [f'call {json.dumps(c)}\nsay {{{{reply}}}}\nsay "\\n"\n' for c in calls]
-    script = "#!scenario\nexec ln -s /etc/passwd pw\n" + "".join(lines)
-    events = run_job(tmp_path, script)
+    lines = [
+        c if isinstance(c, str) else f'call {json.dumps(c)}\nsay {{{{reply}}}}\nsay "\\n"'
+        for c in calls
+    ]
+    script = "#!scenario\nexec ln -s /etc/passwd pw\n" + "\n".join(lines) + "\n"
+    events = run_job(tmp_path, script, env=job_backend)
+    assert events[-1]["data"]["status"] == "succeeded", events[-1]
     init = _of(events, "agent.initialized")[0]
     assert init["agent_capabilities"]["sessionCapabilities"]["subagents"] == {}
     replies = [json.loads(line) for line in _said(events).strip().split("\n")]
-    assert replies[0] == {"content": "# hello\n"}
-    assert replies[1] == {}
-    assert replies[2] == {"content": "written by fs\n"}
-    reasons = [r["error"]["data"]["reason"] for r in replies[3:]]
-    assert reasons == ["traversal", "outside_workspace", "symlink", "symlink"]
-    changed = {p["path"] for p in _of(events, "workspace.changed")[0]["paths"]}
-    assert "out/new.txt" in changed
+    assert replies[:5] == [
+        {"content": "# hello\n"},
+        {},
+        {"content": "written by fs\n"},
+        {"content": "written by fs\nchanged by the agent\n"},
+        {},
+    ]
+    reasons = [r["error"]["data"]["reason"] for r in replies[5:]]
+    assert reasons == ["traversal", "outside_workspace", "symlink", "symlink", *["masked"] * 4]
+    [changed] = _of(events, "workspace.changed")
+    paths = {p["path"] for p in changed["paths"]}
+    assert {"out/new.txt", "out/by-agent", ".cursor/rules/style.md"} <= paths
+    assert not paths & {".cursor/mcp.json", ".cursor/hooks.json", ".codex/config.toml"}
+    patch = Path(changed["patch"]["path"]).read_text()
+    assert "+written by fs\n+changed by the agent\n" in patch
+
+
+def _read(path: str) -> dict[str, Any]:
+    return {"method": "fs/read_text_file", "params": {"path": path}}
+
+
+def _write(path: str, content: str) -> dict[str, Any]:
+    return {"method": "fs/write_text_file", "params": {"path": path, "content": content}}
 
 
 def test_terminals_run_in_the_sandbox_with_stdin_closed_and_bounded_output(

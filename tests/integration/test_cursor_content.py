@@ -17,8 +17,11 @@ from typing import Any
 import pytest
 
 from tests.integration.cursor_jobs import check_golden, run_job
+from tests.integration.docker_engine import base_image, docker_host, engine_config, job_backend
 from tests.integration.test_emulator import Emulator
 from tests.integration.test_run_job import REPO, _check_stream, _env, _events, _job
+
+__all__ = ["base_image", "docker_host", "engine_config", "job_backend"]
 
 Events = list[dict[str, Any]]
 PNG = base64.b64decode(
@@ -42,11 +45,12 @@ def _image(raw: bytes = PNG) -> dict[str, Any]:
     return {"type": "image", "mimeType": "image/png", "data": base64.b64encode(raw).decode()}
 
 
-def test_images_and_links_reach_the_agent(tmp_path: Path) -> None:
+def test_images_and_links_reach_the_agent(tmp_path: Path, job_backend: dict[str, str]) -> None:
+    """On every backend: a linked file is checked through the sandbox's own files."""
     (tmp_path / "ws" / "docs").mkdir(parents=True)
     (tmp_path / "ws" / "docs" / "my notes.md").write_text("notes\n")
     link = {"type": "resource_link", "uri": "docs/my notes.md", "name": "notes"}
-    events = run_job(tmp_path, _blocks("say {{blocks}}", _image(), link))
+    events = run_job(tmp_path, _blocks("say {{blocks}}", _image(), link), env=job_backend)
     assert events[-1]["data"]["status"] == "succeeded"
     assert json.loads(_said(events)) == [
         {"type": "image", "mimeType": "image/png", "bytes": len(PNG)},

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from tests.integration.cursor_jobs import check_golden, run_job
+from tests.integration.docker_engine import base_image, docker_host, engine_config, job_backend
+
+__all__ = ["base_image", "docker_host", "engine_config", "job_backend"]
 
 Events = list[dict[str, Any]]
 
@@ -98,13 +101,21 @@ def test_todos_merge_by_native_id(tmp_path: Path) -> None:
     assert [i["id"] for i in todos[3]["todos"]] == ["ship"]  # merge: false replaces
 
 
-def test_artifacts_only_regular_files_inside_the_workspace(tmp_path: Path) -> None:
-    events = run_job(tmp_path, "scenario: artifacts")
-    found = [(a["kind"], a["path"], a["registered"]) for a in _of(events, "artifact.referenced")]
+def test_artifacts_only_regular_files_inside_the_workspace(
+    tmp_path: Path, job_backend: dict[str, str]
+) -> None:
+    """The same artifacts and refusals on every backend, through its own file access."""
+    events = run_job(tmp_path, "scenario: artifacts", env=job_backend)
+    assert events[-1]["data"]["status"] == "succeeded"
+    found = [
+        (a["kind"], a["path"], a["registered"], a["bytes"])
+        for a in _of(events, "artifact.referenced")
+    ]
+    size = len(b"not really a png")  # what the scenario wrote
     assert found == [
-        ("generated_image", "images/badge.png", False),
-        ("reference_image", "images/badge.png", False),
-        ("tool_resource", "images/badge.png", False),
+        ("generated_image", "images/badge.png", False, size),
+        ("reference_image", "images/badge.png", False, size),
+        ("tool_resource", "images/badge.png", False, size),
     ]
     reasons = [n["details"]["reason"] for n in _of(events, "notice")]
     assert reasons == [

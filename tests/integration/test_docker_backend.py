@@ -20,6 +20,7 @@ import pytest
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
+from worker.events.artifacts import Verdict
 from worker.images.engine import EngineConfig
 from worker.sandbox.base import (
     LABEL_ATTEMPT,
@@ -34,6 +35,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import DockerConfig, LocalConfig
 from worker.sandbox.docker import DockerBackend, DockerSandbox, exit_status, launch_header
+from worker.sandbox.files import PathRefused
 from worker.sandbox.local import LocalBackend
 
 __all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
@@ -215,6 +217,27 @@ async def test_missing_program_fails_without_hanging(box: Sandbox) -> None:
     assert "/no/such/program" in err or rc == 127
 
 
+async def test_workspace_files_are_the_sandboxs_own(box: Sandbox) -> None:
+    """What the worker writes through the sandbox's files, the sandbox user can change
+    (file and new folders are its own), and the worker reads back what it wrote."""
+    files = box.workspace_files()
+    assert files is not None
+    running = await box.spawn(["/bin/cat"], env=ENV)  # docker: a container shows the bind
+    try:
+        await files.write_text("/workspace/new/dir/f.txt", "from the worker\n")
+        script = "echo sandbox >> new/dir/f.txt && touch new/dir/g && stat -c %u new/dir/f.txt"
+        rc, out, _ = await _output(box, ["/bin/sh", "-c", script])
+        assert (rc, out) == (0, "1000\n")
+        assert await files.read_text("new/dir/f.txt", limit=64) == "from the worker\nsandbox\n"
+        assert files.artifact("/workspace/new/dir/g") == Verdict("new/dir/g", 0)
+        with pytest.raises(PathRefused) as refused:
+            await files.read_text("new/dir/f.txt", limit=8)
+        assert refused.value.reason == "too_large"
+    finally:
+        running.stdin.close()
+        await asyncio.wait_for(running.wait(), 30)
+
+
 async def test_an_allowlist_without_entries_is_refused(
     backend: SandboxBackend, tmp_path: Path
 ) -> None:
@@ -261,6 +284,26 @@ async def dbox(
         yield made
     finally:
         await backend.destroy(made.sandbox_id)
+
+
+async def test_files_wait_for_a_container_that_shows_the_bind(dbox: DockerSandbox) -> None:
+    """Until a running container of the sandbox is seen to bind the staged directory at
+    ``/workspace`` (same inode, through ``/proc/<pid>/root``), every path is refused."""
+    (dbox.spec.workspace / "a.txt").write_text("a")
+    files = dbox.workspace_files()
+    assert files.artifact("a.txt") == Verdict(reason="workspace_not_reachable")
+    with pytest.raises(PathRefused) as refused:
+        await files.write_text("b.txt", "b")
+    assert refused.value.reason == "workspace_not_reachable"
+    assert not (dbox.spec.workspace / "b.txt").exists()
+    running = await dbox.spawn(["/bin/cat"], env=ENV)
+    try:
+        assert files.artifact("a.txt") == Verdict("a.txt", 1)
+        await files.write_text("b.txt", "b")
+    finally:
+        running.stdin.close()
+        await asyncio.wait_for(running.wait(), 30)
+    assert files.artifact("b.txt") == Verdict("b.txt", 1)  # once proven, remembered
 
 
 async def test_no_capabilities_no_new_privileges_no_network(dbox: DockerSandbox) -> None:

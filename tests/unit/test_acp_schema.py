@@ -52,10 +52,10 @@ from tests.unit.acp_far_side import (
 from worker.acp import client as client_module
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.acp.fs import FileService
-from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.terminal import Terminals
 from worker.interactions.requests import native_reply
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 
 ACP_DIR = Path(client_module.__file__).parent
 SESSIONS_CLIENT = Path(__file__).resolve().parents[1] / "acp_sessions.py"
@@ -198,7 +198,7 @@ def test_every_method_the_worker_answers_is_checked_here() -> None:
 
 async def test_file_replies_are_the_schemas(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
-    files = FileService(WorkspacePaths(tmp_path, "/workspace"), read_limit=1024)
+    files = FileService(HostWorkspaceFiles(tmp_path), read_limit=1024)
     for params in ({"path": "a.txt"}, {"path": "/workspace/a.txt", "line": 2, "limit": 1}):
         assert_conforms(REPLIES["fs/read_text_file"], await files.read(params))
     assert_conforms(

@@ -25,11 +25,11 @@ from tests.unit.acp_far_side import (
 )
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.acp.fs import FileService
-from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.terminal import Terminals
 from worker.errors import AuthRequired, ProtocolError
 from worker.rpc.connection import RpcError
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ async def test_authenticate_needs_an_offered_method(wire: tuple[AcpClient, Agent
 
 async def test_file_replies(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
-    files = FileService(WorkspacePaths(tmp_path, "/workspace"), read_limit=1024)
+    files = FileService(HostWorkspaceFiles(tmp_path), read_limit=1024)
     read = await files.read({"sessionId": "s", "path": "/workspace/a.txt", "line": 2, "limit": 1})
     assert read == {"content": "two\n"}
     assert await files.read({"path": "a.txt"}) == {"content": "one\ntwo\nthree\n"}

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from worker.acp.paths import WorkspacePaths
 from worker.acp.prompt import check_capabilities, check_links
 from worker.errors import InvalidJobSpec, PromptRefused, Unsupported
 from worker.jobs import prompt
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import WORKSPACE
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 24
@@ -184,7 +184,7 @@ def test_links_are_checked_against_the_staged_workspace(tmp_path: Path) -> None:
     (tmp_path / "src" / "main.py").write_text("print(1)\n")
     (tmp_path / "inside-link").symlink_to(tmp_path / "src" / "main.py")
     (tmp_path / "escape").symlink_to("/etc")
-    check = WorkspacePaths(tmp_path, WORKSPACE).artifact
+    check = HostWorkspaceFiles(tmp_path).artifact
     check_links([_link("file:///workspace/src/main.py")], check)
     for path, reason in [
         ("escape/passwd", "symlink"),

@@ -1,6 +1,6 @@
-"""``fs/read_text_file`` and ``fs/write_text_file``, served from the host copy of the
-workspace — registered (and advertised at initialize) only when the host reaches the
-files the agent sees. Every path goes through :class:`worker.acp.paths.WorkspacePaths`.
+"""``fs/read_text_file`` and ``fs/write_text_file``, served through the sandbox's
+:class:`worker.sandbox.files.WorkspaceFiles` — registered (and advertised at initialize)
+only when the backend gives one. Its containment rules decide every path.
 
 The params are read field by field as decoded JSON (the ``acp.schema`` models are not
 imported at run time: :mod:`worker.acp.client` says why). The request models would not
@@ -12,12 +12,11 @@ checked against the schema's ``ReadTextFileResponse``/``WriteTextFileResponse`` 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
-from worker.acp.paths import PathRefused, WorkspacePaths
 from worker.rpc.connection import INVALID_PARAMS, Connection, RpcError
 from worker.rpc.wire import JsonObject, JsonValue
+from worker.sandbox.files import PathRefused, WorkspaceFiles
 
 #: ACP's ``RequestError.resourceNotFound``: what agents test for a file that is not there
 #: (gemini-cli 0.61 takes the message "Resource not found" as ENOENT, and so creates a new
@@ -28,8 +27,8 @@ RESOURCE_NOT_FOUND = -32002
 class FileService:
     """Text file access for the agent, confined to the workspace."""
 
-    def __init__(self, paths: WorkspacePaths, *, read_limit: int) -> None:
-        self._paths = paths
+    def __init__(self, files: WorkspaceFiles, *, read_limit: int) -> None:
+        self._files = files
         self._limit = read_limit
 
     def register(self, connection: Connection) -> None:
@@ -45,7 +44,7 @@ class FileService:
         """
         request, path = _request(params)
         try:
-            text = await asyncio.to_thread(self._paths.read_text, path, limit=self._limit)
+            text = await self._files.read_text(path, limit=self._limit)
         except PathRefused as exc:
             raise _refused(exc, path) from None
         content = _lines(text, request.get("line"), request.get("limit"))
@@ -62,7 +61,7 @@ class FileService:
         if not isinstance(content, str):
             raise RpcError(INVALID_PARAMS, "Invalid params", {"message": "content is required"})
         try:
-            await asyncio.to_thread(self._paths.write_text, path, content)
+            await self._files.write_text(path, content)
         except PathRefused as exc:
             raise _refused(exc, path) from None
         return {}

@@ -4,7 +4,7 @@
     replayed, marked ``replay``) → session/set_mode → model selection (exact, echoed)
 
 Inbound requests are wired here: ``session/request_permission`` (the job's policy),
-``cursor/*`` (the Cursor dialect), ``fs/*`` (only when the host reaches the agent's
+``cursor/*`` (the Cursor dialect), ``fs/*`` (only when the sandbox gives its workspace
 files, and then advertised), ``terminal/*`` (run in the job's own sandbox).
 """
 
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from worker.acp.client import AcpClient, ClientCapabilities
 from worker.acp.cursor import CursorDialect
 from worker.acp.fs import FileService
-from worker.acp.paths import WorkspacePaths
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.prompt import check_capabilities
 from worker.acp.selection import ModelSelector, cost_raising, default_selection
@@ -38,6 +36,7 @@ from worker.interactions.broker import InteractionBroker
 from worker.jobs.spec import JobSpec
 from worker.rpc.connection import Connection
 from worker.sandbox.base import WORKSPACE, Sandbox
+from worker.sandbox.files import WorkspaceFiles
 
 FS_READ_LIMIT = 4 * 1024 * 1024
 
@@ -52,7 +51,8 @@ class SessionWiring:
     normalizer: Normalizer
     broker: InteractionBroker
     sandbox: Sandbox
-    host_workspace: Path | None
+    #: The workspace's files for ``fs/*`` (``None``: not offered, the agent uses its own).
+    files: WorkspaceFiles | None
     terminal_output_bytes: int
     #: The pack's ``authenticate`` method id, called right after ``initialize``.
     authenticate: str | None = None
@@ -75,7 +75,7 @@ class AcpSession:
         #: Set once ``session.started`` went out: the session the agent may have recorded.
         self.session_id: str | None = None
         self.capabilities = ClientCapabilities(
-            fs=wiring.host_workspace is not None,
+            fs=wiring.files is not None,
             terminal=True,
             subagents=True,
             parameterized_models=self._parameterized(),
@@ -99,9 +99,8 @@ class AcpSession:
             CursorDialect(
                 connection, emit=self._emit, normalizer=wiring.normalizer, broker=wiring.broker
             )
-        if wiring.host_workspace is not None:
-            paths = WorkspacePaths(wiring.host_workspace, WORKSPACE)
-            FileService(paths, read_limit=FS_READ_LIMIT).register(connection)
+        if wiring.files is not None:
+            FileService(wiring.files, read_limit=FS_READ_LIMIT).register(connection)
         self.terminals.register(connection)
 
     async def _permission_event(self, event: EventData) -> None:

@@ -1,7 +1,7 @@
 """Files the agent points at (generated images, tool resources) → ``artifact.referenced``.
 
-The containment check itself is I/O and lives at the host seam
-(:class:`worker.acp.paths.WorkspacePaths`); this module only maps a verdict to events.
+The containment check itself is I/O and lives at the sandbox's seam
+(:class:`worker.sandbox.files.WorkspaceFiles`); this module only maps a verdict to events.
 A path is never read or uploaded: the event says ``registered: false``.
 """
 
@@ -32,7 +32,7 @@ ArtifactCheck = Callable[[str], Verdict]
 
 
 def refuse_all(path: str) -> Verdict:
-    """The check used when the worker cannot see the workspace from the host."""
+    """The check used when the sandbox gives no files (``Sandbox.workspace_files``)."""
     return Verdict(reason="workspace_not_reachable")
 
 

@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from secrets import token_hex
 
-from worker.acp.paths import WorkspacePaths
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import SandboxError
 from worker.events import notices
@@ -178,15 +177,12 @@ class Preparation:
             await ctx.emitter.emit(notices.workspace_special_files_skipped(staged.skipped))
         if state.prepared.disk is None:
             await ctx.emitter.emit(notices.workspace_disk_unbounded(spec.limits.disk_mb))
-        if ctx.backend.capabilities.shares_host_workspace:
-            # The agent's /workspace is this host directory: artifacts and fs/* are
-            # checked and served against it.
-            state.host_workspace = staged.path
-            state.normalizer.artifacts = WorkspacePaths(staged.path, base.WORKSPACE).artifact
         return staged.path
 
     async def sandbox(self, pack: PreparedPack, workspace: Path) -> None:
-        """The job's sandbox (``sandbox.ready``)."""
+        """The job's sandbox (``sandbox.ready``), and its workspace files: artifacts,
+        links and ``fs/*`` go through them once the sandbox made the workspace its own
+        (masks, ownership)."""
         ctx, state = self._ctx, self._state
         limits = ctx.spec.limits
         net = state.network or NetworkPlan(
@@ -210,6 +206,9 @@ class Preparation:
             lease_deadline=ctx.lease_deadline,
         )
         state.sandbox = await ctx.backend.create(spec)
+        state.files = state.sandbox.workspace_files()
+        if state.files is not None:
+            state.normalizer.artifacts = state.files.artifact
         state.timings.mark("sandbox_create")
         ready = SandboxReady(backend=ctx.backend.name, sandbox_id=state.sandbox.sandbox_id)
         await ctx.emitter.emit(ready)

@@ -26,6 +26,7 @@ from worker.job.spend import BudgetGuard, Spend
 from worker.jobs.spec import JobSpec
 from worker.sandbox import base
 from worker.sandbox.base import ExitDiagnosis, Sandbox, SandboxBackend
+from worker.sandbox.files import WorkspaceFiles
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.workspace.capture import Change
@@ -99,9 +100,10 @@ class JobState:
     pack_hold: int | None = None
     prepared: Prepared = field(default_factory=Prepared)
     job_dir: Path | None = None
-    #: The host directory that is the agent's ``/workspace``, when the backend shares it.
-    host_workspace: Path | None = None
     sandbox: Sandbox | None = None
+    #: The sandbox's workspace files (artifacts, links, ``fs/*``), when its backend
+    #: gives them (``Sandbox.workspace_files``).
+    files: WorkspaceFiles | None = None
     agent: AgentProcess | None = None
     #: The launch's ``exits_on_eof`` (see ``LaunchPlan``): how the teardown stops it.
     agent_exits_on_eof: bool = True

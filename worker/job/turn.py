@@ -110,7 +110,7 @@ class Turn:
                 broker=state.broker,
                 sandbox=state.sandbox,
                 # No fs methods for a pack that opts out: the agent uses its own.
-                host_workspace=state.host_workspace if plan.client_fs else None,
+                files=state.files if plan.client_fs else None,
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,
@@ -171,7 +171,7 @@ class Turn:
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
     ) -> str:
         blocks = self._ctx.spec.prompt_blocks()
-        # Linked files checked against the staged workspace as the agent will find them.
+        # Linked files checked against the workspace as the agent will find them.
         check_links(blocks, self._state.normalizer.artifacts)
         prompt = asyncio.create_task(client.turn(session_id, blocks))
         budget = self._state.budget

@@ -22,6 +22,7 @@ from worker.errors import SandboxError
 if TYPE_CHECKING:
     from worker.admission.result import AdmissionResult
     from worker.network import DenialHandler
+    from worker.sandbox.files import WorkspaceFiles
 
 WORKSPACE = "/workspace"
 PACK_ROOT = "/opt/acp-pack"
@@ -325,16 +326,18 @@ class Sandbox(Protocol):
         """
         ...
 
+    def workspace_files(self) -> WorkspaceFiles | None:
+        """``/workspace`` through this backend's own file access, with the containment
+        rules of ``worker.sandbox.files`` (the sandbox's masks included); ``None`` when
+        the worker cannot reach it (no ``fs/*``; artifacts and links are refused).
+        Asked once, right after ``create``; cheap (nothing is contacted yet)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a backend can do that the job's phases ask about, so that nothing outside
     ``worker/sandbox/`` has to name a backend."""
-
-    shares_host_workspace: bool
-    """The agent's ``/workspace`` is the host's staged directory itself (a bind mount the
-    worker can read at the same paths): artifacts and the client's ``fs/*`` are checked
-    and served against it."""
 
     runs_host_usr: bool
     """The sandbox's ``/usr`` is the host's, bound read-only: a runtime a pack declares

@@ -31,6 +31,7 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.config import FakeConfig
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 
 
 class FakeProcess(PipedProcess):
@@ -80,6 +81,11 @@ class FakeSandbox:
                 return outside / path[len(inside) :].lstrip("/")
         return Path(path)
 
+    def workspace_files(self) -> HostWorkspaceFiles:
+        """The workspace at its host path (the fake runs there), masks unapplied: the
+        fake mounts none."""
+        return HostWorkspaceFiles(self._spec.workspace)
+
     def admission_view(self, *, provider: str) -> None:
         """The fake shows no view of its own: it runs on the host."""
         del provider
@@ -119,7 +125,7 @@ class FakeBackend:
     """In-memory ``SandboxBackend``; ``destroy`` kills what the sandbox spawned."""
 
     name = "fake"
-    capabilities = Capabilities(shares_host_workspace=True, runs_host_usr=True)
+    capabilities = Capabilities(runs_host_usr=True)
 
     def __init__(self, config: FakeConfig | None = None) -> None:
         self.config = config or FakeConfig()

@@ -37,10 +37,7 @@ def container_admission(
             cannot see the container's view).
         WorkspaceUnavailable: the view has no workspace directory.
     """
-    root = Path(f"/proc/{pid}/root")
-    if pid <= 0:
-        raise SandboxError("the engine reported no host pid for the container", pid=pid)
-    _check_same_workspace(root, host_workspace)
+    root = check_same_workspace(pid, host_workspace)
     result = check_view(root, workspace=WORKSPACE, provider=provider)
     kept = tuple(f for f in result.findings if not _covered(f, masks, root, host_workspace))
     return replace(result, findings=kept)
@@ -55,7 +52,16 @@ def _covered(
     return mountpoints.in_place(host_workspace, entry) and _shows_mask(root, entry)
 
 
-def _check_same_workspace(root: Path, host_workspace: Path) -> None:
+def check_same_workspace(pid: int, host_workspace: Path) -> Path:
+    """The container's root as this host sees it (``/proc/<pid>/root``), once its
+    ``/workspace`` is proven to be ``host_workspace`` itself (same device and inode).
+
+    Raises:
+        SandboxError: no such process here, or its ``/workspace`` is another directory.
+    """
+    root = Path(f"/proc/{pid}/root")
+    if pid <= 0:
+        raise SandboxError("the engine reported no host pid for the container", pid=pid)
     try:
         host = os.stat(host_workspace)
         root_fd = open_dir(root)
@@ -79,6 +85,7 @@ def _check_same_workspace(root: Path, host_workspace: Path) -> None:
             root=str(root),
             workspace=str(host_workspace),
         )
+    return root
 
 
 def _shows_mask(root: Path, entry: MaskEntry) -> bool:

@@ -43,6 +43,13 @@ ahead of its spawn (the launcher waits for the header) and runs the admission ch
 that container's mount view, ``/proc/<init pid>/root`` (``worker.sandbox.view``; the
 engine must run on this host). The spawn then uses that container and its attach socket.
 
+``workspace_files`` serves artifacts, prompt links and the client's ``fs/*`` from the
+staged host directory every container binds at ``/workspace`` (owned by the sandbox user
+since ``create``), with the same masks refused, but only once a running container of the
+sandbox was seen, through ``/proc/<pid>/root``, to show that very directory there
+(``admission_view`` proves it before the launch); until then every path is refused
+``workspace_not_reachable``.
+
 Network ``allowlist`` works as in the local backend (``netpolicy``): the container keeps
 network mode ``none`` (loopback only); the job's proxy socket and the forwarder script
 are bound read-only at ``/run/acpw``, the launch header runs the program behind the

@@ -41,6 +41,7 @@ from worker.sandbox.docker.containers import (
 )
 from worker.sandbox.docker.engine import ContainerEngine, list_sandboxes, sandbox_status
 from worker.sandbox.docker.process import DockerProcess
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 from worker.sandbox.shared import (
     ProxyRegistry,
     check_command,
@@ -48,7 +49,7 @@ from worker.sandbox.shared import (
     check_spec,
     make_sandbox_id,
 )
-from worker.sandbox.view import container_admission
+from worker.sandbox.view import check_same_workspace, container_admission
 from worker.sandbox.watchdogs import Watchdogs
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class DockerSandbox:
         self._pending: str | None = first_container
         self._count = 1
         self.processes: list[DockerProcess] = []
+        #: A container of this sandbox was seen to bind the host workspace itself.
+        self._bind_proven = False
 
     @property
     def sandbox_id(self) -> str:
@@ -100,6 +103,42 @@ class DockerSandbox:
     def oom_killed(self) -> bool:
         """True once a process of this sandbox was OOM-killed (inferred, see module)."""
         return any(p.oom_killed for p in self.processes)
+
+    def workspace_files(self) -> HostWorkspaceFiles:
+        """The staged host directory that every container binds at ``/workspace``, with
+        this sandbox's masks. Used only once a running container is seen, through
+        ``/proc/<its init pid>/root``, to bind that very directory (``admission_view``
+        proves it before the launch; else the first use asks the engine for a running
+        container): a remote engine's ``/workspace`` is never mistaken for it."""
+        return HostWorkspaceFiles(
+            self._spec.workspace.resolve(), masks=self._masks, reachable=self._bind_shared
+        )
+
+    def _bind_shared(self) -> bool:
+        """True once a running container showed the host workspace at ``/workspace``
+        (blocking: may inspect containers; remembered once true)."""
+        if not self._bind_proven:
+            host = self._spec.workspace.resolve()
+            for pid in self._running_pids():
+                try:
+                    check_same_workspace(pid, host)
+                except SandboxError:
+                    continue
+                self._bind_proven = True
+                break
+        return self._bind_proven
+
+    def _running_pids(self) -> list[int]:
+        engine = self.backend.engine
+        started = engine.started(self._sandbox_id)
+        pids = [] if started is None else [started.pid]
+        for process in self.processes:
+            if process.returncode is None:
+                try:
+                    pids.append(engine.init_pid(process.container_id))
+                except SandboxError:
+                    continue
+        return pids
 
     async def spawn(
         self,
@@ -156,10 +195,12 @@ class DockerSandbox:
             started = self.backend.engine.prestart(
                 self._sandbox_id, container, self.plan, on_started=self._bound
             )
-        return container_admission(
+        result = container_admission(
             started.pid, host_workspace=self._spec.workspace.resolve(), masks=self._masks,
             provider=provider,
         )  # fmt: skip
+        self._bind_proven = True  # container_admission checked the bind first
+        return result
 
     def _bound(self, container: str) -> None:
         """Bound a container that just started by the job's lease (blocking): a watchdog
@@ -202,7 +243,7 @@ class DockerBackend:
     process that reaches the same engine."""
 
     name = BACKEND_NAME
-    capabilities = Capabilities(shares_host_workspace=False, runs_host_usr=False)
+    capabilities = Capabilities(runs_host_usr=False)
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from worker.network import forwarder_argv, proxy_env
 from worker.sandbox import cgroups, mountpoints, netpolicy, staging
 from worker.sandbox.base import WORKSPACE, Capabilities, SandboxInfo, SandboxSpec
 from worker.sandbox.config import LocalConfig
+from worker.sandbox.hostfiles import HostWorkspaceFiles
 from worker.sandbox.local.bwrap import (
     BindSources,
     HostLayout,
@@ -79,6 +80,11 @@ class LocalSandbox:
     def oom_killed(self) -> bool:
         """True once the kernel OOM-killed any process of this sandbox."""
         return cgroups.oom_kills(self._record.cgroups) > 0
+
+    def workspace_files(self) -> HostWorkspaceFiles:
+        """The workspace at its host path, with this sandbox's masks: bubblewrap binds
+        that very directory (a root worker's staged twin is a bind of it too)."""
+        return HostWorkspaceFiles(self._record.workspace, masks=self._masks)
 
     def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
         """The admission check as the agent's mount view will show the workspace.
@@ -171,7 +177,7 @@ class LocalBackend:
     """``SandboxBackend`` on bubblewrap; ``list``/``destroy`` work from any process."""
 
     name = "local"
-    capabilities = Capabilities(shares_host_workspace=True, runs_host_usr=True)
+    capabilities = Capabilities(runs_host_usr=True)
 
     def __init__(
         self,
