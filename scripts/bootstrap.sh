@@ -59,8 +59,10 @@ stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: creating $VENV and installing acp-worker[dev]" >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e ".[dev,celery]"
+  # uv (from PyPI, into the venv) resolves the same releases as pip but fetches and
+  # installs them in parallel: about 10-20 s on a fresh clone where pip took about 2 min.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check uv
+  "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".[dev,celery]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
