@@ -95,7 +95,7 @@ worker-image: bootstrap
 lock-deps: bootstrap
 	@$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	  --no-emit-index-url --no-emit-find-links $(LOCK_ARGS) \
-	  --extra celery --extra docker --extra kubernetes --extra s3 \
+	  --extra celery --extra daytona --extra docker --extra kubernetes --extra s3 \
 	  --output-file requirements.lock pyproject.toml requirements-image.in
 
 # Every benchmark needs the packs (and, through bootstrap, the local Redis: event_throughput
