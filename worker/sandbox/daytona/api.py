@@ -1,0 +1,179 @@
+"""Daytona's SDK at the seam: one client per event loop, every call retried through
+tenacity while Daytona answers 429 or a transient 5xx, and every SDK exception translated
+into the error tree (``translate``) with the API key scrubbed from what is kept.
+
+    DaytonaAuthenticationError, 403 (not quota)    → BackendAuthFailed     backend_auth_failed
+    any answer that names a quota                  → BackendQuotaExceeded  backend_quota_exceeded
+    DaytonaRateLimitError after every retry        → BackendRateLimited    backend_rate_limited
+    DaytonaTimeoutError while creating a sandbox   → SandboxStartTimeout   sandbox_start_timeout
+    any other DaytonaError                         → SandboxError          sandbox_failed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, NoReturn, TypeVar
+
+from daytona import (
+    AsyncDaytona,
+    DaytonaAuthenticationError,
+    DaytonaError,
+    DaytonaForbiddenError,
+    DaytonaRateLimitError,
+    DaytonaTimeoutError,
+)
+from daytona import (
+    DaytonaConfig as SdkConfig,
+)
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from worker.errors import (
+    BackendAuthFailed,
+    BackendQuotaExceeded,
+    BackendRateLimited,
+    SandboxError,
+    SandboxStartTimeout,
+)
+
+if TYPE_CHECKING:
+    from worker.sandbox.config import DaytonaConfig
+
+T = TypeVar("T")
+_TRANSIENT = frozenset({429, 502, 503, 504})
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, DaytonaError) and (
+        isinstance(exc, DaytonaRateLimitError) or exc.status_code in _TRANSIENT
+    )
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        return min(float(headers.get("Retry-After", "")), 30.0)
+    except (TypeError, ValueError):
+        return None
+
+
+class Api:
+    """The SDK client of one backend: built in the running loop on first use (its
+    aiohttp session belongs to that loop), closed by :meth:`aclose`."""
+
+    def __init__(self, config: DaytonaConfig) -> None:
+        self.config = config
+        self._key: str | None = None
+        self._client: AsyncDaytona | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def key(self) -> str:
+        """The API key (read once).
+
+        Raises:
+            BackendAuthFailed: no key is configured or its file cannot be read.
+        """
+        if self._key is None:
+            try:
+                self._key = self.config.api_key()
+            except OSError as exc:
+                raise BackendAuthFailed(
+                    "the Daytona API key file cannot be read",
+                    path=str(self.config.daytona_api_key_file),
+                ) from exc
+            if not self._key:
+                raise BackendAuthFailed(
+                    "no Daytona API key: set ACPW_DAYTONA_API_KEY or ACPW_DAYTONA_API_KEY_FILE"
+                )
+        return self._key
+
+    @property
+    def client(self) -> AsyncDaytona:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            sdk = SdkConfig(
+                api_key=self.key(),
+                api_url=self.config.daytona_api_url,
+                target=self.config.daytona_target,
+            )
+            with self.translating("connect"):
+                self._client = AsyncDaytona(sdk)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._loop is asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                await client.close()  # type: ignore[no-untyped-call]
+
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]], **context: object) -> T:
+        """``await fn()``, retried while Daytona answers 429/502/503/504 (its
+        ``Retry-After`` honoured, else exponential back-off), translated at the end.
+
+        Raises:
+            SandboxError: (or a subclass) what the last attempt raised, translated.
+        """
+        attempts = AsyncRetrying(
+            retry=retry_if_exception(_transient),
+            stop=stop_after_attempt(self.config.daytona_retry_attempts),
+            wait=_wait,
+            reraise=True,
+        )
+        with self.translating(what, **context):
+            async for attempt in attempts:
+                with attempt:
+                    return await fn()
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    @contextlib.contextmanager
+    def translating(self, what: str, **context: object) -> Iterator[None]:
+        """Translate what the SDK raises inside into the error tree.
+
+        Raises:
+            SandboxError: (or a subclass) for any ``DaytonaError``.
+        """
+        try:
+            yield
+        except DaytonaError as exc:
+            translate(exc, what, secret=self._key, **context)
+
+
+def _wait(retry_state: object) -> float:
+    outcome = getattr(retry_state, "outcome", None)
+    exc = outcome.exception() if outcome is not None else None
+    after = _retry_after(exc)
+    if after is not None:
+        return after
+    return float(wait_exponential(multiplier=0.5, max=8)(retry_state))  # type: ignore[arg-type]
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (the API key) replaced: it never reaches an error."""
+    return text.replace(secret, "***") if secret else text
+
+
+def translate(exc: DaytonaError, what: str, *, secret: str | None, **context: object) -> NoReturn:
+    """Raise the error-tree exception for ``exc`` (always raises).
+
+    Raises:
+        SandboxError: or the subclass the answer calls for (module docstring).
+    """
+    message = scrub(str(exc), secret)
+    details = {"operation": what, "status": exc.status_code, **context}
+    text = f"daytona: {what} failed: {message}"
+    if "quota" in message.lower():
+        raise BackendQuotaExceeded(text, **details) from None
+    if isinstance(exc, DaytonaAuthenticationError | DaytonaForbiddenError):
+        raise BackendAuthFailed(text, **details) from None
+    if isinstance(exc, DaytonaRateLimitError):
+        raise BackendRateLimited(text, **details) from None
+    if isinstance(exc, DaytonaTimeoutError) and what == "create sandbox":
+        raise SandboxStartTimeout(text, **details) from None
+    raise SandboxError(text, **details) from None
