@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
 from worker.errors import (
@@ -40,7 +44,10 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import DaytonaConfig
 from worker.sandbox.daytona import DaytonaBackend
+from worker.service.reaper import reap_once
 from worker.settings import Settings
+from worker.store import fields, keys
+from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_label, owner_labels, store_label
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = "registry.test/acpw"
@@ -364,4 +371,86 @@ async def test_hello_job_completes_through_the_backend(
     assert "sandbox.ready" in types
     assert "workspace.changed" in types
     assert SECRET not in json.dumps(events)
+    assert double.sandboxes == {}
+
+
+async def test_the_reaper_deletes_daytona_sandboxes_whose_lease_is_gone(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble, redis_url: str
+) -> None:
+    """The reaper lists Daytona sandboxes by our labels alone: one whose lease token is
+    not the job's (no lease in this Redis) and one whose owner process is gone are
+    deleted; one whose owner runs is kept."""
+    settings = Settings(
+        redis_url=redis_url, work_dir=tmp_path / "work", cache_dir=tmp_path / "cache",
+        results_dir=tmp_path / "results",
+    )  # fmt: skip
+    store = store_label(redis_url)
+    assert store is not None
+    child = subprocess.Popen(["sleep", "30"])
+    dead_owner = owner_label(child.pid)
+    child.kill()
+    child.wait()
+    assert dead_owner is not None
+    leased = await backend.create(
+        _spec(tmp_path, labels={LABEL_JOB: "job-1", LABEL_TOKEN: "5", LABEL_STORE: store})
+    )
+    orphan = await backend.create(
+        _spec(tmp_path, job_id="job-2", labels={LABEL_JOB: "job-2", LABEL_OWNER: dead_owner})
+    )
+    alive = await backend.create(
+        _spec(tmp_path, job_id="job-3", labels={LABEL_JOB: "job-3", **owner_labels()})
+    )
+    reaper = DaytonaBackend(backend.config)  # another process's view: labels only
+    client = aioredis.Redis.from_url(redis_url)
+    # This Redis issued token 5 for job-1 and its lease is gone (another attempt, 6, holds it).
+    await client.hset(keys.state("job-1"), fields.FENCE, "6")
+    await client.set(keys.lease("job-1"), "6")
+    try:
+        report = await reap_once(client, settings, {"daytona": reaper})
+    finally:
+        await client.aclose()
+        await reaper.aclose()
+    assert sorted(report.destroyed) == sorted([leased.sandbox_id, orphan.sandbox_id])
+    assert [r.dto["name"] for r in double.sandboxes.values()] == [alive.sandbox_id]
+    await backend.destroy(alive.sandbox_id)
+
+
+async def test_acp_worker_run_backend_daytona(tmp_path: Path, double: DaytonaDouble) -> None:
+    """``acp-worker run --backend daytona`` with its settings from the environment (the
+    key too) reaches ``job.completed`` succeeded on the double; the key is nowhere in
+    what the CLI printed or wrote."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "README.md").write_text("# hello\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    job = {
+        "v": 1, "job_id": "dt-cli", "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+        "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    }  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
+    } | {
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"),
+        "ACPW_RESULTS_DIR": str(tmp_path / "results"),
+        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
+        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
+    }  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker.cli", "run", str(tmp_path / "job.json"),
+        "--backend", "daytona", "--events-out", str(tmp_path / "events.jsonl"), "--quiet",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=REPO,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert events[-1]["type"] == "job.completed"
+    assert events[-1]["data"]["status"] == "succeeded"
+    assert "daytona" in {e["data"].get("backend") for e in events if e["type"] == "sandbox.ready"}
+    for text in (out.decode(), err.decode(), (tmp_path / "events.jsonl").read_text()):
+        assert double.api_key not in text
     assert double.sandboxes == {}

@@ -1,4 +1,4 @@
-"""Daytona's SDK at the seam: one client per event loop, every call retried through
+"""Daytona's SDK at the seam: a client per sandbox or operation, every call retried through
 tenacity while Daytona answers 429 or a transient 5xx, and every SDK exception translated
 into the error tree (``translate``) with the API key scrubbed from what is kept.
 
@@ -11,9 +11,8 @@ into the error tree (``translate``) with the API key scrubbed from what is kept.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from daytona import (
@@ -64,14 +63,14 @@ def _retry_after(exc: BaseException | None) -> float | None:
 
 
 class Api:
-    """The SDK client of one backend: built in the running loop on first use (its
-    aiohttp session belongs to that loop), closed by :meth:`aclose`."""
+    """Access to Daytona for one backend: the key, fresh SDK clients (each owns an
+    aiohttp session of the loop it was made in: a sandbox keeps its own until it is
+    destroyed, every other operation closes its client when done), retries and
+    translation."""
 
     def __init__(self, config: DaytonaConfig) -> None:
         self.config = config
         self._key: str | None = None
-        self._client: AsyncDaytona | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def key(self) -> str:
         """The API key (read once).
@@ -93,25 +92,29 @@ class Api:
                 )
         return self._key
 
-    @property
-    def client(self) -> AsyncDaytona:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            sdk = SdkConfig(
-                api_key=self.key(),
-                api_url=self.config.daytona_api_url,
-                target=self.config.daytona_target,
-            )
-            with self.translating("connect"):
-                self._client = AsyncDaytona(sdk)
-            self._loop = loop
-        return self._client
+    def new_client(self) -> AsyncDaytona:
+        """A new SDK client (close it with :func:`close_client`).
 
-    async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None and self._loop is asyncio.get_running_loop():
-            with contextlib.suppress(Exception):
-                await client.close()  # type: ignore[no-untyped-call]
+        Raises:
+            BackendAuthFailed: no API key.
+            SandboxError: the SDK refused its configuration.
+        """
+        sdk = SdkConfig(
+            api_key=self.key(),
+            api_url=self.config.daytona_api_url,
+            target=self.config.daytona_target,
+        )
+        with self.translating("connect"):
+            return AsyncDaytona(sdk)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncDaytona]:
+        """A client for the body, closed after it."""
+        client = self.new_client()
+        try:
+            yield client
+        finally:
+            await close_client(client)
 
     async def call(self, what: str, fn: Callable[[], Awaitable[T]], **context: object) -> T:
         """``await fn()``, retried while Daytona answers 429/502/503/504 (its
@@ -143,6 +146,12 @@ class Api:
             yield
         except DaytonaError as exc:
             translate(exc, what, secret=self._key, **context)
+
+
+async def close_client(client: AsyncDaytona) -> None:
+    """Close a client's HTTP session; never raises (a failed close leaks nothing more)."""
+    with contextlib.suppress(Exception):
+        await client.close()  # type: ignore[no-untyped-call]
 
 
 def _wait(retry_state: object) -> float:

@@ -4,6 +4,7 @@ See the package docstring."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from daytona import (
+    AsyncDaytona,
     AsyncSandbox,
     CreateSandboxFromSnapshotParams,
     CreateSnapshotParams,
@@ -36,7 +38,7 @@ from worker.sandbox.base import (
     SandboxSpec,
 )
 from worker.sandbox.daytona import sync
-from worker.sandbox.daytona.api import Api
+from worker.sandbox.daytona.api import Api, close_client
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
 from worker.sandbox.daytona.relay import launch_header, relay_command
 from worker.sandbox.shared import check_command, check_id, make_sandbox_id
@@ -102,10 +104,17 @@ class DaytonaSandbox:
     """One job attempt's Daytona sandbox, as this process made it."""
 
     def __init__(
-        self, backend: DaytonaBackend, *, sandbox_id: str, spec: SandboxSpec, remote: AsyncSandbox
+        self,
+        backend: DaytonaBackend,
+        *,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        client: AsyncDaytona,
+        remote: AsyncSandbox,
     ) -> None:
         self.backend = backend
         self.api = backend.api
+        self.client = client
         self._sandbox_id = sandbox_id
         self._spec = spec
         self.remote = remote
@@ -190,6 +199,12 @@ class DaytonaSandbox:
         except SandboxError as exc:
             log.warning("daytona: activity refresh of %s failed: %s", self._sandbox_id, exc)
 
+    async def close(self) -> None:
+        """Its processes' followers stopped and its client closed (after the delete)."""
+        for process in self.processes:
+            await process.close()
+        await close_client(self.client)
+
     def unfollow(self) -> None:
         if self._unfollow is not None:
             self._unfollow()
@@ -235,8 +250,10 @@ class DaytonaBackend:
         return self.config.host_owner()
 
     async def aclose(self) -> None:
-        """Close the SDK's HTTP session (tests; a worker's ends with its process)."""
-        await self.api.aclose()
+        """Delete every sandbox this backend still holds (tests)."""
+        for sandbox_id in list(self._live):
+            with contextlib.suppress(Exception):
+                await self.destroy(sandbox_id)
 
     # --- snapshots ---------------------------------------------------------------------
 
@@ -272,7 +289,7 @@ class DaytonaBackend:
         name = f"acpw-{hexdigest[:40]}-c{cpu}m{memory}"
         return name, image, Resources(cpu=cpu, memory=memory)
 
-    async def ensure_snapshot(self, spec: SandboxSpec) -> str:
+    async def ensure_snapshot(self, client: AsyncDaytona, spec: SandboxSpec) -> str:
         """The spec's snapshot, active and verified: reused when present, else created.
 
         Raises:
@@ -281,9 +298,9 @@ class DaytonaBackend:
             SandboxError: (or a subclass) Daytona refused otherwise.
         """
         name, image, resources = self.snapshot_plan(spec)
-        snapshots = self.api.client.snapshot
+        snapshots = client.snapshot
         try:
-            found = await self._get_snapshot(name)
+            found = await self._get_snapshot(client, name)
             if found is None:
                 params = CreateSnapshotParams(name=name, image=image, resources=resources)
                 found = await asyncio.wait_for(
@@ -291,7 +308,8 @@ class DaytonaBackend:
                     timeout=self.config.daytona_snapshot_timeout_s,
                 )
             found = await asyncio.wait_for(
-                self._until_active(name, found), timeout=self.config.daytona_snapshot_timeout_s
+                self._until_active(client, name, found),
+                timeout=self.config.daytona_snapshot_timeout_s,
             )
         except TimeoutError:
             raise SnapshotFailed(
@@ -308,8 +326,8 @@ class DaytonaBackend:
             )  # fmt: skip
         return name
 
-    async def _get_snapshot(self, name: str) -> Any:
-        snapshots = self.api.client.snapshot
+    async def _get_snapshot(self, client: AsyncDaytona, name: str) -> Any:
+        snapshots = client.snapshot
         try:
             return await self.api.call("get snapshot", lambda: snapshots.get(name), snapshot=name)
         except SandboxError as exc:
@@ -332,7 +350,7 @@ class DaytonaBackend:
             details = {**exc.details, "snapshot": params.name, "reason": "build_failed"}
             raise SnapshotFailed(exc.message, **details) from None
 
-    async def _until_active(self, name: str, found: Any) -> Any:
+    async def _until_active(self, client: AsyncDaytona, name: str, found: Any) -> Any:
         while True:
             state = str(getattr(found.state, "value", found.state))
             if state == "active":
@@ -344,7 +362,7 @@ class DaytonaBackend:
                     reason=state,
                 )
             await asyncio.sleep(1.0)
-            found = await self._get_snapshot(name)
+            found = await self._get_snapshot(client, name)
             if found is None:
                 raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
 
@@ -361,7 +379,15 @@ class DaytonaBackend:
                 failed otherwise.
         """
         _check_spec(spec)
-        snapshot = await self.ensure_snapshot(spec)
+        client = self.api.new_client()
+        try:
+            return await self._create(client, spec)
+        except BaseException:
+            await close_client(client)
+            raise
+
+    async def _create(self, client: AsyncDaytona, spec: SandboxSpec) -> DaytonaSandbox:
+        snapshot = await self.ensure_snapshot(client, spec)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = self.labels(spec, sandbox_id)
         params = CreateSandboxFromSnapshotParams(
@@ -372,19 +398,20 @@ class DaytonaBackend:
             ttl_minutes=self.config.daytona_ttl_minutes or None,
             **network_params(spec),
         )  # fmt: skip
-        client = self.api.client
         remote = await self.api.call(
             "create sandbox",
             lambda: client.create(params, timeout=self.config.daytona_start_timeout_s),
             sandbox_id=sandbox_id,
         )
-        sandbox = DaytonaSandbox(self, sandbox_id=sandbox_id, spec=spec, remote=remote)
-        self._live[sandbox_id] = sandbox
+        sandbox = DaytonaSandbox(
+            self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote
+        )
         try:
             await self._upload(sandbox)
         except BaseException:
-            await self.destroy(sandbox_id)
+            await self._delete(client, sandbox_id)
             raise
+        self._live[sandbox_id] = sandbox
         sandbox.follow_lease(spec.lease_deadline)
         return sandbox
 
@@ -435,21 +462,26 @@ class DaytonaBackend:
         """
         check_id(sandbox_id, backend=BACKEND_NAME)
         sandbox = self._live.pop(sandbox_id, None)
+        if sandbox is None:
+            async with self.api.session() as client:
+                await self._delete(client, sandbox_id)
+            return
         failure: BaseException | None = None
-        if sandbox is not None:
-            sandbox.unfollow()
+        sandbox.unfollow()
+        try:
             for process in sandbox.processes:
-                process.kill()
+                await process.stop()
             try:
                 await self._bring_back(sandbox)
             except Exception as exc:  # still delete; the caller learns it after
                 failure = exc
-        await self._delete(sandbox_id)
+            await self._delete(sandbox.client, sandbox_id)
+        finally:
+            await sandbox.close()
         if failure is not None:
             raise failure
 
-    async def _delete(self, sandbox_id: str) -> None:
-        client = self.api.client
+    async def _delete(self, client: AsyncDaytona, sandbox_id: str) -> None:
         try:
             remote = await self.api.call("get sandbox", lambda: client.get(sandbox_id))
         except SandboxError as exc:
@@ -467,9 +499,13 @@ class DaytonaBackend:
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Our sandboxes whose labels include all of ``labels``."""
         wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
-        client = self.api.client
+        async with self.api.session() as client:
+            return await self._list(client, wanted)
 
-        async def collect() -> list[SandboxInfo]:
+    async def _list(
+        self, client: AsyncDaytona, wanted: dict[str, str]
+    ) -> builtins.list[SandboxInfo]:
+        async def collect() -> builtins.list[SandboxInfo]:
             found: dict[str, SandboxInfo] = {}
             async for remote in client.list(ListSandboxesQuery(labels=wanted)):
                 have = {str(k): str(v) for k, v in (remote.labels or {}).items()}

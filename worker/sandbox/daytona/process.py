@@ -197,6 +197,8 @@ class DaytonaProcess(StdioProcess):
         return self._returncode
 
     async def wait(self) -> int:
+        if self._watch.cancelled() and self._returncode is not None:
+            return self._returncode  # closed with its sandbox
         return await asyncio.shield(self._watch)
 
     async def exit_diagnosis(self) -> ExitDiagnosis:
@@ -205,6 +207,25 @@ class DaytonaProcess(StdioProcess):
         diagnosis = ended(self._returncode)
         oom = diagnosis.signal == "SIGKILL" and not self.signalled
         return ended(self._returncode, oom_killed=oom)
+
+    async def stop(self) -> None:
+        """Kill it now if it still runs: its session deleted, awaited (before the
+        workspace is read back, nothing of it may still write)."""
+        if self._returncode is None:
+            self.signalled = True
+            await self._control.kill_session()
+
+    async def close(self) -> None:
+        """Stop following it (its sandbox is gone); an end not seen is read as a kill."""
+        if not self._watch.done():
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self._returncode is None:
+            self._status = 128 + signal.SIGKILL
+            self._returncode = -signal.SIGKILL
+        for task in list(self._tasks):
+            task.cancel()
 
     def terminate(self) -> None:
         """SIGTERM to the program's process group, through the relay; idempotent."""
