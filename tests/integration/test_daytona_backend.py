@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
+from worker.client import Client
 from worker.errors import (
     ArchiveRefused,
     BackendAuthFailed,
@@ -454,3 +457,72 @@ async def test_acp_worker_run_backend_daytona(tmp_path: Path, double: DaytonaDou
     for text in (out.decode(), err.decode(), (tmp_path / "events.jsonl").read_text()):
         assert double.api_key not in text
     assert double.sandboxes == {}
+
+
+async def test_a_served_job_runs_on_daytona(
+    tmp_path: Path, double: DaytonaDouble, redis_url: str
+) -> None:
+    """``acp-worker serve`` with ``ACPW_BACKEND=daytona``: a submitted hello job settles
+    ``succeeded`` on a sandbox of the double, leased through the same ``owning()`` as
+    every served job, and the sandbox is gone afterwards."""
+    broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
+    with redis.Redis.from_url(broker) as sync_client:
+        sync_client.flushdb()
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
+    } | {
+        "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
+        "ACPW_WORKER_ID": "w-served", "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "3",
+        "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
+        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
+        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
+        "ACPW_DAYTONA_ACTIVITY_EVERY_S": "0.5",
+    }  # fmt: skip
+    log = tmp_path / "serve.log"
+    argv = [str(Path(sys.executable).with_name("acp-worker")), "serve", "--concurrency", "1"]
+    with log.open("w") as out:
+        serve = subprocess.Popen(
+            [*argv, "--no-reaper"], cwd=REPO, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        await _until(lambda: " ready." in log.read_text(), 90)
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "README.md").write_text("# served\n")
+        job = {
+            "v": 1, "job_id": "dt-served", "pack": {"name": "cursor-emulator"},
+            "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+            "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+            "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+        }  # fmt: skip
+        with Client(redis_url, settings=Settings(redis_url=redis_url, broker_url=broker)) as c:
+            await asyncio.to_thread(c.submit, job)
+
+            def done() -> list[dict[str, Any]]:
+                events = [dict(item.event) for item in c.events("dt-served")]
+                return events if events and events[-1]["type"] == "job.completed" else []
+
+            events = await _until(done, 90)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        await asyncio.to_thread(serve.wait, 60)
+    assert events[-1]["data"]["status"] == "succeeded", log.read_text()[-3000:]
+    ready = [e for e in events if e["type"] == "sandbox.ready"]
+    assert ready[0]["data"]["backend"] == "daytona"
+    assert double.sandboxes == {}
+    assert double.api_key not in log.read_text()
+
+
+async def _until(check: Any, timeout: float) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        value = await asyncio.to_thread(check)
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s")
