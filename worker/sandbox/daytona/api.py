@@ -15,17 +15,6 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-from daytona import (
-    AsyncDaytona,
-    DaytonaAuthenticationError,
-    DaytonaError,
-    DaytonaForbiddenError,
-    DaytonaRateLimitError,
-    DaytonaTimeoutError,
-)
-from daytona import (
-    DaytonaConfig as SdkConfig,
-)
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -40,8 +29,11 @@ from worker.errors import (
     SandboxError,
     SandboxStartTimeout,
 )
+from worker.sandbox.daytona import sdk
 
 if TYPE_CHECKING:
+    from daytona import AsyncDaytona, DaytonaError
+
     from worker.sandbox.config import DaytonaConfig
 
 T = TypeVar("T")
@@ -49,8 +41,9 @@ _TRANSIENT = frozenset({429, 502, 503, 504})
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, DaytonaError) and (
-        isinstance(exc, DaytonaRateLimitError) or exc.status_code in _TRANSIENT
+    d = sdk.module()
+    return isinstance(exc, d.DaytonaError) and (
+        isinstance(exc, d.DaytonaRateLimitError) or exc.status_code in _TRANSIENT
     )
 
 
@@ -99,13 +92,15 @@ class Api:
             BackendAuthFailed: no API key.
             SandboxError: the SDK refused its configuration.
         """
-        sdk = SdkConfig(
+        d = sdk.module()
+        config = d.DaytonaConfig(
             api_key=self.key(),
             api_url=self.config.daytona_api_url,
             target=self.config.daytona_target,
         )
         with self.translating("connect"):
-            return AsyncDaytona(sdk)
+            client: AsyncDaytona = d.AsyncDaytona(config)
+        return client
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncDaytona]:
@@ -144,8 +139,10 @@ class Api:
         """
         try:
             yield
-        except DaytonaError as exc:
-            translate(exc, what, secret=self._key, **context)
+        except Exception as exc:
+            if sdk.loaded() and isinstance(exc, sdk.module().DaytonaError):
+                translate(exc, what, secret=self._key, **context)
+            raise
 
 
 async def close_client(client: AsyncDaytona) -> None:
@@ -179,10 +176,11 @@ def translate(exc: DaytonaError, what: str, *, secret: str | None, **context: ob
     text = f"daytona: {what} failed: {message}"
     if "quota" in message.lower():
         raise BackendQuotaExceeded(text, **details) from None
-    if isinstance(exc, DaytonaAuthenticationError | DaytonaForbiddenError):
+    d = sdk.module()
+    if isinstance(exc, d.DaytonaAuthenticationError | d.DaytonaForbiddenError):
         raise BackendAuthFailed(text, **details) from None
-    if isinstance(exc, DaytonaRateLimitError):
+    if isinstance(exc, d.DaytonaRateLimitError):
         raise BackendRateLimited(text, **details) from None
-    if isinstance(exc, DaytonaTimeoutError) and what == "create sandbox":
+    if isinstance(exc, d.DaytonaTimeoutError) and what == "create sandbox":
         raise SandboxStartTimeout(text, **details) from None
     raise SandboxError(text, **details) from None

@@ -14,17 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from daytona import (
-    AsyncDaytona,
-    AsyncSandbox,
-    CreateSandboxFromSnapshotParams,
-    CreateSnapshotParams,
-    DaytonaConflictError,
-    ListSandboxesQuery,
-    Resources,
-    SessionExecuteRequest,
-)
-
 from worker.errors import SandboxError, SnapshotFailed
 from worker.images.identity import PACK_REPO, ImageIdentity
 from worker.network import parse_endpoint
@@ -37,13 +26,15 @@ from worker.sandbox.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from worker.sandbox.daytona import sync
+from worker.sandbox.daytona import sdk, sync
 from worker.sandbox.daytona.api import Api, close_client
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
 from worker.sandbox.daytona.relay import launch_header, relay_command
 from worker.sandbox.shared import check_command, check_id, make_sandbox_id
 
 if TYPE_CHECKING:
+    from daytona import AsyncDaytona, AsyncSandbox, CreateSnapshotParams
+
     from worker.admission.result import AdmissionResult
     from worker.sandbox.base import LeaseDeadline
     from worker.sandbox.config import DaytonaConfig
@@ -150,7 +141,7 @@ class DaytonaSandbox:
         session = f"acpw-{self._count}"
         process = self.remote.process
         await self.api.call("create session", lambda: process.create_session(session))
-        request = SessionExecuteRequest(
+        request = sdk.module().SessionExecuteRequest(
             command=relay_command(), run_async=True, suppress_input_echo=True
         )
         started = await self.api.call(
@@ -221,7 +212,7 @@ class DaytonaSandbox:
         process = self.remote.process
         with contextlib.suppress(SandboxError):
             await self.api.call("create session", lambda: process.create_session(_SYNC_SESSION))
-        request = SessionExecuteRequest(command=command, run_async=False)
+        request = sdk.module().SessionExecuteRequest(command=command, run_async=False)
         result = await self.api.call(
             what, lambda: process.execute_session_command(_SYNC_SESSION, request)
         )
@@ -242,6 +233,9 @@ class DaytonaBackend:
     capabilities = Capabilities(shares_host_workspace=False, runs_host_usr=False)
 
     def __init__(self, config: DaytonaConfig) -> None:
+        """Raises ``ImportError`` when the SDK is missing (``get_backend`` names the
+        extra); the SDK itself is imported by the first operation (``sdk.py``)."""
+        sdk.check_installed()
         self.config = config
         self.api = Api(config)
         self._live: dict[str, DaytonaSandbox] = {}
@@ -257,8 +251,9 @@ class DaytonaBackend:
 
     # --- snapshots ---------------------------------------------------------------------
 
-    def snapshot_plan(self, spec: SandboxSpec) -> tuple[str, str, Resources]:
-        """(snapshot name, image reference, resources) of the spec's pack image.
+    def snapshot_plan(self, spec: SandboxSpec) -> tuple[str, str, tuple[int, int]]:
+        """(snapshot name, image reference, (CPUs, GiB of memory)) of the spec's pack
+        image.
 
         The name carries our content identity of the pack image (not the registry's
         digest, which Daytona rewrites) and the resources, which Daytona fixes per
@@ -287,7 +282,7 @@ class DaytonaBackend:
         cpu = max(1, math.ceil(spec.limits.cpus))
         memory = max(1, math.ceil(spec.limits.memory_bytes / _GIB))
         name = f"acpw-{hexdigest[:40]}-c{cpu}m{memory}"
-        return name, image, Resources(cpu=cpu, memory=memory)
+        return name, image, (cpu, memory)
 
     async def ensure_snapshot(self, client: AsyncDaytona, spec: SandboxSpec) -> str:
         """The spec's snapshot, active and verified: reused when present, else created.
@@ -297,12 +292,14 @@ class DaytonaBackend:
                 ``daytona_snapshot_timeout_s``, or names another image.
             SandboxError: (or a subclass) Daytona refused otherwise.
         """
-        name, image, resources = self.snapshot_plan(spec)
+        name, image, (cpu, memory) = self.snapshot_plan(spec)
+        d = sdk.module()
         snapshots = client.snapshot
         try:
             found = await self._get_snapshot(client, name)
             if found is None:
-                params = CreateSnapshotParams(name=name, image=image, resources=resources)
+                resources = d.Resources(cpu=cpu, memory=memory)
+                params = d.CreateSnapshotParams(name=name, image=image, resources=resources)
                 found = await asyncio.wait_for(
                     self._create_snapshot(snapshots, params),
                     timeout=self.config.daytona_snapshot_timeout_s,
@@ -340,7 +337,7 @@ class DaytonaBackend:
             with self.api.translating("create snapshot", snapshot=params.name):
                 try:
                     return await snapshots.create(params)
-                except DaytonaConflictError:  # another worker is making it
+                except sdk.module().DaytonaConflictError:  # another worker is making it
                     return await snapshots.get(params.name)
         except SnapshotFailed:
             raise
@@ -379,6 +376,7 @@ class DaytonaBackend:
                 failed otherwise.
         """
         _check_spec(spec)
+        await sdk.load()
         client = self.api.new_client()
         try:
             return await self._create(client, spec)
@@ -390,7 +388,7 @@ class DaytonaBackend:
         snapshot = await self.ensure_snapshot(client, spec)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = self.labels(spec, sandbox_id)
-        params = CreateSandboxFromSnapshotParams(
+        params = sdk.module().CreateSandboxFromSnapshotParams(
             name=sandbox_id, snapshot=snapshot, labels=labels,
             os_user=self.config.daytona_os_user,
             auto_stop_interval=self.config.daytona_auto_stop_minutes,
@@ -461,6 +459,7 @@ class DaytonaBackend:
             ArchiveRefused: what came back was unsafe (nothing replaced).
         """
         check_id(sandbox_id, backend=BACKEND_NAME)
+        await sdk.load()
         sandbox = self._live.pop(sandbox_id, None)
         if sandbox is None:
             async with self.api.session() as client:
@@ -499,6 +498,7 @@ class DaytonaBackend:
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Our sandboxes whose labels include all of ``labels``."""
         wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
+        await sdk.load()
         async with self.api.session() as client:
             return await self._list(client, wanted)
 
@@ -507,7 +507,8 @@ class DaytonaBackend:
     ) -> builtins.list[SandboxInfo]:
         async def collect() -> builtins.list[SandboxInfo]:
             found: dict[str, SandboxInfo] = {}
-            async for remote in client.list(ListSandboxesQuery(labels=wanted)):
+            query = sdk.module().ListSandboxesQuery(labels=wanted)
+            async for remote in client.list(query):
                 have = {str(k): str(v) for k, v in (remote.labels or {}).items()}
                 name = have.get(LABEL_SANDBOX)
                 # The filter is re-checked: the answer is untrusted, and ids become paths.
