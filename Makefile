@@ -62,7 +62,8 @@ chart: bootstrap
 .PHONY: test-daytona
 test-daytona: emulator-pack
 	@[ -n "$$DAYTONA_API_KEY" ] || echo "test-daytona: DAYTONA_API_KEY is not set: the live Daytona tests are skipped; the double's suite runs" >&2
-	@$(PY) -m pytest -q -p no:cacheprovider -rs tests/integration/test_daytona_live.py tests/integration/test_daytona_backend.py
+	@$(PY) -m pytest -q -p no:cacheprovider -rs tests/integration/test_daytona_live.py tests/integration/test_daytona_backend.py \
+	  tests/integration/test_daytona_stdio.py
 
 unit: bootstrap
 	@$(PY) -m pytest -q tests/unit
