@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -98,6 +99,8 @@ class DaytonaDouble:
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.faults: list[Fault] = []
+        #: the next log stream closes with 1011 after its first message (a dropped socket)
+        self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -416,6 +419,10 @@ class DaytonaDouble:
                 chunk = bytes(run.log[sent:])
                 sent += len(chunk)
                 await ws.send_bytes(chunk)
+                if self.drop_logs_once:
+                    self.drop_logs_once = False
+                    await ws.close(code=1011, message=b"runner connection lost")
+                    return ws
                 continue
             if run.exit_code is not None:
                 break
@@ -462,7 +469,8 @@ class DaytonaDouble:
             # The daemon writes the path as it is; aiohttp's helper would percent-quote it.
             if path.is_file():
                 disposition = f'form-data; name="file"; filename="{remote}"'
-                content_type, data = "application/octet-stream", path.read_bytes()
+                content_type = "application/octet-stream"
+                data: bytes | io.BytesIO = io.BytesIO(path.read_bytes())
             else:
                 disposition = f'form-data; name="error"; filename="{remote}"'
                 content_type = "application/json"

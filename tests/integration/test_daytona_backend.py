@@ -185,6 +185,65 @@ async def test_terminate_and_kill_reach_a_program_that_ignores_eof(
     await backend.destroy(sandbox.sandbox_id)
 
 
+async def test_a_dropped_log_stream_is_reopened_without_repeating_output(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    sandbox = await backend.create(_spec(tmp_path))
+    script = (
+        "import sys\nprint('one', flush=True)\nsys.stdin.readline()\nprint('two', flush=True)\n"
+    )
+    double.drop_logs_once = True
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"one\n"
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"two\n"
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert await proc.stdout.read() == b""  # "one" was not delivered twice
+    assert not double.drop_logs_once
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_a_workspace_over_its_bound_is_not_brought_back_but_deleted(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_sync_max_bytes=64 * 1024))
+    spec = _spec(tmp_path)
+    try:
+        sandbox = await backend.create(spec)
+        script = "open('/workspace/big','wb').write(b'x' * 4 * 1024 * 1024)"
+        proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        with pytest.raises(SandboxError, match="over its bound"):
+            await backend.destroy(sandbox.sandbox_id)
+    finally:
+        await backend.aclose()
+    assert double.sandboxes == {}
+    assert not (spec.workspace / "big").exists()
+
+
+async def test_a_snapshot_another_worker_is_creating_is_waited_for(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """Two workers create the same snapshot: the second's create answers 409 and it
+    uses (and verifies) the one being made."""
+    name, image, _ = backend.snapshot_plan(_spec(tmp_path))
+    double.images[image] = _closure(tmp_path)
+    double.fail_next("GET", f"^/api/snapshots/{name}$", 404, "Snapshot not found")
+    double.snapshots[name] = {
+        "id": "other-worker", "organizationId": "org-double", "general": False,
+        "name": name, "imageName": image, "state": "active", "size": 0.1,
+        "entrypoint": None, "cpu": 1, "gpu": 0, "mem": 1, "disk": 3, "errorReason": None,
+        "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+        "lastUsedAt": None, "sourceSandboxId": None,
+    }  # fmt: skip
+    sandbox = await backend.create(_spec(tmp_path))
+    assert ("POST", "/api/snapshots") in double.requests
+    assert len(double.snapshots) == 1
+    await backend.destroy(sandbox.sandbox_id)
+
+
 async def test_workspace_changes_come_back_on_destroy(
     tmp_path: Path, backend: DaytonaBackend
 ) -> None:
