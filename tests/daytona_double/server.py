@@ -99,6 +99,8 @@ class DaytonaDouble:
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.faults: list[Fault] = []
+        #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
+        self.start_stuck = False
         #: the next log stream closes with 1011 after its first message (a dropped socket)
         self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
@@ -253,7 +255,7 @@ class DaytonaDouble:
             "networkAllowList": body.network_allow_list,
             "domainAllowList": body.domain_allow_list, "target": body.target or "us",
             "cpu": snapshot["cpu"], "gpu": 0, "memory": snapshot["mem"],
-            "disk": snapshot["disk"], "state": "started",
+            "disk": snapshot["disk"], "state": "starting" if self.start_stuck else "started",
             "autoStopInterval": body.auto_stop_interval,
             "autoDeleteInterval": body.auto_delete_interval,
             "autoArchiveInterval": body.auto_archive_interval,

@@ -32,6 +32,7 @@ from worker.errors import (
     BackendQuotaExceeded,
     BackendRateLimited,
     SandboxError,
+    SandboxStartTimeout,
     SnapshotFailed,
 )
 from worker.events.sinks import MemorySink
@@ -380,6 +381,20 @@ async def test_typed_errors_and_the_key_never_in_them(
         assert double.api_key not in text
         assert "dtn_wrong_" not in text
         assert isinstance(error, SandboxError)
+
+
+async def test_a_sandbox_that_never_starts_times_out_and_is_deleted(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=1.5))
+    double.start_stuck = True
+    try:
+        with pytest.raises(SandboxStartTimeout) as caught:
+            await backend.create(_spec(tmp_path))
+    finally:
+        await backend.aclose()
+    assert caught.value.code == "sandbox_start_timeout"
+    assert double.sandboxes == {}
 
 
 async def test_lease_renewals_refresh_the_sandbox_activity(

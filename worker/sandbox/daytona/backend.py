@@ -396,11 +396,17 @@ class DaytonaBackend:
             ttl_minutes=self.config.daytona_ttl_minutes or None,
             **network_params(spec),
         )  # fmt: skip
-        remote = await self.api.call(
-            "create sandbox",
-            lambda: client.create(params, timeout=self.config.daytona_start_timeout_s),
-            sandbox_id=sandbox_id,
-        )
+        try:
+            remote = await self.api.call(
+                "create sandbox",
+                lambda: client.create(params, timeout=self.config.daytona_start_timeout_s),
+                sandbox_id=sandbox_id,
+            )
+        except BaseException:
+            # It may exist though it never started (a start time-out): not left behind.
+            with contextlib.suppress(Exception):
+                await self._delete(client, sandbox_id)
+            raise
         sandbox = DaytonaSandbox(
             self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote
         )
