@@ -171,6 +171,9 @@ def translate(exc: DaytonaError, what: str, *, secret: str | None, **context: ob
     Raises:
         SandboxError: or the subclass the answer calls for (module docstring).
     """
+    # Not chained (``from None``): the SDK's exception carries whole response bodies and
+    # headers, and a logged traceback would print them; the scrubbed message, the status
+    # and the operation are what is kept.
     message = scrub(str(exc), secret)
     details = {"operation": what, "status": exc.status_code, **context}
     text = f"daytona: {what} failed: {message}"
