@@ -338,7 +338,7 @@ async def test_snapshot_build_failed_and_stuck_pending(
     tmp_path: Path, double: DaytonaDouble
 ) -> None:
     failing = DaytonaBackend(_config(tmp_path, double, daytona_image_registry="nowhere.test"))
-    stuck = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_timeout_s=2.5))
+    stuck = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_timeout_s=1.0))
     name, image, _ = stuck.snapshot_plan(_spec(tmp_path))
     double.stuck_images.add(image)
     try:
@@ -386,7 +386,7 @@ async def test_typed_errors_and_the_key_never_in_them(
 async def test_a_sandbox_that_never_starts_times_out_and_is_deleted(
     tmp_path: Path, double: DaytonaDouble
 ) -> None:
-    backend = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=1.5))
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=1.0))
     double.start_stuck = True
     try:
         with pytest.raises(SandboxStartTimeout) as caught:
