@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -600,3 +601,18 @@ async def _until(check: Any, timeout: float) -> Any:
             return value
         await asyncio.sleep(0.2)
     pytest.fail(f"timed out after {timeout} s")
+
+
+async def test_the_double_refuses_what_the_sdk_models_refuse(double: DaytonaDouble) -> None:
+    """The double is only as strict as the API's schema, as the SDK's generated models
+    carry it: a label that is not a string, a snapshot without a name, a wrong key."""
+    auth = {"Authorization": f"Bearer {double.api_key}"}
+    base = f"http://127.0.0.1:{double.port}"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        bad_labels = {"snapshot": "s", "labels": {"acpw.job": 1}}
+        async with http.post(f"{base}/api/sandbox", json=bad_labels) as reply:
+            assert reply.status == 400
+        async with http.post(f"{base}/api/snapshots", json={"imageName": "x"}) as reply:
+            assert reply.status == 400  # no name
+        async with http.get(f"{base}/api/sandbox", headers={"Authorization": "Bearer no"}) as r:
+            assert r.status == 401
