@@ -55,6 +55,16 @@ test: packs lint chart
 chart: bootstrap
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_helm_chart.py
 
+# The daytona backend's suite: always against the local double of Daytona's API, and
+# against a real account when DAYTONA_API_KEY (DAYTONA_API_URL, ACPW_DAYTONA_IMAGE_REGISTRY,
+# ACPW_DAYTONA_BASE_IMAGE_ID, DAYTONA_TEST_CLOSURE) are set; otherwise that part is
+# skipped, saying which are missing (docs/daytona.md).
+.PHONY: test-daytona
+test-daytona: emulator-pack
+	@[ -n "$$DAYTONA_API_KEY" ] || echo "test-daytona: DAYTONA_API_KEY is not set: the live Daytona tests are skipped; the double's suite runs" >&2
+	@$(PY) -m pytest -q -p no:cacheprovider -rs tests/integration/test_daytona_live.py tests/integration/test_daytona_backend.py \
+	  tests/integration/test_daytona_stdio.py
+
 unit: bootstrap
 	@$(PY) -m pytest -q tests/unit
 
@@ -95,7 +105,7 @@ worker-image: bootstrap
 lock-deps: bootstrap
 	@$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	  --no-emit-index-url --no-emit-find-links $(LOCK_ARGS) \
-	  --extra celery --extra docker --extra kubernetes --extra s3 \
+	  --extra celery --extra daytona --extra docker --extra kubernetes --extra s3 \
 	  --output-file requirements.lock pyproject.toml requirements-image.in
 
 # Every benchmark needs the packs (and, through bootstrap, the local Redis: event_throughput

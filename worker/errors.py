@@ -32,6 +32,11 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── LaunchRefused            launch_refused           3
     │   └── PromptRefused            prompt_refused           3
     ├── SandboxError                 sandbox_failed           1
+    │   ├── BackendAuthFailed        backend_auth_failed      1
+    │   ├── BackendQuotaExceeded     backend_quota_exceeded   1
+    │   ├── BackendRateLimited       backend_rate_limited     1
+    │   ├── SnapshotFailed           snapshot_failed          1
+    │   └── SandboxStartTimeout      sandbox_start_timeout    1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
     │   │   └── OomKilled            oom_killed               1
@@ -229,6 +234,38 @@ class BudgetRefused(Refused):
 
 class SandboxError(WorkerError):
     code = "sandbox_failed"
+
+
+class BackendAuthFailed(SandboxError):
+    """A remote sandbox service (Daytona) refused the worker's credentials (401/403)."""
+
+    code = "backend_auth_failed"
+
+
+class BackendQuotaExceeded(SandboxError):
+    """A remote sandbox service refused for the account's quota (CPU, memory, disk,
+    sandbox count)."""
+
+    code = "backend_quota_exceeded"
+
+
+class BackendRateLimited(SandboxError):
+    """A remote sandbox service kept answering 429 after every retry allowed."""
+
+    code = "backend_rate_limited"
+
+
+class SnapshotFailed(SandboxError):
+    """A remote snapshot of a pack image failed to build, stayed pending past its bound,
+    or is not the pack image it is named for (``details``: ``snapshot``, ``reason``)."""
+
+    code = "snapshot_failed"
+
+
+class SandboxStartTimeout(SandboxError):
+    """A remote sandbox did not reach ``started`` within its bound."""
+
+    code = "sandbox_start_timeout"
 
 
 class AgentError(WorkerError):

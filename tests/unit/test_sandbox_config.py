@@ -12,6 +12,7 @@ from worker.errors import InvalidInput, SandboxError
 from worker.sandbox import (
     BACKENDS,
     BackendConfig,
+    DaytonaConfig,
     DockerConfig,
     FakeConfig,
     LocalConfig,
@@ -25,7 +26,7 @@ from worker.settings import Settings
 
 
 def test_the_selectable_backends_leave_the_test_double_out() -> None:
-    assert BACKENDS == ("local", "docker")
+    assert BACKENDS == ("local", "docker", "daytona")
 
 
 def test_each_backends_variables_still_set_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +69,7 @@ def test_the_backend_variable_picks_the_config(monkeypatch: pytest.MonkeyPatch) 
 def test_an_unselectable_name_is_refused(name: str) -> None:
     with pytest.raises(InvalidInput, match="unknown sandbox backend") as info:
         backend_config(Settings(), name)
-    assert info.value.details["available"] == ["local", "docker"]
+    assert info.value.details["available"] == ["local", "docker", "daytona"]
 
 
 def test_a_config_refuses_what_its_backend_does_not_read() -> None:
@@ -105,3 +106,37 @@ def test_a_backend_whose_module_is_missing_is_a_sandbox_error(
         get_backend(FakeConfig())
     assert info.value.details["missing"] == "acpw_no_such_sdk"
     assert "acp-worker[fake]" in info.value.message
+
+
+def test_the_daytona_config_from_its_variables_and_the_key_kept_secret(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    key = "dtn_unit_" + "9" * 24
+    monkeypatch.setenv("ACPW_DAYTONA_API_KEY", key)
+    monkeypatch.setenv("ACPW_DAYTONA_API_URL", "https://daytona.example/api")
+    monkeypatch.setenv("ACPW_DAYTONA_TTL_MINUTES", "90")
+    config = backend_config(Settings(worker_id="w-d", cache_dir=tmp_path), "daytona")
+    assert isinstance(config, DaytonaConfig)
+    assert (config.daytona_api_url, config.daytona_ttl_minutes) == (
+        "https://daytona.example/api",
+        90,
+    )
+    assert (config.worker_id, config.cache_dir) == ("w-d", tmp_path)
+    assert config.api_key() == key
+    for shown in (repr(config), str(config), config.model_dump_json()):
+        assert key not in shown
+    backend = get_backend(config)
+    assert backend.name == "daytona"
+    assert not backend.capabilities.runs_host_usr
+
+
+def test_the_daytona_key_from_a_file_and_bad_values_refused(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("dtn_from_file\n")
+    assert DaytonaConfig(daytona_api_key_file=tmp_path / "key").api_key() == "dtn_from_file"
+    assert DaytonaConfig().api_key() is None
+    with pytest.raises(ValidationError):
+        DaytonaConfig(daytona_base_image_id="latest")
+    with pytest.raises(ValidationError):
+        DaytonaConfig(daytona_auto_stop_minutes=-1)
+    adapter: TypeAdapter[BackendConfig] = TypeAdapter(BackendConfig)
+    assert isinstance(adapter.validate_python({"type": "daytona"}), DaytonaConfig)

@@ -7,12 +7,19 @@ are optional extras.
 
 from __future__ import annotations
 
-from worker.sandbox.config import BackendConfig, DockerConfig, FakeConfig, LocalConfig
+from worker.sandbox.config import (
+    BackendConfig,
+    DaytonaConfig,
+    DockerConfig,
+    FakeConfig,
+    LocalConfig,
+)
 from worker.sandbox.registry import BACKENDS, backend_config, get_backend
 
 __all__ = [
     "BACKENDS",
     "BackendConfig",
+    "DaytonaConfig",
     "DockerConfig",
     "FakeConfig",
     "LocalConfig",

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -152,6 +152,100 @@ class FakeConfig(_BackendSettings):
     type: Literal["fake"] = "fake"
 
 
+class DaytonaConfig(_BackendSettings):
+    """The Daytona backend (``daytona``): a snapshot per pack image, a sandbox per job
+    attempt, through the official SDK (docs/daytona.md). Its variables are
+    ``ACPW_DAYTONA_*``; the API key is never logged (a ``SecretStr``)."""
+
+    type: Literal["daytona"] = "daytona"
+    daytona_api_url: str = Field(
+        default="https://app.daytona.io/api", description="Daytona's API URL."
+    )
+    daytona_api_key: SecretStr | None = Field(
+        default=None,
+        description="The API key (`ACPW_DAYTONA_API_KEY`); or daytona_api_key_file.",
+    )
+    daytona_api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the API key (a mounted secret); read when the backend "
+        "is built, used when daytona_api_key is unset.",
+    )
+    daytona_target: str | None = Field(
+        default=None, description="Region of sandboxes and snapshots (default: the org's)."
+    )
+    daytona_image_registry: str | None = Field(
+        default=None,
+        description="The registry the pack images were pushed to (`acp-worker image build "
+        "--push`): a snapshot is made from `<registry>/acpw-pack:<identity hex>`.",
+    )
+    daytona_base_image_id: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="The base image id the pushed pack images were built on: with the "
+        "closure's digest it gives each pack image's identity.",
+    )
+    daytona_os_user: str | None = Field(
+        default=None, description="The sandbox's OS user (default: the snapshot's)."
+    )
+    daytona_auto_stop_minutes: int = Field(
+        default=15, ge=0, description="Daytona stops a sandbox idle this long (0: never)."
+    )
+    daytona_auto_delete_minutes: int = Field(
+        default=0, ge=-1, description="Deleted this long after it stops (0: at once, -1: never)."
+    )
+    daytona_ttl_minutes: int = Field(
+        default=24 * 60,
+        ge=0,
+        description="Hard time to live since creation, whatever its state (0: none): the "
+        "last line of cleanup behind the leases and the reaper.",
+    )
+    daytona_snapshot_timeout_s: float = Field(
+        default=900.0, gt=0, description="A snapshot still pending after this fails."
+    )
+    daytona_start_timeout_s: float = Field(
+        default=120.0, gt=0, description="A sandbox not started after this fails."
+    )
+    daytona_retry_attempts: int = Field(
+        default=5, ge=1, description="Attempts of a call Daytona answers 429 or 5xx."
+    )
+    daytona_input_frame_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Most bytes of the agent's stdin sent in one input call.",
+    )
+    daytona_sync_max_bytes: int = Field(
+        default=1024**3, ge=1, description="Most bytes of workspace brought back."
+    )
+    daytona_sync_max_entries: int = Field(
+        default=200_000, ge=1, description="Most files and directories brought back."
+    )
+    daytona_activity_every_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Least interval between two activity refreshes the lease heartbeat sends.",
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="The worker's pack cache (a closure of it runs from its pack image).",
+    )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+
+    def api_key(self) -> str | None:
+        """The API key: the setting, else the file's first line; ``None`` when neither.
+
+        Raises:
+            OSError: the key file cannot be read.
+        """
+        if self.daytona_api_key is not None:
+            return self.daytona_api_key.get_secret_value()
+        if self.daytona_api_key_file is None:
+            return None
+        return self.daytona_api_key_file.read_text().strip() or None
+
+
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -215,5 +309,7 @@ class KubernetesConfig(_BackendSettings):
         return self
 
 
-BackendConfig = Annotated[LocalConfig | DockerConfig | FakeConfig, Field(discriminator="type")]
+BackendConfig = Annotated[
+    LocalConfig | DockerConfig | DaytonaConfig | FakeConfig, Field(discriminator="type")
+]
 """Any backend's config; pydantic picks the class from ``type``."""

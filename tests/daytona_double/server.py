@@ -1,0 +1,567 @@
+"""The double's server: routes, validation with the SDK's models, sandboxes as host
+directories whose commands run under bubblewrap. See the package docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import daytona_api_client as api
+import daytona_toolbox_api_client as tb
+from aiohttp import MultipartWriter, hdrs, web
+from pydantic import ValidationError
+
+STDOUT_PREFIX = b"\x01\x01\x01"
+STDERR_PREFIX = b"\x02\x02\x02"
+#: Directories of a sandbox that the file API and commands may write (all else is the
+#: host's, read-only).
+WRITABLE_ROOTS = ("workspace", "home", "tmp")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _json(model: Any, status: int = 200) -> web.Response:
+    """A response of one of the SDK's models, as its own ``to_dict`` shapes it."""
+    body = json.dumps(model.to_dict(), default=lambda v: v.isoformat().replace("+00:00", "Z"))
+    return web.Response(text=body, status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    body = {"statusCode": status, "message": message, **extra}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class Fault:
+    """One injected answer: the next request matching ``method`` and ``path`` gets it."""
+
+    method: str
+    path: re.Pattern[str]
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CommandRun:
+    """One session command: its process, its framed log and its exit code."""
+
+    cmd_id: str
+    command: str
+    proc: asyncio.subprocess.Process | None = None
+    log: bytearray = field(default_factory=bytearray)
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    exit_code: int | None = None
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    inputs: int = 0
+    pump: asyncio.Task[None] | None = None
+
+
+@dataclass
+class SandboxRecord:
+    dto: dict[str, Any]
+    root: Path
+    closure: Path
+    sessions: dict[str, dict[str, CommandRun]] = field(default_factory=dict)
+    activity_refreshes: int = 0
+
+
+class DaytonaDouble:
+    """The double: ``await start()``, use ``api_url`` and ``api_key``, ``await stop()``."""
+
+    def __init__(self, state_dir: Path, *, api_key: str | None = None) -> None:
+        self.state_dir = state_dir
+        self.api_key = api_key or "dtn_" + secrets.token_hex(16)
+        #: image reference → the pack closure that image holds at /opt/acp-pack
+        self.images: dict[str, Path] = {}
+        #: consulted for a reference ``images`` lacks (a registry filled as jobs go)
+        self.resolve_image: Callable[[str], Path | None] = lambda ref: None
+        #: image references whose snapshots stay ``pending`` (a build that never ends)
+        self.stuck_images: set[str] = set()
+        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.sandboxes: dict[str, SandboxRecord] = {}
+        self.faults: list[Fault] = []
+        #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
+        self.start_stuck = False
+        #: the next log stream closes with 1011 after its first message (a dropped socket)
+        self.drop_logs_once = False
+        self.requests: list[tuple[str, str]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=[self._middleware], client_max_size=256 * 1024**2)
+        self._routes(app)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        for record in list(self.sandboxes.values()):
+            await self._kill_all(record)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def fail_next(self, method: str, path: str, status: int, message: str, **headers: str) -> None:
+        """The next ``method`` request whose path matches the regex ``path`` gets
+        ``status`` with ``message`` (and ``headers``, e.g. ``Retry_After``)."""
+        fixed = {k.replace("_", "-"): v for k, v in headers.items()}
+        self.faults.append(Fault(method, re.compile(path), status, message, fixed))
+
+    # --- middleware: auth, faults, request log ---------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.requests.append((request.method, request.path))
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _error(401, "Unauthorized")
+        for fault in self.faults:
+            if fault.method == request.method and fault.path.search(request.path):
+                self.faults.remove(fault)
+                response = _error(fault.status, fault.message)
+                response.headers.update(fault.headers)
+                return response
+        try:
+            return await handler(request)
+        except ValidationError as exc:
+            # The shape the SDK's models (the API's own schema) refuse: as the API does.
+            return _error(400, f"invalid request: {exc.error_count()} error(s)")
+
+    def _routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/api/snapshots", self.create_snapshot)
+        r.add_get("/api/snapshots", self.list_snapshots)
+        r.add_get("/api/snapshots/{id}", self.get_snapshot)
+        r.add_post("/api/sandbox", self.create_sandbox)
+        r.add_get("/api/sandbox", self.list_sandboxes)
+        r.add_get("/api/sandbox/{id}", self.get_sandbox)
+        r.add_delete("/api/sandbox/{id}", self.delete_sandbox)
+        r.add_post("/api/sandbox/{id}/start", self.start_sandbox)
+        r.add_post("/api/sandbox/{id}/stop", self.stop_sandbox)
+        r.add_post("/api/sandbox/{id}/last-activity", self.last_activity)
+        r.add_get("/api/sandbox/{id}/toolbox-proxy-url", self.toolbox_url)
+        t = "/toolbox/{sid}"
+        r.add_post(t + "/process/session", self.create_session)
+        r.add_delete(t + "/process/session/{session}", self.delete_session)
+        r.add_post(t + "/process/session/{session}/exec", self.session_exec)
+        r.add_get(t + "/process/session/{session}/command/{cmd}", self.command_status)
+        r.add_post(t + "/process/session/{session}/command/{cmd}/input", self.command_input)
+        r.add_get(t + "/process/session/{session}/command/{cmd}/logs", self.command_logs)
+        r.add_post(t + "/files/bulk-upload", self.upload)
+        r.add_post(t + "/files/bulk-download", self.download)
+
+    # --- snapshots ---------------------------------------------------------------------
+
+    async def create_snapshot(self, request: web.Request) -> web.Response:
+        body = api.CreateSnapshot.from_dict(await request.json())
+        assert body is not None
+        if body.name in self.snapshots:
+            return _error(409, f"Snapshot with name {body.name} already exists")
+        image = body.image_name or ""
+        found = self.images.get(image) or self.resolve_image(image)
+        if found is not None:
+            self.images[image] = found
+        state, reason = "active", None
+        if image in self.stuck_images:
+            state = "pending"
+        elif image not in self.images:
+            state, reason = "build_failed", f"image {image} not found in the registry"
+        now = _now()
+        dto = {
+            "id": str(uuid.uuid4()), "organizationId": "org-double", "general": False,
+            "name": body.name, "imageName": image, "state": state, "size": 0.1,
+            "entrypoint": body.entrypoint, "cpu": body.cpu or 1, "gpu": 0,
+            "mem": body.memory or 1, "disk": body.disk or 3, "errorReason": reason,
+            "createdAt": now, "updatedAt": now, "lastUsedAt": None, "sourceSandboxId": None,
+        }  # fmt: skip
+        self.snapshots[body.name] = dto
+        return self._snapshot_response(dto)
+
+    def _snapshot_response(self, dto: dict[str, Any]) -> web.Response:
+        model = api.SnapshotDto.from_dict(dto)
+        assert model is not None
+        return _json(model, 200)
+
+    def _find_snapshot(self, key: str) -> dict[str, Any] | None:
+        if key in self.snapshots:
+            return self.snapshots[key]
+        return next((s for s in self.snapshots.values() if s["id"] == key), None)
+
+    async def get_snapshot(self, request: web.Request) -> web.Response:
+        dto = self._find_snapshot(request.match_info["id"])
+        if dto is None:
+            return _error(404, "Snapshot not found")
+        return self._snapshot_response(dto)
+
+    async def list_snapshots(self, request: web.Request) -> web.Response:
+        del request
+        items = list(self.snapshots.values())
+        page = {"items": items, "total": len(items), "page": 1, "totalPages": 1}
+        model = api.PaginatedSnapshots.from_dict(page)
+        assert model is not None
+        return _json(model)
+
+    # --- sandboxes ---------------------------------------------------------------------
+
+    async def create_sandbox(self, request: web.Request) -> web.Response:
+        body = api.CreateSandbox.from_dict(await request.json())
+        assert body is not None
+        snapshot = self._find_snapshot(body.snapshot or "")
+        if snapshot is None:
+            return _error(404, f"Snapshot {body.snapshot} not found")
+        if snapshot["state"] != "active":
+            return _error(400, f"Snapshot {body.snapshot} is {snapshot['state']}")
+        name = body.name or ""
+        if any(s.dto["name"] == name for s in self.sandboxes.values()):
+            return _error(409, f"Sandbox with name {name} already exists")
+        sandbox_id = str(uuid.uuid4())
+        root = self.state_dir / sandbox_id
+        for sub in ("workspace", "home/daytona", "tmp"):
+            (root / sub).mkdir(parents=True)
+        now = _now()
+        dto = {
+            "id": sandbox_id, "organizationId": "org-double", "name": name or sandbox_id,
+            "snapshot": snapshot["name"], "user": body.user or "daytona", "env": body.env or {},
+            "labels": body.labels or {}, "public": bool(body.public),
+            "networkBlockAll": bool(body.network_block_all), "kvm": False,
+            "networkAllowList": body.network_allow_list,
+            "domainAllowList": body.domain_allow_list, "target": body.target or "us",
+            "cpu": snapshot["cpu"], "gpu": 0, "memory": snapshot["mem"],
+            "disk": snapshot["disk"], "state": "starting" if self.start_stuck else "started",
+            "autoStopInterval": body.auto_stop_interval,
+            "autoDeleteInterval": body.auto_delete_interval,
+            "autoArchiveInterval": body.auto_archive_interval,
+            "ttlMinutes": body.ttl_minutes, "createdAt": now, "updatedAt": now,
+            "lastActivityAt": now,
+            "toolboxProxyUrl": f"http://127.0.0.1:{self.port}/toolbox",
+        }  # fmt: skip
+        closure = self.images[snapshot["imageName"]]
+        self.sandboxes[sandbox_id] = SandboxRecord(dto, root, closure)
+        return self._sandbox_response(dto)
+
+    def _sandbox_response(self, dto: dict[str, Any]) -> web.Response:
+        model = api.Sandbox.from_dict(dto)
+        assert model is not None
+        return _json(model)
+
+    def _find(self, key: str) -> SandboxRecord | None:
+        if key in self.sandboxes:
+            return self.sandboxes[key]
+        return next((s for s in self.sandboxes.values() if s.dto["name"] == key), None)
+
+    async def get_sandbox(self, request: web.Request) -> web.Response:
+        record = self._find(request.match_info["id"])
+        if record is None:
+            return _error(404, "Sandbox not found")
+        return self._sandbox_response(record.dto)
+
+    async def list_sandboxes(self, request: web.Request) -> web.Response:
+        wanted = json.loads(request.query.get("labels") or "{}")
+        items = [
+            r.dto for r in self.sandboxes.values() if wanted.items() <= r.dto["labels"].items()
+        ]
+        page = api.ListSandboxesResponse.from_dict({"items": items, "nextCursor": None})
+        assert page is not None
+        return _json(page)
+
+    async def delete_sandbox(self, request: web.Request) -> web.Response:
+        record = self._find(request.match_info["id"])
+        if record is None:
+            return _error(404, "Sandbox not found")
+        await self._kill_all(record)
+        del self.sandboxes[record.dto["id"]]
+        shutil.rmtree(record.root, ignore_errors=True)
+        record.dto["state"] = "destroyed"
+        return self._sandbox_response(record.dto)
+
+    async def start_sandbox(self, request: web.Request) -> web.Response:
+        return await self._set_state(request, "started")
+
+    async def stop_sandbox(self, request: web.Request) -> web.Response:
+        return await self._set_state(request, "stopped")
+
+    async def _set_state(self, request: web.Request, state: str) -> web.Response:
+        record = self._find(request.match_info["id"])
+        if record is None:
+            return _error(404, "Sandbox not found")
+        if state == "stopped":
+            await self._kill_all(record)
+        record.dto["state"] = state
+        return self._sandbox_response(record.dto)
+
+    async def last_activity(self, request: web.Request) -> web.Response:
+        record = self._find(request.match_info["id"])
+        if record is None:
+            return _error(404, "Sandbox not found")
+        record.dto["lastActivityAt"] = _now()
+        record.activity_refreshes += 1
+        return web.Response(status=201)
+
+    async def toolbox_url(self, request: web.Request) -> web.Response:
+        if self._find(request.match_info["id"]) is None:
+            return _error(404, "Sandbox not found")
+        model = api.ToolboxProxyUrl(url=f"http://127.0.0.1:{self.port}/toolbox")
+        return _json(model)
+
+    # --- toolbox: sessions ---------------------------------------------------------------
+
+    def _sandbox(self, request: web.Request) -> SandboxRecord:
+        record = self.sandboxes.get(request.match_info["sid"])
+        if record is None or record.dto["state"] != "started":
+            raise web.HTTPNotFound(text='{"message": "sandbox not running"}')
+        return record
+
+    def _command(self, request: web.Request) -> CommandRun:
+        session = self._sandbox(request).sessions.get(request.match_info["session"])
+        run = None if session is None else session.get(request.match_info["cmd"])
+        if run is None:
+            raise web.HTTPNotFound(text='{"message": "command not found"}')
+        return run
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        record = self._sandbox(request)
+        body = tb.CreateSessionRequest.from_dict(await request.json())
+        assert body is not None
+        if body.session_id in record.sessions:
+            return _error(409, "session already exists")
+        record.sessions[body.session_id] = {}
+        return web.Response(status=201)
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        record = self._sandbox(request)
+        runs = record.sessions.pop(request.match_info["session"], None)
+        if runs is None:
+            return _error(404, "session not found")
+        for run in runs.values():
+            await _kill(run)
+        return web.Response(status=204)
+
+    async def session_exec(self, request: web.Request) -> web.Response:
+        record = self._sandbox(request)
+        session = record.sessions.get(request.match_info["session"])
+        if session is None:
+            return _error(404, "session not found")
+        body = tb.SessionExecuteRequest.from_dict(await request.json())
+        assert body is not None
+        run = CommandRun(str(uuid.uuid4()), body.command)
+        session[run.cmd_id] = run
+        await self._spawn(record, run)
+        if not (body.run_async or body.var_async):
+            await _finished(run)
+        answer = tb.SessionExecuteResponse(
+            cmd_id=run.cmd_id,
+            exit_code=run.exit_code,
+            stdout=run.stdout.decode(errors="replace") if run.exit_code is not None else None,
+            stderr=run.stderr.decode(errors="replace") if run.exit_code is not None else None,
+        )
+        return _json(answer, 202 if body.run_async else 200)
+
+    async def command_status(self, request: web.Request) -> web.Response:
+        run = self._command(request)
+        model = tb.Command(id=run.cmd_id, command=run.command, exit_code=run.exit_code)
+        return _json(model)
+
+    async def command_input(self, request: web.Request) -> web.Response:
+        run = self._command(request)
+        body = tb.SessionSendInputRequest.from_dict(await request.json())
+        assert body is not None
+        if run.proc is None or run.proc.stdin is None or run.exit_code is not None:
+            return _error(410, "command already completed")
+        run.inputs += 1
+        try:
+            run.proc.stdin.write(body.data.encode())
+            await run.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            return _error(410, "command already completed")
+        return web.Response(status=200)
+
+    async def command_logs(self, request: web.Request) -> web.StreamResponse:
+        run = self._command(request)
+        if request.query.get("follow") != "true":
+            return _error(400, "only follow=true is served by the double")
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        sent = 0
+
+        def more() -> bool:
+            return len(run.log) > sent or run.exit_code is not None
+
+        while True:
+            async with run.changed:
+                await run.changed.wait_for(more)
+            if len(run.log) > sent:
+                chunk = bytes(run.log[sent:])
+                sent += len(chunk)
+                await ws.send_bytes(chunk)
+                if self.drop_logs_once:
+                    self.drop_logs_once = False
+                    await ws.close(code=1011, message=b"runner connection lost")
+                    return ws
+                continue
+            if run.exit_code is not None:
+                break
+        await ws.close(code=1000)
+        return ws
+
+    # --- toolbox: files ----------------------------------------------------------------
+
+    def _host_path(self, record: SandboxRecord, remote: str) -> Path:
+        parts = [p for p in remote.split("/") if p not in ("", ".")]
+        if not remote.startswith("/") or ".." in parts or not parts:
+            raise web.HTTPBadRequest(text='{"message": "invalid path"}')
+        if parts[0] not in WRITABLE_ROOTS:
+            raise web.HTTPForbidden(text='{"message": "permission denied"}')
+        return record.root.joinpath(*parts)
+
+    async def upload(self, request: web.Request) -> web.Response:
+        record = self._sandbox(request)
+        reader = await request.multipart()
+        paths: dict[str, str] = {}
+        async for part in reader:
+            name = part.name or ""
+            if name.endswith(".path"):
+                paths[name.removesuffix(".path")] = (await part.read()).decode()  # type: ignore[union-attr]
+                continue
+            if not name.endswith(".file"):
+                return _error(400, f"unexpected form field {name}")
+            dest = self._host_path(
+                record, paths.get(name.removesuffix(".file")) or part.filename or ""
+            )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with dest.open("wb") as out:
+                while chunk := await part.read_chunk():  # type: ignore[union-attr]
+                    out.write(chunk)
+        return web.Response(status=200)
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        record = self._sandbox(request)
+        body = tb.FilesDownloadRequest.from_dict(await request.json())
+        assert body is not None
+        writer = MultipartWriter("form-data")
+        for remote in body.paths:
+            path = self._host_path(record, remote)
+            # The daemon writes the path as it is; aiohttp's helper would percent-quote it.
+            if path.is_file():
+                disposition = f'form-data; name="file"; filename="{remote}"'
+                content_type = "application/octet-stream"
+                data: bytes | io.BytesIO = io.BytesIO(path.read_bytes())
+            else:
+                disposition = f'form-data; name="error"; filename="{remote}"'
+                content_type = "application/json"
+                data = json.dumps({"message": "file not found", "statusCode": 404}).encode()
+            headers = {hdrs.CONTENT_TYPE: content_type, hdrs.CONTENT_DISPOSITION: disposition}
+            writer.append(data, headers)
+        return web.Response(body=writer)
+
+    # --- processes -----------------------------------------------------------------------
+
+    async def _spawn(self, record: SandboxRecord, run: CommandRun) -> None:
+        argv = [*_bwrap_argv(record), "/bin/sh", "-c", run.command]
+        run.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        run.pump = asyncio.create_task(_pump(run))
+
+    async def _kill_all(self, record: SandboxRecord) -> None:
+        for runs in record.sessions.values():
+            for run in runs.values():
+                await _kill(run)
+        record.sessions.clear()
+
+    def activity_refreshes(self, name: str) -> int:
+        record = self._find(name)
+        return 0 if record is None else record.activity_refreshes
+
+
+def _bwrap_argv(record: SandboxRecord) -> list[str]:
+    argv = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if record.dto["networkBlockAll"]:
+        argv.append("--unshare-net")
+    argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for sub in WRITABLE_ROOTS:
+        argv += ["--bind", str(record.root / sub), f"/{sub}"]
+    argv += ["--ro-bind", str(record.closure), "/opt/acp-pack", "--chdir", "/home/daytona"]
+    argv += ["--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"]
+    argv += ["--setenv", "HOME", "/home/daytona"]
+    for key, value in record.dto["env"].items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--"]
+
+
+async def _pump(run: CommandRun) -> None:
+    proc = run.proc
+    assert proc is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+
+    async def follow(stream: asyncio.StreamReader, prefix: bytes, plain: bytearray) -> None:
+        while chunk := await stream.read(65536):
+            plain += chunk
+            async with run.changed:
+                run.log += prefix + chunk
+                run.changed.notify_all()
+
+    await asyncio.gather(
+        follow(proc.stdout, STDOUT_PREFIX, run.stdout),
+        follow(proc.stderr, STDERR_PREFIX, run.stderr),
+    )
+    status = await proc.wait()
+    async with run.changed:
+        run.exit_code = 128 - status if status < 0 else status
+        run.changed.notify_all()
+
+
+async def _finished(run: CommandRun) -> None:
+    async with run.changed:
+        await run.changed.wait_for(lambda: run.exit_code is not None)
+
+
+async def _kill(run: CommandRun) -> None:
+    if run.proc is None or run.proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run.proc.pid, signal.SIGKILL)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(_finished(run), timeout=10)
+
+
+__all__ = ["DaytonaDouble"]

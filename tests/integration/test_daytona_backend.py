@@ -1,0 +1,618 @@
+"""The daytona backend through the real ``daytona`` SDK, against the local double of
+Daytona's HTTP API (``tests/daytona_double``).
+
+Daytona's hosted service cannot run on these machines: every test here talks to the
+double, which validates each request with the SDK's own generated models and runs the
+commands as real processes under bubblewrap. ``make test-daytona`` runs the same tests
+against a real account when ``DAYTONA_API_KEY`` is set (see ``conftest``-less switch
+``DAYTONA_REAL`` below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from tests.daytona_double import DaytonaDouble
+from worker.client import Client
+from worker.errors import (
+    ArchiveRefused,
+    BackendAuthFailed,
+    BackendQuotaExceeded,
+    BackendRateLimited,
+    SandboxError,
+    SandboxStartTimeout,
+    SnapshotFailed,
+)
+from worker.events.sinks import MemorySink
+from worker.images.identity import ImageIdentity
+from worker.job import run_job
+from worker.jobs.spec import parse_job
+from worker.sandbox.base import (
+    LABEL_JOB,
+    LABEL_TOKEN,
+    LeaseDeadline,
+    ResourceLimits,
+    SandboxSpec,
+)
+from worker.sandbox.config import DaytonaConfig
+from worker.sandbox.daytona import DaytonaBackend
+from worker.service.reaper import reap_once
+from worker.settings import Settings
+from worker.store import fields, keys
+from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_label, owner_labels, store_label
+
+REPO = Path(__file__).resolve().parents[2]
+REGISTRY = "registry.test/acpw"
+BASE_ID = "sha256:" + "b" * 64
+SECRET = "emulator-daytona-secret-7d1e"
+
+
+def _resolver(cache_dir: Path) -> Any:
+    """The double's registry: every pack-cache closure as the pack image
+    ``acp-worker image build --push`` would have pushed for it."""
+
+    def resolve(ref: str) -> Path | None:
+        for closure in (cache_dir / "closures").glob("*"):
+            identity = ImageIdentity(BASE_ID, f"sha256:{closure.name}")
+            if ref == f"{REGISTRY}/acpw-pack:{identity.digest.removeprefix('sha256:')}":
+                return closure
+        return None
+
+    return resolve
+
+
+@pytest.fixture
+async def double(tmp_path: Path) -> AsyncIterator[DaytonaDouble]:
+    server = DaytonaDouble(tmp_path / "daytona")
+    server.resolve_image = _resolver(tmp_path / "cache")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _config(tmp_path: Path, server: DaytonaDouble, **overrides: Any) -> DaytonaConfig:
+    values: dict[str, Any] = {
+        "worker_id": "w-daytona",
+        "cache_dir": tmp_path / "cache",
+        "daytona_api_url": server.api_url,
+        "daytona_api_key": server.api_key,
+        "daytona_image_registry": REGISTRY,
+        "daytona_base_image_id": BASE_ID,
+        "daytona_retry_attempts": 3,
+    }
+    values.update(overrides)
+    return DaytonaConfig(**values)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path, double: DaytonaDouble) -> AsyncIterator[DaytonaBackend]:
+    made = DaytonaBackend(_config(tmp_path, double))
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def _closure(tmp_path: Path) -> Path:
+    closure = tmp_path / "cache" / "closures" / ("c" * 64)
+    closure.mkdir(parents=True, exist_ok=True)
+    (closure / "tool.py").write_text("print('from the pack')\n")
+    return closure
+
+
+def _spec(tmp_path: Path, **overrides: Any) -> SandboxSpec:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    (workspace / "README.md").write_text("# staged\n")
+    values: dict[str, Any] = {
+        "job_id": "job-1",
+        "attempt": 1,
+        "workspace": workspace,
+        "pack_closure": _closure(tmp_path),
+        "limits": ResourceLimits(memory_bytes=512 * 1024**2, cpus=1.0, pids=128),
+        "labels": {LABEL_JOB: "job-1", LABEL_TOKEN: "7"},
+    }
+    values.update(overrides)
+    return SandboxSpec(**values)
+
+
+async def test_stdio_roundtrip_eof_and_exit_status(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """The agent's stdin reaches the program framed (several input calls), its EOF ends
+    a program that reads to the end, its stdout comes from the log stream, and the
+    environment is exactly the one given (never in the recorded command)."""
+    sandbox = await backend.create(_spec(tmp_path))
+    script = (
+        "import os,sys\n"
+        "data=sys.stdin.buffer.read()\n"
+        "env=sorted(e.split('=')[0] for e in open('/proc/self/environ').read().split('\\0') if e)\n"
+        "sys.stdout.write('%d %s %s\\n'%(len(data),os.environ.get('TOKEN'),env))\n"
+        "sys.stdout.flush()\n"
+        "sys.exit(3)\n"
+    )
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", script], env={"TOKEN": "tok-123"}, cwd="/workspace"
+    )
+    payload = ("é" * 50_000 + "\n").encode()  # 100 KB: two frames, cut between characters
+    proc.stdin.write(payload)
+    await proc.stdin.drain()
+    proc.stdin.close()
+    line = await asyncio.wait_for(proc.stdout.readline(), 20)
+    assert line.decode().split(" ", 2)[:2] == [str(len(payload)), "tok-123"]
+    assert "['TOKEN']" in line.decode()
+    assert await asyncio.wait_for(proc.wait(), 20) == 3
+    record = next(iter(double.sandboxes.values()))
+    runs = [run for session in record.sessions.values() for run in session.values()]
+    assert all("tok-123" not in run.command for run in runs)
+    assert max(run.inputs for run in runs) >= 4  # header, two data frames, EOF
+    await backend.destroy(sandbox.sandbox_id)
+    assert double.sandboxes == {}
+
+
+async def test_terminate_and_kill_reach_a_program_that_ignores_eof(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    sandbox = await backend.create(_spec(tmp_path))
+    script = (
+        "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"ready\n"
+    proc.terminate()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), 1.0)
+    proc.kill()
+    assert await asyncio.wait_for(proc.wait(), 20) < 0
+    diagnosis = await proc.exit_diagnosis()
+    assert diagnosis.signal == "SIGKILL"
+    assert not diagnosis.oom_killed
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_a_dropped_log_stream_is_reopened_without_repeating_output(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    sandbox = await backend.create(_spec(tmp_path))
+    script = (
+        "import sys\nprint('one', flush=True)\nsys.stdin.readline()\nprint('two', flush=True)\n"
+    )
+    double.drop_logs_once = True
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"one\n"
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b"two\n"
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert await proc.stdout.read() == b""  # "one" was not delivered twice
+    assert not double.drop_logs_once
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_a_workspace_over_its_bound_is_not_brought_back_but_deleted(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_sync_max_bytes=64 * 1024))
+    spec = _spec(tmp_path)
+    try:
+        sandbox = await backend.create(spec)
+        script = "open('/workspace/big','wb').write(b'x' * 4 * 1024 * 1024)"
+        proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        with pytest.raises(SandboxError, match="over its bound"):
+            await backend.destroy(sandbox.sandbox_id)
+    finally:
+        await backend.aclose()
+    assert double.sandboxes == {}
+    assert not (spec.workspace / "big").exists()
+
+
+async def test_a_snapshot_another_worker_is_creating_is_waited_for(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """Two workers create the same snapshot: the second's create answers 409 and it
+    uses (and verifies) the one being made."""
+    name, image, _ = backend.snapshot_plan(_spec(tmp_path))
+    double.images[image] = _closure(tmp_path)
+    double.fail_next("GET", f"^/api/snapshots/{name}$", 404, "Snapshot not found")
+    double.snapshots[name] = {
+        "id": "other-worker", "organizationId": "org-double", "general": False,
+        "name": name, "imageName": image, "state": "active", "size": 0.1,
+        "entrypoint": None, "cpu": 1, "gpu": 0, "mem": 1, "disk": 3, "errorReason": None,
+        "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+        "lastUsedAt": None, "sourceSandboxId": None,
+    }  # fmt: skip
+    sandbox = await backend.create(_spec(tmp_path))
+    assert ("POST", "/api/snapshots") in double.requests
+    assert len(double.snapshots) == 1
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_workspace_changes_come_back_on_destroy(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _spec(tmp_path)
+    sandbox = await backend.create(spec)
+    script = (
+        "import os\n"
+        "open('/workspace/new.txt','w').write('made in the sandbox\\n')\n"
+        "os.remove('/workspace/README.md')\n"
+        "os.makedirs('/workspace/sub')\n"
+        "open('/workspace/sub/f','w').write('x')\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    await backend.destroy(sandbox.sandbox_id)
+    assert sorted(p.name for p in spec.workspace.iterdir()) == ["new.txt", "sub"]
+    assert (spec.workspace / "new.txt").read_text() == "made in the sandbox\n"
+
+
+async def test_a_symlink_left_in_the_workspace_refuses_the_sync_but_deletes(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    spec = _spec(tmp_path)
+    sandbox = await backend.create(spec)
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", "import os; os.symlink('/etc/passwd', '/workspace/l')"], env={}
+    )
+    proc.stdin.close()
+    await asyncio.wait_for(proc.wait(), 20)
+    with pytest.raises(ArchiveRefused):
+        await backend.destroy(sandbox.sandbox_id)
+    assert double.sandboxes == {}  # deleted all the same
+    assert (spec.workspace / "README.md").read_text() == "# staged\n"  # nothing replaced
+
+
+async def test_labels_list_network_and_cleanup_settings(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    none = await backend.create(_spec(tmp_path))
+    allow = await backend.create(
+        _spec(
+            tmp_path, job_id="job-2", labels={LABEL_JOB: "job-2"}, network="allowlist",
+            network_allow=("api.example.com:443", "10.1.2.3:8080"),
+        )
+    )  # fmt: skip
+    infos = await backend.list({LABEL_TOKEN: "7"})
+    assert [i.sandbox_id for i in infos] == [none.sandbox_id]
+    assert infos[0].labels[LABEL_JOB] == "job-1"
+    assert infos[0].backend == "daytona"
+    assert "code-toolbox-language" not in infos[0].labels
+    assert {i.sandbox_id for i in await backend.list({})} == {none.sandbox_id, allow.sandbox_id}
+    dtos = {r.dto["name"]: r.dto for r in double.sandboxes.values()}
+    assert dtos[none.sandbox_id]["networkBlockAll"] is True
+    assert dtos[allow.sandbox_id]["networkBlockAll"] is False
+    assert dtos[allow.sandbox_id]["domainAllowList"] == "api.example.com"
+    assert dtos[allow.sandbox_id]["networkAllowList"] == "10.1.2.3/32"
+    assert dtos[none.sandbox_id]["autoStopInterval"] == 15
+    assert dtos[none.sandbox_id]["autoDeleteInterval"] == 0
+    assert dtos[none.sandbox_id]["ttlMinutes"] == 24 * 60
+    # Another process (a reaper) destroys by id alone; twice is fine.
+    other = DaytonaBackend(backend.config)
+    try:
+        await other.destroy(allow.sandbox_id)
+        await other.destroy(allow.sandbox_id)
+    finally:
+        await other.aclose()
+    assert [i.sandbox_id for i in await backend.list({})] == [none.sandbox_id]
+    await backend.destroy(none.sandbox_id)
+
+
+async def test_snapshot_is_reused_and_verified(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    first = await backend.create(_spec(tmp_path))
+    second = await backend.create(_spec(tmp_path, attempt=2))
+    creates = [r for r in double.requests if r == ("POST", "/api/snapshots")]
+    assert len(creates) == 1
+    assert len(double.snapshots) == 1
+    for made in (first, second):
+        await backend.destroy(made.sandbox_id)
+    # A snapshot of that name made from another image is refused, never used.
+    snapshot = next(iter(double.snapshots.values()))
+    snapshot["imageName"] = f"{REGISTRY}/acpw-pack:{'0' * 64}"
+    with pytest.raises(SnapshotFailed) as caught:
+        await backend.create(_spec(tmp_path, attempt=3))
+    assert caught.value.details["reason"] == "identity"
+
+
+async def test_snapshot_build_failed_and_stuck_pending(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    failing = DaytonaBackend(_config(tmp_path, double, daytona_image_registry="nowhere.test"))
+    stuck = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_timeout_s=1.0))
+    name, image, _ = stuck.snapshot_plan(_spec(tmp_path))
+    double.stuck_images.add(image)
+    try:
+        with pytest.raises(SnapshotFailed) as failed:
+            await failing.create(_spec(tmp_path))
+        assert failed.value.code == "snapshot_failed"
+        double.snapshots.clear()  # the failed one keeps its name (docs/daytona.md)
+        with pytest.raises(SnapshotFailed) as pending:
+            await stuck.create(_spec(tmp_path))
+        assert pending.value.details["reason"] == "pending"
+        assert name in double.snapshots
+    finally:
+        await failing.aclose()
+        await stuck.aclose()
+    assert double.sandboxes == {}
+
+
+async def test_typed_errors_and_the_key_never_in_them(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """401 → backend_auth_failed, a quota answer → backend_quota_exceeded, 429 retried
+    (Retry-After honoured) then backend_rate_limited; the key appears in none."""
+    wrong = DaytonaBackend(_config(tmp_path, double, daytona_api_key="dtn_wrong_" + "k" * 20))
+    try:
+        with pytest.raises(BackendAuthFailed) as auth:
+            await wrong.list({})
+    finally:
+        await wrong.aclose()
+    double.fail_next("POST", r"^/api/sandbox$", 403, "Total CPU quota exceeded (4 > 2)")
+    with pytest.raises(BackendQuotaExceeded) as quota:
+        await backend.create(_spec(tmp_path))
+    double.fail_next("GET", r"^/api/sandbox$", 429, "Too Many Requests", Retry_After="0")
+    assert await backend.list({}) == []  # one 429, then answered
+    for _ in range(3):
+        double.fail_next("GET", r"^/api/sandbox$", 429, "Too Many Requests", Retry_After="0")
+    with pytest.raises(BackendRateLimited) as limited:
+        await backend.list({})
+    for error in (auth.value, quota.value, limited.value):
+        text = json.dumps(error.to_dict()) + str(error)
+        assert double.api_key not in text
+        assert "dtn_wrong_" not in text
+        assert isinstance(error, SandboxError)
+
+
+async def test_a_sandbox_that_never_starts_times_out_and_is_deleted(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=1.0))
+    double.start_stuck = True
+    try:
+        with pytest.raises(SandboxStartTimeout) as caught:
+            await backend.create(_spec(tmp_path))
+    finally:
+        await backend.aclose()
+    assert caught.value.code == "sandbox_start_timeout"
+    assert double.sandboxes == {}
+
+
+async def test_lease_renewals_refresh_the_sandbox_activity(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_activity_every_s=0.01))
+    deadline = LeaseDeadline(1e12)
+    try:
+        sandbox = await backend.create(_spec(tmp_path, lease_deadline=deadline))
+        for step in range(3):
+            await asyncio.sleep(0.05)
+            deadline.extend(1e12 + step)
+        await asyncio.sleep(0.3)
+        assert double.activity_refreshes(sandbox.sandbox_id) >= 3
+        await backend.destroy(sandbox.sandbox_id)
+        deadline.extend(2e12)  # no longer followed: nothing is sent for a deleted sandbox
+    finally:
+        await backend.aclose()
+
+
+async def test_hello_job_completes_through_the_backend(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """The emulator pack's hello job, run_job end to end (what `acp-worker run --backend
+    daytona` calls), on a sandbox of the double."""
+    settings = Settings(
+        cache_dir=tmp_path / "cache", work_dir=tmp_path / "work",
+        secrets_dir=tmp_path / "secrets", worker_id="w-daytona",
+        packs_dir=REPO / "provider_packs", shutdown_eof_grace=1.0,
+    )  # fmt: skip
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "README.md").write_text("# hello\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    job = parse_job({
+        "v": 1, "job_id": "dt-hello", "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+        "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    })  # fmt: skip
+    backend = DaytonaBackend(_config(tmp_path, double))
+    sink = MemorySink()
+    try:
+        outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
+    finally:
+        await backend.aclose()
+    events = [dict(e) for e in sink.events]
+    types = [e["type"] for e in events]
+    assert outcome.status == "succeeded", json.dumps(events)[-3000:]
+    assert types[-1] == "job.completed"
+    assert "sandbox.ready" in types
+    assert "workspace.changed" in types
+    assert SECRET not in json.dumps(events)
+    assert double.sandboxes == {}
+
+
+async def test_the_reaper_deletes_daytona_sandboxes_whose_lease_is_gone(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble, redis_url: str
+) -> None:
+    """The reaper lists Daytona sandboxes by our labels alone: one whose lease token is
+    not the job's (no lease in this Redis) and one whose owner process is gone are
+    deleted; one whose owner runs is kept."""
+    settings = Settings(
+        redis_url=redis_url, work_dir=tmp_path / "work", cache_dir=tmp_path / "cache",
+        results_dir=tmp_path / "results",
+    )  # fmt: skip
+    store = store_label(redis_url)
+    assert store is not None
+    child = subprocess.Popen(["sleep", "30"])
+    dead_owner = owner_label(child.pid)
+    child.kill()
+    child.wait()
+    assert dead_owner is not None
+    leased = await backend.create(
+        _spec(tmp_path, labels={LABEL_JOB: "job-1", LABEL_TOKEN: "5", LABEL_STORE: store})
+    )
+    orphan = await backend.create(
+        _spec(tmp_path, job_id="job-2", labels={LABEL_JOB: "job-2", LABEL_OWNER: dead_owner})
+    )
+    alive = await backend.create(
+        _spec(tmp_path, job_id="job-3", labels={LABEL_JOB: "job-3", **owner_labels()})
+    )
+    reaper = DaytonaBackend(backend.config)  # another process's view: labels only
+    client = aioredis.Redis.from_url(redis_url)
+    # This Redis issued token 5 for job-1 and its lease is gone (another attempt, 6, holds it).
+    await client.hset(keys.state("job-1"), fields.FENCE, "6")
+    await client.set(keys.lease("job-1"), "6")
+    try:
+        report = await reap_once(client, settings, {"daytona": reaper})
+    finally:
+        await client.aclose()
+        await reaper.aclose()
+    assert sorted(report.destroyed) == sorted([leased.sandbox_id, orphan.sandbox_id])
+    assert [r.dto["name"] for r in double.sandboxes.values()] == [alive.sandbox_id]
+    await backend.destroy(alive.sandbox_id)
+
+
+async def test_acp_worker_run_backend_daytona(tmp_path: Path, double: DaytonaDouble) -> None:
+    """``acp-worker run --backend daytona`` with its settings from the environment (the
+    key too) reaches ``job.completed`` succeeded on the double; the key is nowhere in
+    what the CLI printed or wrote."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "README.md").write_text("# hello\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    job = {
+        "v": 1, "job_id": "dt-cli", "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+        "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    }  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
+    } | {
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"),
+        "ACPW_RESULTS_DIR": str(tmp_path / "results"),
+        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
+        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
+    }  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker.cli", "run", str(tmp_path / "job.json"),
+        "--backend", "daytona", "--events-out", str(tmp_path / "events.jsonl"), "--quiet",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=REPO,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert events[-1]["type"] == "job.completed"
+    assert events[-1]["data"]["status"] == "succeeded"
+    assert "daytona" in {e["data"].get("backend") for e in events if e["type"] == "sandbox.ready"}
+    for text in (out.decode(), err.decode(), (tmp_path / "events.jsonl").read_text()):
+        assert double.api_key not in text
+    assert double.sandboxes == {}
+
+
+async def test_a_served_job_runs_on_daytona(
+    tmp_path: Path, double: DaytonaDouble, redis_url: str
+) -> None:
+    """``acp-worker serve`` with ``ACPW_BACKEND=daytona``: a submitted hello job settles
+    ``succeeded`` on a sandbox of the double, leased through the same ``owning()`` as
+    every served job, and the sandbox is gone afterwards."""
+    broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
+    with redis.Redis.from_url(broker) as sync_client:
+        sync_client.flushdb()
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
+    } | {
+        "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
+        "ACPW_WORKER_ID": "w-served", "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "3",
+        "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
+        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
+        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
+        "ACPW_DAYTONA_ACTIVITY_EVERY_S": "0.5",
+    }  # fmt: skip
+    log = tmp_path / "serve.log"
+    argv = [str(Path(sys.executable).with_name("acp-worker")), "serve", "--concurrency", "1"]
+    with log.open("w") as out:
+        serve = subprocess.Popen(
+            [*argv, "--no-reaper"], cwd=REPO, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        await _until(lambda: " ready." in log.read_text(), 90)
+        (tmp_path / "ws").mkdir()
+        (tmp_path / "ws" / "README.md").write_text("# served\n")
+        job = {
+            "v": 1, "job_id": "dt-served", "pack": {"name": "cursor-emulator"},
+            "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+            "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+            "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+        }  # fmt: skip
+        with Client(redis_url, settings=Settings(redis_url=redis_url, broker_url=broker)) as c:
+            await asyncio.to_thread(c.submit, job)
+
+            def done() -> list[dict[str, Any]]:
+                events = [dict(item.event) for item in c.events("dt-served")]
+                return events if events and events[-1]["type"] == "job.completed" else []
+
+            events = await _until(done, 90)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        await asyncio.to_thread(serve.wait, 60)
+    assert events[-1]["data"]["status"] == "succeeded", log.read_text()[-3000:]
+    ready = [e for e in events if e["type"] == "sandbox.ready"]
+    assert ready[0]["data"]["backend"] == "daytona"
+    assert double.sandboxes == {}
+    assert double.api_key not in log.read_text()
+
+
+async def _until(check: Any, timeout: float) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        value = await asyncio.to_thread(check)
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s")
+
+
+async def test_the_double_refuses_what_the_sdk_models_refuse(double: DaytonaDouble) -> None:
+    """The double is only as strict as the API's schema, as the SDK's generated models
+    carry it: a label that is not a string, a snapshot without a name, a wrong key."""
+    auth = {"Authorization": f"Bearer {double.api_key}"}
+    base = f"http://127.0.0.1:{double.port}"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        bad_labels = {"snapshot": "s", "labels": {"acpw.job": 1}}
+        async with http.post(f"{base}/api/sandbox", json=bad_labels) as reply:
+            assert reply.status == 400
+        async with http.post(f"{base}/api/snapshots", json={"imageName": "x"}) as reply:
+            assert reply.status == 400  # no name
+        async with http.get(f"{base}/api/sandbox", headers={"Authorization": "Bearer no"}) as r:
+            assert r.status == 401

@@ -1,0 +1,99 @@
+"""The daytona backend against a real Daytona account (``make test-daytona``).
+
+Skipped unless ``DAYTONA_API_KEY`` is set, with ``DAYTONA_API_URL`` (default: Daytona's
+hosted API), ``ACPW_DAYTONA_IMAGE_REGISTRY`` and ``ACPW_DAYTONA_BASE_IMAGE_ID`` naming where
+the pack images were pushed, and ``DAYTONA_TEST_CLOSURE``: a pack-cache closure
+(``<cache>/closures/<hex>``) whose pack image is there. Daytona's hosted service cannot
+be reached from the machines this project is developed and tested on, so these tests
+have not run here: ``tests/integration/test_daytona_backend.py`` runs the same backend
+against the local double of Daytona's API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from worker.errors import BackendAuthFailed
+from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.config import DaytonaConfig
+from worker.sandbox.daytona import DaytonaBackend
+
+_NEEDED = (
+    "DAYTONA_API_KEY",
+    "ACPW_DAYTONA_IMAGE_REGISTRY",
+    "ACPW_DAYTONA_BASE_IMAGE_ID",
+    "DAYTONA_TEST_CLOSURE",
+)
+_MISSING = [name for name in _NEEDED if not os.environ.get(name)]
+
+pytestmark = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"live Daytona suite: {', '.join(_MISSING)} not set (the double's suite runs instead)",
+)
+
+
+def _config(**overrides: object) -> DaytonaConfig:
+    closure = Path(os.environ.get("DAYTONA_TEST_CLOSURE", "/nonexistent"))
+    values: dict[str, object] = {
+        "worker_id": "w-daytona-live",
+        "cache_dir": closure.parent.parent,
+        "daytona_api_url": os.environ.get("DAYTONA_API_URL", "https://app.daytona.io/api"),
+        "daytona_api_key": os.environ.get("DAYTONA_API_KEY"),
+        "daytona_ttl_minutes": 30,
+    }
+    values.update(overrides)
+    return DaytonaConfig(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[DaytonaBackend]:
+    made = DaytonaBackend(_config())
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def _spec(tmp_path: Path) -> SandboxSpec:
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "README.md").write_text("# live\n")
+    return SandboxSpec(
+        job_id="live-1",
+        attempt=1,
+        workspace=tmp_path / "ws",
+        pack_closure=Path(os.environ["DAYTONA_TEST_CLOSURE"]),
+        limits=ResourceLimits(memory_bytes=1024**3, cpus=1.0, pids=256),
+        labels={LABEL_JOB: "live-1"},
+    )
+
+
+async def test_live_stdio_workspace_and_cleanup(tmp_path: Path, backend: DaytonaBackend) -> None:
+    spec = _spec(tmp_path)
+    sandbox = await backend.create(spec)
+    try:
+        script = (
+            "import sys;d=sys.stdin.read();open('/workspace/out.txt','w').write(d);print(len(d))"
+        )
+        proc = await sandbox.spawn(["python3", "-c", script], env={"A": "1"})
+        proc.stdin.write(b"hello over input calls\n")
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"23\n"
+        assert await asyncio.wait_for(proc.wait(), 120) == 0
+        assert [i.sandbox_id for i in await backend.list({LABEL_JOB: "live-1"})] == [
+            sandbox.sandbox_id
+        ]
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    assert (spec.workspace / "out.txt").read_text() == "hello over input calls\n"
+    assert await backend.list({LABEL_JOB: "live-1"}) == []
+
+
+async def test_live_wrong_key_is_backend_auth_failed() -> None:
+    wrong = DaytonaBackend(_config(daytona_api_key="dtn_" + "0" * 40))
+    with pytest.raises(BackendAuthFailed):
+        await wrong.list({})
