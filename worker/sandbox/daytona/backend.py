@@ -165,7 +165,6 @@ class DaytonaSandbox:
     def workspace_files(self) -> None:
         """``None`` for now: the sandbox's tree is on Daytona's runner (no ``fs/*`` is
         advertised; artifacts and links are refused ``workspace_not_reachable``)."""
-        return None
 
     # --- the lease heartbeat keeps the sandbox active --------------------------------
 
