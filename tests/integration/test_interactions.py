@@ -87,9 +87,12 @@ def test_forged_duplicate_and_misdirected_answers_are_refused(
     tmp_path: Path, redis_url: str
 ) -> None:
     def on_event(event: Event, _: subprocess.Popen[str]) -> None:
-        if event["type"] != "interaction.requested" or event["data"]["kind"] != "question":
+        if event["type"] != "interaction.requested":
             return
         job, iid = event["job_id"], event["data"]["interaction_id"]
+        if event["data"]["kind"] == "plan":  # answered at once, not left to its timeout
+            _raw_answer(redis_url, job, iid, {"outcome": "rejected", "revision": 1})
+            return
         one = {"question_id": "colour", "option_ids": ["blue"]}
         for bad in (
             {"outcome": "answered", "answers": [one]},  # a required question missing
