@@ -75,6 +75,8 @@ KUBE_PLAY_KINDS = frozenset({"Deployment", "ConfigMap", "Secret", "PersistentVol
 LEFT_OUT = frozenset({"Service", "ServiceAccount"})
 EMULATOR_KEY = "emulator-demo-key-not-a-real-secret"  # what examples/secrets holds
 READY_WITHIN_S = 90.0
+# The job's own limit is 60 s; past this, it is stuck (e.g. lost: a lease TTL, then a reap).
+SUBMIT_TIMEOUT_S = 180.0
 # A Redis for the dev Redis Deployment, FROM the sandbox base image (Debian 12) with
 # Debian's redis .debs fetched by apt on the host: no registry is reachable here. It runs
 # as the uid the chart's dev Redis asks for (999), in /data.
@@ -322,7 +324,7 @@ def _submit(redis_url: str, job: Path) -> list[dict[str, Any]]:
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=SUBMIT_TIMEOUT_S,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -367,14 +369,15 @@ def test_the_single_node_install_runs_a_job_under_kube_play(
         _resolve_service(worker, redis_name, _pod_address(docker_host, redis_container))
         (worker_container,) = played.play("worker", rest)
         ready = _wait_ready(docker_host, worker_container, probe)
+        # Not ready, no job: a worker that cannot reach its backend would not settle it.
+        assert ready.returncode == 0, ready.stdout + ready.stderr
+        assert ready.stdout.strip() == "ready: redis ok, backend ok"
         health = _podman(docker_host, "healthcheck", "run", worker_container)
         lines = _submit(f"redis://127.0.0.1:{redis_port}/0", _job(tmp_path, job_id))
         logs = _podman(docker_host, "logs", "--tail", "60", worker_container)
     finally:
         errors = played.down()
         _remove_sandboxes(docker_host, job_id)
-    assert ready.returncode == 0, ready.stdout + ready.stderr
-    assert ready.stdout.strip() == "ready: redis ok, backend ok"
     assert health.returncode == 0, health.stdout + health.stderr  # the liveness probe's check
     events = [line["event"] for line in lines if "event" in line]
     types = [event["type"] for event in events]
