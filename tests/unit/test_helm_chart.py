@@ -7,8 +7,9 @@ Helm v4's Go SDK (a shared library in the wheel): it renders templates and appli
 ``helm lint`` does, offline. Built-in kinds are validated against the Kubernetes OpenAPI
 schemas of 1.29 and 1.37 (``kubernetes-validate``, strict); the CRD kinds (ScaledObject,
 ServiceMonitor, PrometheusRule) against the minimal hand-written JSON schemas in
-tests/unit/fixtures/crds/ (each says what it covers). What is not tested here: a real
-install (`podman kube play`, a cluster), and the drain itself.
+tests/unit/fixtures/crds/ (each says what it covers). What is not tested here: the
+one-node install run for real (tests/integration/test_chart_podman.py, `make
+chart-podman`), a cluster, and the drain itself.
 """
 
 from __future__ import annotations
