@@ -169,3 +169,16 @@ def test_the_health_check_passes_only_when_redis_answers(
     code, out = _run(client, worker_image["Id"], check[1:], entrypoint=check[:1])
     assert code == 1, out  # no Redis configured is not healthy either
     assert "no Redis configured" in out
+
+
+def test_serve_imports_celery_with_the_images_time_zone_data(
+    client: docker.DockerClient, worker_image: dict[str, Any]
+) -> None:
+    """Celery's kombu loads the UTC zone when imported: the locally built base has no
+    /usr/share/zoneinfo, and without the locked tzdata wheel `serve` died right there
+    (found by tests/integration/test_chart_podman.py)."""
+    python = "/opt/acpw/bin/python"
+    code, out = _run(
+        client, worker_image["Id"], ["-c", "import celery.worker.control"], entrypoint=[python]
+    )
+    assert code == 0, out

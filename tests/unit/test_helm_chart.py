@@ -7,8 +7,9 @@ Helm v4's Go SDK (a shared library in the wheel): it renders templates and appli
 ``helm lint`` does, offline. Built-in kinds are validated against the Kubernetes OpenAPI
 schemas of 1.29 and 1.37 (``kubernetes-validate``, strict); the CRD kinds (ScaledObject,
 ServiceMonitor, PrometheusRule) against the minimal hand-written JSON schemas in
-tests/unit/fixtures/crds/ (each says what it covers). What is not tested here: a real
-install (`podman kube play`, a cluster), and the drain itself.
+tests/unit/fixtures/crds/ (each says what it covers). What is not tested here: the
+one-node install run for real (tests/integration/test_chart_podman.py, `make
+chart-podman`), a cluster, and the drain itself.
 """
 
 from __future__ import annotations
@@ -207,6 +208,11 @@ def test_a_crd_schema_refuses_a_misplaced_field(rendered: dict[str, list[dict[st
             "/autoscaling/keda/minReplicas",
         ),
         (_merge(BASE, {"devRedis": {"enabled": True, "image": "redis:7"}}), "/devRedis/image"),
+        (
+            _merge(BASE, {"sandbox": {"docker": {"workHostPath": "jobs"}}}),
+            "/sandbox/docker/workHostPath",
+        ),
+        (_merge(BASE, {"extraVolumeMounts": [{"name": "packs"}]}), "/extraVolumeMounts/0"),
     ],
 )
 def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], message: str) -> None:
@@ -343,11 +349,70 @@ def test_single_node_uses_the_nodes_engine(
     assert (env["ACPW_BACKEND"], env["ACPW_REAP_BACKENDS"]) == ("docker", '["docker"]')
     kinds = {doc["kind"] for doc in docs}
     assert not kinds & {"Role", "RoleBinding", "NetworkPolicy", "PodDisruptionBudget"}
-    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    assert {
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["docker-socket"] == {
         "name": "docker-socket",
         "hostPath": {"path": "/var/run/docker.sock", "type": "Socket"},
-    } in volumes
+    }
+
+
+def test_single_node_gives_the_docker_backend_the_node_view_it_needs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """What tests/integration/test_chart_podman.py found a job needs: workspaces at the
+    node's own path (the engine bind-mounts them by it), the node's pids and cgroups (the
+    admission view, the lease watchdog), a writable /run/acp-worker (the watchdogs'
+    deadline files) and root with the capabilities for these only."""
+    docs = rendered["single-node"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in worker_container(docs)["volumeMounts"]}
+    assert pod["hostPID"] is True
+    work = "/var/lib/acp-worker-jobs"
+    assert volumes["docker-work"]["hostPath"] == {"path": work, "type": "DirectoryOrCreate"}
+    assert mounts["docker-work"]["mountPath"] == work
+    assert env_of(docs)["ACPW_WORK_DIR"] == f"{work}/work"
+    assert volumes["host-cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup"
+    assert mounts["host-cgroup"] == {
+        "name": "host-cgroup",
+        "mountPath": "/sys/fs/cgroup",
+        "readOnly": True,
+    }
+    assert mounts["run"]["mountPath"] == "/run/acp-worker"
+    assert "emptyDir" in volumes["run"]
+    security = worker_container(docs)["securityContext"]
+    assert (security["runAsUser"], security["readOnlyRootFilesystem"]) == (0, True)
+    assert security["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SYS_PTRACE"],
+    }
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["privileged"] is False
+
+
+def test_only_the_docker_backend_gets_the_node_view(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    pod = one(rendered["default"], "Deployment")["spec"]["template"]["spec"]
+    assert "hostPID" not in pod
+    assert all("hostPath" not in volume for volume in pod["volumes"])
+
+
+def test_extra_volumes_are_mounted_in_the_worker() -> None:
+    docs = render(
+        _merge(
+            BASE,
+            {
+                "extraVolumes": [{"name": "packs", "persistentVolumeClaim": {"claimName": "p"}}],
+                "extraVolumeMounts": [{"name": "packs", "mountPath": "/packs", "readOnly": True}],
+            },
+        )
+    )
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "packs", "persistentVolumeClaim": {"claimName": "p"}} in pod["volumes"]
+    mount = {"name": "packs", "mountPath": "/packs", "readOnly": True}
+    assert mount in worker_container(docs)["volumeMounts"]
 
 
 def test_the_dev_redis_is_off_by_default_and_wired_when_on(
