@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from worker.errors import InvalidInput, SandboxError
-from worker.sandbox.config import DockerConfig, FakeConfig, LocalConfig
+from worker.sandbox.config import DockerConfig, FakeConfig, KubernetesConfig, LocalConfig
 
 if TYPE_CHECKING:
     from worker.sandbox.base import SandboxBackend
@@ -25,7 +25,7 @@ class BackendEntry:
     """One backend: its config class and where its backend class lives
     (``module:Class``, constructed as ``Class(config)``)."""
 
-    config: type[LocalConfig | DockerConfig | FakeConfig]
+    config: type[LocalConfig | DockerConfig | FakeConfig | KubernetesConfig]
     backend: str
     selectable: bool = True
 
@@ -33,6 +33,9 @@ class BackendEntry:
 REGISTRY: dict[str, BackendEntry] = {
     "local": BackendEntry(LocalConfig, "worker.sandbox.local:LocalBackend"),
     "docker": BackendEntry(DockerConfig, "worker.sandbox.docker:DockerBackend"),
+    "kubernetes": BackendEntry(
+        KubernetesConfig, "worker.sandbox.kubernetes.backend:KubernetesBackend"
+    ),
     "fake": BackendEntry(FakeConfig, "worker.sandbox.fake:FakeBackend", selectable=False),
 }
 
