@@ -13,25 +13,38 @@ run --backend kubernetes`` calls) on the real emulator pack in its pack image.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from tests.integration.docker_engine import REPO, base_image, docker_host, engine_config
-from tests.k8s_double.fixtures import NAMESPACE, k8s_double, kubeconfig
+from tests.integration.test_run_job import _check_stream, _env, _events, run_cli
+from tests.integration.test_run_job import _job as _job_file
+from tests.k8s_double.fixtures import NAMESPACE, base_by_digest, k8s_double, kubeconfig
 from tests.k8s_double.server import ApiDouble
 from worker.errors import SandboxError
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
 from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
-from worker.sandbox.base import LABEL_JOB
+from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.backend import KubernetesBackend
+from worker.service.reaper import reap_once
 from worker.settings import Settings
+from worker.store.owner import owner_label
 
-__all__ = ["base_image", "docker_host", "engine_config", "k8s_double", "kubeconfig"]
+__all__ = [
+    "base_by_digest",
+    "base_image",
+    "docker_host",
+    "engine_config",
+    "k8s_double",
+    "kubeconfig",
+]
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +164,117 @@ def test_allowlist_is_refused_until_the_in_cluster_proxy_exists(tmp_path: Path) 
     )  # fmt: skip
     with pytest.raises(SandboxError, match="allowlist"):
         asyncio.run(backend.create(spec))
+
+
+@pytest.mark.usefixtures("base_image")
+def test_acp_worker_run_backend_kubernetes(
+    tmp_path: Path, kubeconfig: Path, engine_config: EngineConfig, k8s_double: ApiDouble
+) -> None:
+    """The CLI picks the backend by name and builds it from its variables."""
+    job = _job_file(tmp_path, "scenario: hello")
+    env = _env(
+        tmp_path,
+        ACPW_K8S_KUBECONFIG=str(kubeconfig),
+        ACPW_K8S_NAMESPACE=NAMESPACE,
+        ACPW_DOCKER_HOST=str(engine_config.docker_host),
+        ACPW_IMAGES_DIR=str(engine_config.images_dir),
+    )
+    result = run_cli(
+        tmp_path, "run", "--backend", "kubernetes", str(job), "--json", env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = _events(result.stdout)
+    assert _check_stream(events)["status"] == "succeeded"
+    ready = next(e["data"] for e in events if e["type"] == "sandbox.ready")
+    assert ready["backend"] == "kubernetes"
+    assert ("POST", f"/api/v1/namespaces/{NAMESPACE}/pods") in k8s_double.requests
+    assert k8s_double.pods == {}
+
+
+def _spec(tmp_path: Path, **labels: str) -> SandboxSpec:
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "README.md").write_text("# staged\n")
+    (tmp_path / "closure").mkdir(exist_ok=True)
+    return SandboxSpec(
+        job_id=f"kb-{tmp_path.name[-12:]}".replace("_", "-"), attempt=1,
+        workspace=tmp_path / "ws", pack_closure=tmp_path / "closure",
+        limits=ResourceLimits(memory_bytes=256 * 1024 * 1024, cpus=0.5, pids=64),
+        labels={"acpw.worker": "w-k8s", **labels},
+    )  # fmt: skip
+
+
+def _on_base(backend: KubernetesBackend, image: str) -> KubernetesBackend:
+    """The base image instead of a pack image (its python3 runs the launcher)."""
+    backend._image = lambda spec: image  # type: ignore[method-assign]
+    return backend
+
+
+ENV = {"PATH": "/usr/bin:/bin", "FOO": "from-the-header"}
+
+
+async def test_spawn_carries_stdio_env_signals_and_exit_status(
+    tmp_path: Path, kubeconfig: Path, engine_config: EngineConfig, base_by_digest: str
+) -> None:
+    backend = _on_base(_backend(tmp_path, kubeconfig, engine_config), base_by_digest)
+    spec = _spec(tmp_path)
+    sandbox = await backend.create(spec)
+    try:
+        script = 'cat README.md; echo "$FOO"; cat; echo made >written.txt; echo err >&2'
+        proc = await sandbox.spawn(["/bin/sh", "-c", script], env=ENV)
+        proc.stdin.write(b"via stdin\n")
+        proc.stdin.close()  # the program's EOF ends its `cat`
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        out, err = await proc.stdout.read(), await proc.stderr.read()
+        assert out == b"# staged\nfrom-the-header\nvia stdin\n"
+        assert err == b"err\n"
+        failing = await sandbox.spawn(["/bin/sh", "-c", "exit 3"], env=ENV)
+        assert await asyncio.wait_for(failing.wait(), 30) == 3
+        assert (await failing.exit_diagnosis()).details() == {"exit_code": 3}
+        sleeper = await sandbox.spawn(["/bin/sleep", "60"], env=ENV)
+        sleeper.terminate()
+        assert await asyncio.wait_for(sleeper.wait(), 30) == -15
+        deaf = (
+            "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('on', flush=True); time.sleep(60)"
+        )
+        stubborn = await sandbox.spawn(["/usr/bin/python3", "-c", deaf], env=ENV)
+        assert await stubborn.stdout.readline() == b"on\n"
+        stubborn.kill()
+        assert await asyncio.wait_for(stubborn.wait(), 30) == -9
+        assert not (await stubborn.exit_diagnosis()).oom_killed  # we killed it
+        listed = await backend.list({LABEL_JOB: spec.job_id})
+        assert [i.sandbox_id for i in listed] == [sandbox.sandbox_id]
+        assert listed[0].labels["acpw.worker"] == "w-k8s"
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    # What the program wrote in the pod is in the host workspace now.
+    assert (spec.workspace / "written.txt").read_text() == "made\n"
+    await backend.destroy(sandbox.sandbox_id)  # idempotent
+    assert await backend.list({LABEL_JOB: spec.job_id}) == []
+
+
+async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
+    tmp_path: Path,
+    kubeconfig: Path,
+    engine_config: EngineConfig,
+    base_by_digest: str,
+    redis_url: str,
+    k8s_double: ApiDouble,
+) -> None:
+    gone = subprocess.Popen(["/bin/sleep", "30"])
+    label = owner_label(gone.pid)
+    gone.kill()
+    gone.wait()
+    assert label is not None
+    creator = _on_base(_backend(tmp_path, kubeconfig, engine_config), base_by_digest)
+    sandbox = await creator.create(_spec(tmp_path, **{"acpw.owner": label}))
+    # Another process's backend: it has no record of the pod, only the API's labels.
+    reaper = _backend(tmp_path, kubeconfig, engine_config)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        report = await reap_once(client, _settings(tmp_path), {"kubernetes": reaper})
+    finally:
+        await client.aclose()
+    assert report.destroyed == (sandbox.sandbox_id,)
+    assert k8s_double.pods == {}
+    assert (tmp_path / "ws" / "README.md").read_text() == "# staged\n"  # nothing copied back

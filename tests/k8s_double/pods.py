@@ -111,7 +111,7 @@ class PodmanPod:
             state: dict[str, Any] = client.api.inspect_container(self.container_name(container))[
                 "State"
             ]
-        except docker.errors.NotFound:
+        except docker.errors.APIError:  # NotFound, or Podman's 500 mid-removal
             return {"Running": False, "ExitCode": 137}
         return state
 

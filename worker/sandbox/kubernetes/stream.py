@@ -127,6 +127,7 @@ class ExecStream:
             self._ws.sock.shutdown()  # close() leaves it open once the server closed first
 
         def done() -> None:
+            self.stdin.close()  # the program ended: its stdin is moot
             self.stdout.feed_eof()
             self.stderr.feed_eof()
             if not self.status.done():
