@@ -291,7 +291,7 @@ class KubernetesBackend:
             await asyncio.to_thread(self.api.wait_running, name, self.config.k8s_start_timeout_s)
             await asyncio.to_thread(self._copy_in, name, spec)
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(self.api.delete_pod, name))
+            await asyncio.shield(asyncio.to_thread(self._remove, name))
             raise
         sandbox = KubernetesSandbox(self, spec, name)
         self._sandboxes[name] = sandbox
@@ -330,6 +330,12 @@ class KubernetesBackend:
 
         return pack_image(self.config, spec.pack_closure, self._engine_config)
 
+    def _remove(self, name: str) -> bool:
+        """Delete the pod and wait until it is gone (blocking); False if it was not
+        gone in time."""
+        self.api.delete_pod(name)
+        return self.api.wait_gone(name, self.config.k8s_start_timeout_s)
+
     async def destroy(self, sandbox_id: str) -> None:
         """Copy the workspace and state mounts back (when this process created the pod
         and it still runs), then delete the pod and wait until it is gone; idempotent.
@@ -346,11 +352,7 @@ class KubernetesBackend:
                 await asyncio.to_thread(self._copy_out, sandbox_id, sandbox.spec)
             except SandboxError as exc:
                 copy_error = exc
-        await asyncio.to_thread(self.api.delete_pod, sandbox_id)
-        gone = await asyncio.to_thread(
-            self.api.wait_gone, sandbox_id, self.config.k8s_start_timeout_s
-        )
-        if not gone:
+        if not await asyncio.to_thread(self._remove, sandbox_id):
             raise SandboxError("the sandbox pod was not deleted in time", pod=sandbox_id)
         if copy_error is not None:
             raise copy_error
