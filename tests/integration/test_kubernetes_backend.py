@@ -226,6 +226,11 @@ async def test_spawn_carries_stdio_env_signals_and_exit_status(
         stubborn.kill()
         assert await asyncio.wait_for(stubborn.wait(), 30) == -9
         assert not (await stubborn.exit_diagnosis()).oom_killed  # we killed it
+        # Past the pod's memory limit (256 MiB): the kernel's OOM killer, diagnosed so.
+        hog = "b = []\nwhile True: b.append(bytearray(16 << 20))"
+        hungry = await sandbox.spawn(["/usr/bin/python3", "-c", hog], env=ENV)
+        assert await asyncio.wait_for(hungry.wait(), 60) == -9
+        assert (await hungry.exit_diagnosis()).oom_killed
         listed = await backend.list({LABEL_JOB: spec.job_id})
         assert [i.sandbox_id for i in listed] == [sandbox.sandbox_id]
         assert listed[0].labels["acpw.worker"] == "w-k8s"
