@@ -15,6 +15,8 @@ run --backend kubernetes`` calls) on the real emulator pack in its pack image.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,11 @@ from tests.integration.docker_engine import REPO, base_image, docker_host, engin
 from tests.integration.test_run_job import SECRET as CLI_SECRET
 from tests.integration.test_run_job import _check_stream, _env, _events, run_cli
 from tests.integration.test_run_job import _job as _job_file
+from tests.integration.test_service import ACP_WORKER, BROKER_URL, _flush, completed, wait_for
+from tests.integration.test_service import _env as _service_env
+from tests.integration.test_service import job as _service_job
 from tests.k8s_double.fixtures import NAMESPACE, Cluster, base_by_digest, cluster, images
+from worker.client import Client
 from worker.errors import SandboxError
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
@@ -266,3 +272,48 @@ async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
     assert report.destroyed == (sandbox.sandbox_id,)
     assert await reaper.list({LABEL_JOB: sandbox.spec.job_id}) == []
     assert (tmp_path / "ws" / "README.md").read_text() == "# staged\n"  # nothing copied back
+
+
+@pytest.mark.usefixtures("base_image")
+def test_a_served_job_runs_in_a_pod(
+    tmp_path: Path, cluster: Cluster, images: EngineConfig, redis_url: str
+) -> None:
+    """`acp-worker serve` with ACPW_BACKEND=kubernetes (and its reaper sweeping the
+    kubernetes backend every second) runs a submitted job to `succeeded`."""
+    _flush(BROKER_URL)
+    env = {
+        **_service_env("it-k8s"),
+        "ACPW_BACKEND": "kubernetes",
+        "ACPW_REAP_BACKENDS": '["kubernetes"]',
+        "ACPW_K8S_KUBECONFIG": str(cluster.kubeconfig),
+        "ACPW_K8S_NAMESPACE": cluster.namespace,
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"),
+        "ACPW_DOCKER_HOST": str(images.docker_host),
+        "ACPW_IMAGES_DIR": str(images.images_dir),
+        **({} if images.registry is None else {"ACPW_IMAGE_REGISTRY": images.registry}),
+    }
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [ACP_WORKER, "serve", "--concurrency", "1"], cwd=REPO, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: " ready." in log.read_text(), "the Celery worker", 60)
+        job_id = f"served-{tmp_path.name[-10:]}".replace("_", "-")
+        with Client(
+            redis_url, settings=Settings(redis_url=redis_url, broker_url=BROKER_URL)
+        ) as client:
+            client.submit(_service_job(job_id))
+            events = [dict(e.event) for e in client.events(job_id, follow=True, timeout=90)]
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(60)
+        _flush(BROKER_URL)
+    assert [e["data"]["status"] for e in completed(events)] == ["succeeded"], log.read_text()[
+        -3000:
+    ]
+    ready = next(e["data"] for e in events if e["type"] == "sandbox.ready")
+    assert ready["backend"] == "kubernetes"
+    if cluster.double is not None:
+        assert cluster.double.pods == {}
