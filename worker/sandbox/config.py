@@ -228,6 +228,19 @@ class KubernetesConfig(_BackendSettings):
         "`ACPW_DOCKER_HOST`…); the worker's own `cache_dir`.",
     )
 
+    k8s_base_image_id: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="Id of the sandbox base image the pack images were built on (what "
+        "`acp-worker image base` prints). Set: a pack image is found in the pin store "
+        "(`images_dir/pins`, written by `acp-worker image build` with a registry) with no "
+        "engine at all, and must have been pushed. Unset: it is resolved (or built) on "
+        "the docker backend's engine.",
+    )
+    images_dir: Path | None = Field(
+        default=None, description="Base-image rootfs and image pins (default cache_dir/images)."
+    )
+
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:
         return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)

@@ -1,9 +1,16 @@
 """The pack image a sandbox pod runs, named by digest.
 
 A pod cannot bind the closure from the worker's host: only a closure of the pack cache
-(``<cache_dir>/closures/<digest>``) can run, from its pack image, resolved (or built, as
-the docker backend does) by identity on the image engine ``acp-worker image`` uses. The
-kubelet gets it by digest: the registry's manifest digest once the image was pushed
+(``<cache_dir>/closures/<digest>``) can run, from its pack image, found by identity
+(base image id, closure digest, builder):
+
+- with ``k8s_base_image_id`` set, in the pin store alone (``images_dir/pins``, written
+  by ``acp-worker image build`` with a registry): no engine is needed (a worker pod in
+  the cluster has none), and the image must have been pushed;
+- else on the image engine ``acp-worker image`` uses (resolved, or built, as the docker
+  backend does).
+
+The kubelet gets it by digest: the registry's manifest digest once the image was pushed
 (``ACPW_IMAGE_REGISTRY``), else the engine's own digest reference (a cluster whose nodes
 share that engine's store, as the API double's Podman does).
 """
@@ -15,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from worker.errors import SandboxError
-from worker.images.build import PackImages
+from worker.images.build import PackImages, PinStore
 from worker.images.engine import connect, translate
 from worker.images.identity import ImageIdentity, PinnedImage
 
@@ -35,6 +42,8 @@ def pack_image(config: KubernetesConfig, closure: Path, engine: EngineConfig | N
         ImageMismatch: an image tagged with the identity is not it.
     """
     digest = _closure_digest(config, closure)
+    if config.k8s_base_image_id is not None:
+        return _recorded(config, ImageIdentity(config.k8s_base_image_id, digest))
     if engine is None:
         from worker.sandbox.config import DockerConfig
 
@@ -47,6 +56,24 @@ def pack_image(config: KubernetesConfig, closure: Path, engine: EngineConfig | N
         return _reference(client, pin)
     finally:
         client.close()
+
+
+def _recorded(config: KubernetesConfig, identity: ImageIdentity) -> str:
+    """The pushed reference the pin store records for ``identity``."""
+    store = PinStore((config.images_dir or config.cache_dir / "images") / "pins")
+    try:
+        pin = store.read(identity)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SandboxError(
+            "the pack image's pin is unreadable", identity=identity.digest, error=str(exc)
+        ) from exc
+    if pin is None or pin.pushed is None:
+        raise SandboxError(
+            "no pushed pack image is recorded for this closure: run `acp-worker image "
+            "build PACK` with ACPW_IMAGE_REGISTRY and give the worker its pins",
+            identity=identity.digest,
+        )
+    return pin.pushed.reference
 
 
 def _closure_digest(config: KubernetesConfig, closure: Path) -> str:
