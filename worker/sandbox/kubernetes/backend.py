@@ -275,6 +275,12 @@ class KubernetesBackend:
                 refused or could not run the pod (``reason`` says why).
         """
         _check_spec(spec)
+        if spec.mask_config:
+            log.warning(
+                "job %s: agent config paths are not masked inside kubernetes pods yet "
+                "(admission before the run still applies)",
+                spec.job_id,
+            )
         image = await asyncio.to_thread(self._image, spec)
         pod_spec = dataclasses.replace(spec, state_mounts=())
         pod = manifests.sandbox_pod(
