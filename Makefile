@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PACKS  := provider_packs/cursor-emulator
 
-.PHONY: bootstrap packs emulator-pack lock-packs qualify-cursor demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test unit integration lint fmt bench clean
+.PHONY: bootstrap packs emulator-pack lock-packs qualify-cursor demo serve-demo demo-git docker-up docker-down base-image demo-docker worker-image lock-deps test test-k8s unit integration lint fmt bench clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -49,6 +49,20 @@ demo-git: emulator-pack
 test: packs lint chart
 	@$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit/test_helm_chart.py \
 	  --ignore=tests/integration/test_chart_podman.py $(PYTEST_ARGS)
+
+# The kubernetes backend's suite against a real cluster (kind, k3s, a cloud cluster):
+# KUBECONFIG names it, ACPW_TEST_K8S_REGISTRY a registry its nodes pull from (the tests
+# push the pack and base images there), ACPW_TEST_K8S_NAMESPACE (default
+# acpw-test-sandboxes) an existing namespace with the backend's Role bound to the
+# kubeconfig's user (docs/kubernetes.md). Without KUBECONFIG it says so and skips; `make
+# test` runs the same suite against the API double (tests/k8s_double).
+test-k8s: bootstrap
+	@if [ -z "$$KUBECONFIG" ]; then \
+	  echo "test-k8s: SKIPPED: KUBECONFIG is not set, so there is no cluster to test against (see docs/kubernetes.md; make test runs this suite against the API double)"; \
+	  exit 0; \
+	fi; \
+	ACPW_TEST_KUBECONFIG="$$KUBECONFIG" $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/integration/test_kubernetes_backend.py $(PYTEST_ARGS)
 
 # helm/acp-worker rendered by Helm's own engine (helm-python-sdk, no helm binary) for every
 # value profile, linted, each manifest validated (Kubernetes 1.29/1.37 schemas, the CRD

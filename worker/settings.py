@@ -172,8 +172,8 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=default_worker_id, description="Labels sandboxes.")
     backend: str = Field(
         default="local",
-        description="Sandbox backend (`local`, `docker`); its own settings are its config "
-        "in `worker.sandbox.config`, read from the same `ACPW_*` variables.",
+        description="Sandbox backend (`local`, `docker`, `kubernetes`); its own settings are "
+        "its config in `worker.sandbox.config`, read from the same `ACPW_*` variables.",
     )
     acp_line_limit: int = Field(default=8 * 1024 * 1024, description="Max bytes of one ACP line.")
     acp_request_timeout: float = Field(

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from worker.errors import InvalidInput, SandboxError
+from worker.errors import SandboxError
 from worker.sandbox import BackendConfig, backend_config
 from worker.sandbox.base import (
     HOME,
@@ -275,12 +275,11 @@ def test_the_owner_pod_is_named_whole() -> None:
         KubernetesConfig(k8s_namespace="Not_A_Namespace")
 
 
-def test_nothing_can_select_kubernetes_yet() -> None:
-    with pytest.raises(ValidationError):
-        TypeAdapter(BackendConfig).validate_python({"type": "kubernetes"})
-    assert "kubernetes" not in REGISTRY
-    with pytest.raises(InvalidInput):
-        backend_config(Settings(), "kubernetes")
+def test_kubernetes_is_selectable_now_its_backend_exists() -> None:
+    parsed = TypeAdapter(BackendConfig).validate_python({"type": "kubernetes"})
+    assert isinstance(parsed, KubernetesConfig)
+    assert REGISTRY["kubernetes"].selectable
+    assert isinstance(backend_config(Settings(), "kubernetes"), KubernetesConfig)
 
 
 def test_the_config_reads_its_k8s_variables(monkeypatch: pytest.MonkeyPatch) -> None:

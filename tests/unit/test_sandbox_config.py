@@ -20,13 +20,14 @@ from worker.sandbox import (
     get_backend,
     registry,
 )
+from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 
 
 def test_the_selectable_backends_leave_the_test_double_out() -> None:
-    assert BACKENDS == ("local", "docker", "daytona")
+    assert BACKENDS == ("local", "docker", "kubernetes", "daytona")
 
 
 def test_each_backends_variables_still_set_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,11 +66,11 @@ def test_the_backend_variable_picks_the_config(monkeypatch: pytest.MonkeyPatch) 
     assert backend_config(Settings(), "local").type == "local"
 
 
-@pytest.mark.parametrize("name", ["fake", "kubernetes", ""])
+@pytest.mark.parametrize("name", ["fake", "daytona", ""])
 def test_an_unselectable_name_is_refused(name: str) -> None:
     with pytest.raises(InvalidInput, match="unknown sandbox backend") as info:
         backend_config(Settings(), name)
-    assert info.value.details["available"] == ["local", "docker", "daytona"]
+    assert info.value.details["available"] == ["local", "docker", "kubernetes", "daytona"]
 
 
 def test_a_config_refuses_what_its_backend_does_not_read() -> None:
@@ -106,6 +107,24 @@ def test_a_backend_whose_module_is_missing_is_a_sandbox_error(
         get_backend(FakeConfig())
     assert info.value.details["missing"] == "acpw_no_such_sdk"
     assert "acp-worker[fake]" in info.value.message
+
+
+def test_the_kubernetes_backend_is_built_from_its_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Built without a call to any cluster: the API client is made on first use."""
+    from worker.sandbox.kubernetes.backend import KubernetesBackend
+
+    monkeypatch.setenv("ACPW_K8S_NAMESPACE", "sandboxes-a")
+    monkeypatch.setenv("ACPW_K8S_KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("ACPW_K8S_START_TIMEOUT_S", "30")
+    config = backend_config(Settings(worker_id="w-k", cache_dir=tmp_path), "kubernetes")
+    assert isinstance(config, KubernetesConfig)
+    assert (config.k8s_namespace, config.k8s_kubeconfig) == ("sandboxes-a", tmp_path / "kubeconfig")
+    assert (config.worker_id, config.cache_dir, config.k8s_start_timeout_s) == ("w-k", tmp_path, 30)
+    backend = get_backend(config)
+    assert isinstance(backend, KubernetesBackend)
+    assert backend.name == "kubernetes"
 
 
 def test_the_daytona_config_from_its_variables_and_the_key_kept_secret(

@@ -9,9 +9,6 @@ class, see ``worker.sandbox.registry``). What every backend needs from the worke
 
 A new backend adds its config here with its own ``type`` literal, joins
 :data:`BackendConfig`, and registers its name in ``worker.sandbox.registry``.
-``KubernetesConfig`` is here ahead of its backend (only the manifests of
-``worker.sandbox.kubernetes`` read it): it joins the union when the backend registers,
-so nothing can select it before then.
 """
 
 from __future__ import annotations
@@ -253,8 +250,7 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 class KubernetesConfig(_BackendSettings):
     """The Kubernetes backend (``kubernetes``): a pod per job attempt in one namespace.
 
-    Not selectable yet: only ``worker.sandbox.kubernetes.manifests`` reads it
-    (docs/kubernetes.md). Its variables are ``ACPW_K8S_*``.
+    Its variables are ``ACPW_K8S_*`` (docs/kubernetes.md).
     """
 
     type: Literal["kubernetes"] = "kubernetes"
@@ -301,6 +297,48 @@ class KubernetesConfig(_BackendSettings):
         "pod (annotation `acpw.io/pids-limit`); true says the node bounds it.",
     )
 
+    k8s_kubeconfig: Path | None = Field(
+        default=None,
+        description="kubeconfig file of the cluster; none: in-cluster configuration when "
+        "the worker runs in a pod (`KUBERNETES_SERVICE_HOST`), else `$KUBECONFIG` or "
+        "`~/.kube/config`.",
+    )
+    k8s_start_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a sandbox pod may take to run (scheduling, image pull) and "
+        "to be gone after its deletion.",
+    )
+    k8s_active_deadline_s: int = Field(
+        default=6 * 3600,
+        ge=1,
+        description="`activeDeadlineSeconds` of sandbox pods: the kubelet stops a pod "
+        "after this long even if every worker is gone (a backstop behind the lease).",
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="The worker's pack cache: a closure under `cache_dir/closures` runs "
+        "from its pack image (resolved on the docker backend's engine settings, "
+        "`ACPW_DOCKER_HOST`…); the worker's own `cache_dir`.",
+    )
+
+    k8s_base_image_id: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="Id of the sandbox base image the pack images were built on (what "
+        "`acp-worker image base` prints). Set: a pack image is found in the pin store "
+        "(`images_dir/pins`, written by `acp-worker image build` with a registry) with no "
+        "engine at all, and must have been pushed. Unset: it is resolved (or built) on "
+        "the docker backend's engine.",
+    )
+    images_dir: Path | None = Field(
+        default=None, description="Base-image rootfs and image pins (default cache_dir/images)."
+    )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+
     @model_validator(mode="after")
     def _owner_pod_whole(self) -> Self:
         if (self.k8s_owner_pod_name is None) != (self.k8s_owner_pod_uid is None):
@@ -310,6 +348,7 @@ class KubernetesConfig(_BackendSettings):
 
 
 BackendConfig = Annotated[
-    LocalConfig | DockerConfig | DaytonaConfig | FakeConfig, Field(discriminator="type")
+    LocalConfig | DockerConfig | KubernetesConfig | DaytonaConfig | FakeConfig,
+    Field(discriminator="type"),
 ]
 """Any backend's config; pydantic picks the class from ``type``."""

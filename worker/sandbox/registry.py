@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from worker.errors import InvalidInput, SandboxError
-from worker.sandbox.config import DaytonaConfig, DockerConfig, FakeConfig, LocalConfig
+from worker.sandbox.config import (
+    DaytonaConfig,
+    DockerConfig,
+    FakeConfig,
+    KubernetesConfig,
+    LocalConfig,
+)
 
 if TYPE_CHECKING:
     from worker.sandbox.base import SandboxBackend
@@ -25,7 +31,7 @@ class BackendEntry:
     """One backend: its config class and where its backend class lives
     (``module:Class``, constructed as ``Class(config)``)."""
 
-    config: type[LocalConfig | DockerConfig | DaytonaConfig | FakeConfig]
+    config: type[LocalConfig | DockerConfig | KubernetesConfig | DaytonaConfig | FakeConfig]
     backend: str
     selectable: bool = True
 
@@ -33,6 +39,9 @@ class BackendEntry:
 REGISTRY: dict[str, BackendEntry] = {
     "local": BackendEntry(LocalConfig, "worker.sandbox.local:LocalBackend"),
     "docker": BackendEntry(DockerConfig, "worker.sandbox.docker:DockerBackend"),
+    "kubernetes": BackendEntry(
+        KubernetesConfig, "worker.sandbox.kubernetes.backend:KubernetesBackend"
+    ),
     "daytona": BackendEntry(DaytonaConfig, "worker.sandbox.daytona:DaytonaBackend"),
     "fake": BackendEntry(FakeConfig, "worker.sandbox.fake:FakeBackend", selectable=False),
 }

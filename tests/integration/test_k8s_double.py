@@ -1,0 +1,147 @@
+"""The API double speaks the subset of the Kubernetes API the backend uses, to the
+official ``kubernetes`` client, and runs what it is given on Podman.
+
+There is no Kubernetes API server on this machine (nor in CI): ``tests/k8s_double``
+stands in for one. These tests pin what the backend's tests rely on: a request the real
+API would reject is rejected (the client's models and the OpenAPI schema), the token is
+required, the exec WebSocket carries stdin (with v5's close as its EOF), stdout,
+stderr and the exit status as the API's channel protocol does, and pods are listed by
+label selector and deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
+
+from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.k8s_double.fixtures import NAMESPACE, base_by_digest, k8s_double, kubeconfig
+from tests.k8s_double.server import ApiDouble
+
+__all__ = [
+    "base_by_digest",
+    "base_image",
+    "docker_host",
+    "engine_config",
+    "k8s_double",
+    "kubeconfig",
+]
+
+pytestmark = pytest.mark.integration
+
+KEEPER = ["/usr/bin/python3", "-I", "-S", "-c", "import signal; signal.pause()"]
+
+
+@contextmanager
+def _api(kubeconfig: Path) -> Iterator[client.CoreV1Api]:
+    api_client = config.new_client_from_config(str(kubeconfig))
+    try:
+        yield client.CoreV1Api(api_client)
+    finally:
+        api_client.close()
+
+
+@pytest.fixture
+def core(kubeconfig: Path) -> Iterator[client.CoreV1Api]:
+    with _api(kubeconfig) as api:
+        yield api
+
+
+def _pod(name: str, image: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"acpw.test": "double", **labels}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "agent", "image": image, "command": KEEPER}],
+        },
+    }
+
+
+def _running(core: client.CoreV1Api, name: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+        if pod.status.phase != "Pending":
+            return pod
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} still pending")
+
+
+def _exec(
+    core: client.CoreV1Api, name: str, command: list[str], stdin: bytes
+) -> tuple[bytes, bytes, dict[str, Any]]:
+    ws = stream(
+        core.connect_get_namespaced_pod_exec, name, NAMESPACE, command=command,
+        stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True,
+    )  # fmt: skip
+    assert ws.subprotocol == "v5.channel.k8s.io"
+    ws.write_stdin(stdin)
+    ws.close_channel(0)
+    out, err, status = b"", b"", b""
+    while ws.is_open():
+        ws.update(timeout=5)
+        out += ws.read_channel(1)
+        err += ws.read_channel(2)
+        status += ws.read_channel(3)
+    ws.close()
+    ws.sock.shutdown()  # close() leaves the socket open once the server closed first
+    return out, err, json.loads(status)
+
+
+def test_a_request_the_api_would_reject_is_rejected(core: client.CoreV1Api) -> None:
+    pod = _pod("misspelt", "localhost/x@sha256:" + "0" * 64)
+    pod["spec"]["containers"][0]["comand"] = ["true"]  # unknown field: strict schema
+    api = core.api_client
+    # Through the client's own transport: its models would refuse the field themselves.
+    response = api.call_api(
+        *api.param_serialize(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod,
+            header_params={"Content-Type": "application/json"}, auth_settings=["BearerToken"],
+        )
+    )  # fmt: skip
+    response.read()
+    assert response.status == 422
+    assert b"comand" in response.data
+
+
+def test_the_token_is_required(k8s_double: ApiDouble, tmp_path: Path) -> None:
+    path = k8s_double.kubeconfig(tmp_path / "kc", namespace=NAMESPACE)
+    data = json.loads(path.read_text())
+    data["users"][0]["user"]["token"] = "wrong"
+    path.write_text(json.dumps(data))
+    with _api(path) as api, pytest.raises(ApiException) as refused:
+        api.list_namespaced_pod(NAMESPACE)
+    assert refused.value.status == 401
+
+
+def test_exec_carries_stdio_eof_and_exit_status(
+    core: client.CoreV1Api, base_by_digest: str, k8s_double: ApiDouble
+) -> None:
+    core.create_namespaced_pod(
+        NAMESPACE, client.V1Pod.from_dict(_pod("exec-probe", base_by_digest))
+    )
+    assert _running(core, "exec-probe").status.phase == "Running"
+    # cat ends only at stdin's EOF (v5 close); its output, then stderr, then the status.
+    script = "cat; echo to-stderr >&2; exit 3"
+    out, err, status = _exec(core, "exec-probe", ["/bin/sh", "-c", script], b"x" * 70000)
+    assert (out, err) == (b"x" * 70000, b"to-stderr\n")
+    assert status["reason"] == "NonZeroExitCode"
+    assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "3"}]
+    out, _, status = _exec(core, "exec-probe", ["/bin/echo", "done"], b"")
+    assert (out, status["status"]) == (b"done\n", "Success")
+    listed = core.list_namespaced_pod(NAMESPACE, label_selector="acpw.test=double")
+    assert [p.metadata.name for p in listed.items] == ["exec-probe"]
+    assert core.list_namespaced_pod(NAMESPACE, label_selector="acpw.test=other").items == []
+    core.delete_namespaced_pod("exec-probe", NAMESPACE)
+    assert ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/exec-probe") in k8s_double.requests

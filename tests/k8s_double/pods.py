@@ -1,0 +1,178 @@
+"""The pods of the API double, run for real on Podman (``podman kube play``).
+
+Each pod the double accepts is played on the shared Podman service as it was given
+(the one annotation Podman 4.3 refuses, a value over 63 characters, is left out of what
+it plays: tests/integration/test_kubernetes_pod_podman.py says why). Its status is what
+the engine says of its container: ``Pending`` while the play runs (or its image cannot
+be had: ``ErrImagePull``), ``Running``, then ``Succeeded``/``Failed`` with the container's
+exit code and ``OOMKilled`` as its reason when the engine says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+#: What ``podman kube play`` prints when the image cannot be had (no registry here).
+_PULL_FAILURES = ("initializing source", "manifest unknown", "pull", "no such image", "unable to")
+MAX_ANNOTATION = 63
+
+
+def podman(host: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", "--remote", "--url", host, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class PodmanPod:
+    """One pod: its object as the API stores it, and its containers on Podman."""
+
+    def __init__(self, host: str, obj: dict[str, Any]) -> None:
+        self.host = host
+        self.obj = obj
+        self.name: str = obj["metadata"]["name"]
+        self.containers = [c["name"] for c in obj["spec"]["containers"]]
+        self._played = threading.Event()
+        self._play_error: str | None = None
+        self._lock = threading.Lock()
+        self._removed = False
+
+    def container_name(self, container: str) -> str:
+        """The engine's name of one container of the pod (``podman kube play``'s)."""
+        return f"{self.name}-{container}"
+
+    def start(self) -> None:
+        """Play the pod in the background (the API answers before it runs)."""
+        threading.Thread(target=self._play, name=f"play-{self.name}", daemon=True).start()
+
+    def _play(self) -> None:
+        played = copy.deepcopy(self.obj)
+        annotations = played["metadata"].get("annotations") or {}
+        for key in [k for k, v in annotations.items() if len(v) > MAX_ANNOTATION]:
+            del annotations[key]
+        played.pop("status", None)
+        with tempfile.TemporaryDirectory(prefix="k8s-double-") as tmp:
+            path = Path(tmp) / "pod.json"
+            path.write_text(json.dumps(played))
+            with self._lock:
+                done = None if self._removed else podman(self.host, "kube", "play", str(path))
+        if done is not None and done.returncode != 0:
+            self._play_error = done.stderr.strip()[-2000:] or "podman kube play failed"
+        self._played.set()
+
+    def wait_played(self, timeout: float) -> bool:
+        return self._played.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the pod (its removal takes seconds on Podman)."""
+        if self._played.wait(60):
+            podman(self.host, "pod", "kill", self.name)
+
+    def remove(self) -> None:
+        """Remove the pod and its containers from the engine (idempotent)."""
+        with self._lock:
+            self._removed = True
+            podman(self.host, "pod", "rm", "--force", "--time", "0", self.name)
+
+    def status(self, client: docker.DockerClient) -> dict[str, Any]:
+        """The pod's ``status`` now."""
+        if not self._played.is_set():
+            return _pending("ContainerCreating", "the pod is being started")
+        if self._play_error is not None:
+            if any(word in self._play_error.lower() for word in _PULL_FAILURES):
+                return _pending("ErrImagePull", self._play_error)
+            return {"phase": "Failed", "reason": "Error", "message": self._play_error}
+        states = {c: self._state(client, c) for c in self.containers}
+        statuses = [_container_status(name, s) for name, s in states.items()]
+        running = [s for s in states.values() if s.get("Running")]
+        if running:
+            phase = "Running"
+        elif all(s.get("ExitCode") == 0 for s in states.values()):
+            phase = "Succeeded"
+        else:
+            phase = "Failed"
+        return {"phase": phase, "containerStatuses": statuses}
+
+    def _state(self, client: docker.DockerClient, container: str) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = client.api.inspect_container(self.container_name(container))[
+                "State"
+            ]
+        except docker.errors.APIError:  # NotFound, or Podman's 500 mid-removal
+            return {"Running": False, "ExitCode": 137}
+        return state
+
+
+def _pending(reason: str, message: str) -> dict[str, Any]:
+    return {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": "agent",
+                "ready": False,
+                "restartCount": 0,
+                "image": "",
+                "imageID": "",
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ],
+    }
+
+
+def _container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    if state.get("Running"):
+        now: dict[str, Any] = {"running": {"startedAt": state.get("StartedAt")}}
+    else:
+        code = int(state.get("ExitCode") or 0)
+        reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
+        now = {"terminated": {"exitCode": code, "reason": reason}}
+    return {
+        "name": name,
+        "ready": bool(state.get("Running")),
+        "restartCount": 0,
+        "image": "",
+        "imageID": "",
+        "state": now,
+    }
+
+
+def exec_process(
+    host: str, container: str, command: list[str], *, stdin: bool
+) -> subprocess.Popen[bytes]:
+    """``command`` in a running container, its stdio piped (``podman exec``)."""
+    args = ["podman", "--remote", "--url", host, "exec"]
+    if stdin:
+        args.append("--interactive")
+    return subprocess.Popen(
+        [*args, container, *command],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def close_quietly(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+
+
+def release(proc: subprocess.Popen[bytes]) -> None:
+    """Close every pipe of an exec'd process that has ended (or been left)."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()

@@ -1,0 +1,463 @@
+"""An API double for the Kubernetes backend's tests: it stands in for a Kubernetes API
+server, because none can run on the development machines or in CI.
+
+A real HTTP server on loopback that the tests start, speaking exactly the subset the
+backend uses, as the API does:
+
+- pods: create, get, list (``labelSelector``, equality terms and existence), delete;
+- ``pods/exec`` as a WebSocket with the real channel protocol: ``v5.channel.k8s.io``
+  when the client offers it (the official client does), else ``v4.channel.k8s.io``;
+  channel 0 stdin, 1 stdout, 2 stderr, 3 the final ``Status`` (JSON; a non-zero exit is
+  ``NonZeroExitCode`` with the code as the ``ExitCode`` cause), 4 resize (ignored: no
+  TTY), and in v5 the close message ``[255, channel]`` (stdin's EOF);
+- NetworkPolicies: create, get, delete.
+
+Every object created is checked twice, so that a request the real API would reject
+fails here too: with the official client's own models (``V1Pod``/``V1NetworkPolicy``
+``from_dict``) and against the Kubernetes OpenAPI schema in strict mode
+(``kubernetes-validate``, the oldest minor the backend supports): a misspelt or unknown
+field is a 422. Requests need the bearer token of the double's kubeconfig (401 without).
+
+Each pod is then run for real on the shared Podman service (``pods.PodmanPod``: ``podman
+kube play``), and exec runs ``podman exec`` in its container: manifests, client and
+containers are all real; only the API server is stood in for. What the double does not
+do: watches, scheduling (no node, quota or eviction), ``activeDeadlineSeconds``,
+NetworkPolicy enforcement (objects are kept, not enforced), graceful deletion (a delete
+removes the pod at once).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import docker
+import kubernetes_validate
+from kubernetes import client as k8s
+
+from tests.k8s_double import pods as podman_pods
+from tests.k8s_double.websocket import Connection, ProtocolError, accept_key
+
+SCHEMA_VERSION = "1.29"
+V4, V5 = "v4.channel.k8s.io", "v5.channel.k8s.io"
+STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+_PODS = re.compile(
+    r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?:/(?P<sub>exec))?)?$"
+)
+_POLICIES = re.compile(
+    r"^/apis/networking\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/networkpolicies(?:/(?P<name>[^/]+))?$"
+)
+
+
+class ApiError(Exception):
+    """Answered as a ``Status`` with ``code`` and ``reason``."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+class ApiDouble:
+    """The double's state: pods and NetworkPolicies by (namespace, name), every request
+    seen (``requests``: method and path), the engine the pods run on."""
+
+    def __init__(self, docker_host: str) -> None:
+        self.docker_host = docker_host
+        self.token = secrets.token_hex(16)
+        self.pods: dict[tuple[str, str], podman_pods.PodmanPod] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self._removals: list[threading.Thread] = []
+        self.engine = docker.DockerClient(base_url=docker_host)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and remove every pod still on the engine."""
+        self._server.shutdown()
+        self._server.server_close()
+        for thread in self._removals:
+            thread.join()
+        for pod in list(self.pods.values()):
+            pod.remove()
+        self.engine.close()
+
+    def kubeconfig(self, path: Path, *, namespace: str) -> Path:
+        """A kubeconfig for the double at ``path`` (bearer token, plain HTTP on loopback)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": "worker", "user": {"token": self.token}}],
+            "contexts": [
+                {
+                    "name": "double",
+                    "context": {"cluster": "double", "user": "worker", "namespace": namespace},
+                }
+            ],
+            "current-context": "double",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # --- pods -----------------------------------------------------------------------
+
+    def create_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        _validate(body, "Pod", k8s.V1Pod)
+        metadata = body.setdefault("metadata", {})
+        name = metadata.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if metadata.get("namespace", ns) != ns:
+            raise ApiError(400, "BadRequest", "the namespace of the object does not match")
+        with self.lock:
+            if (ns, name) in self.pods:
+                raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+            _stamp(metadata, ns)
+            pod = podman_pods.PodmanPod(self.docker_host, body)
+            self.pods[(ns, name)] = pod
+        pod.start()
+        return self.pod_object(pod)
+
+    def pod(self, ns: str, name: str) -> podman_pods.PodmanPod:
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        return pod
+
+    def pod_object(self, pod: podman_pods.PodmanPod) -> dict[str, Any]:
+        return {**pod.obj, "kind": "Pod", "apiVersion": "v1", "status": pod.status(self.engine)}
+
+    def list_pods(self, ns: str, selector: str) -> dict[str, Any]:
+        match = _selector(selector)
+        items = [
+            self.pod_object(p)
+            for (pod_ns, _), p in sorted(self.pods.items())
+            if pod_ns == ns and match(p.obj["metadata"].get("labels") or {})
+        ]
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+
+    def delete_pod(self, ns: str, name: str) -> dict[str, Any]:
+        """Kill the pod's processes now and remove it in the background: until it is
+        gone, reads still find it, with its ``deletionTimestamp`` (as a graceful
+        deletion looks)."""
+        pod = self.pod(ns, name)
+        if pod.obj["metadata"].get("deletionTimestamp") is None:
+            pod.obj["metadata"]["deletionTimestamp"] = _now()
+            pod.kill()
+            thread = threading.Thread(target=self._remove, args=(ns, name, pod), daemon=True)
+            self._removals.append(thread)
+            thread.start()
+        return self.pod_object(pod)
+
+    def _remove(self, ns: str, name: str, pod: podman_pods.PodmanPod) -> None:
+        pod.remove()
+        with self.lock:
+            self.pods.pop((ns, name), None)
+
+    # --- NetworkPolicies ------------------------------------------------------------
+
+    def create_policy(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        _validate(body, "NetworkPolicy", k8s.V1NetworkPolicy)
+        name = body["metadata"].get("name")
+        with self.lock:
+            if (ns, name) in self.policies:
+                raise ApiError(409, "AlreadyExists", f'networkpolicies "{name}" already exists')
+            _stamp(body["metadata"], ns)
+            self.policies[(ns, name)] = body
+        return body
+
+    def policy(self, ns: str, name: str) -> dict[str, Any]:
+        found = self.policies.get((ns, name))
+        if found is None:
+            raise ApiError(404, "NotFound", f'networkpolicies "{name}" not found')
+        return found
+
+    def delete_policy(self, ns: str, name: str) -> dict[str, Any]:
+        found = self.policy(ns, name)
+        with self.lock:
+            del self.policies[(ns, name)]
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}} | {
+            "details": {"name": found["metadata"]["name"], "kind": "networkpolicies"}
+        }
+
+
+def _stamp(metadata: dict[str, Any], ns: str) -> None:
+    metadata["namespace"] = ns
+    metadata["uid"] = str(uuid.uuid4())
+    metadata["resourceVersion"] = "1"
+    metadata["creationTimestamp"] = _now()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _validate(body: dict[str, Any], kind: str, model: Any) -> None:
+    if body.get("kind", kind) != kind or not isinstance(body.get("metadata"), dict):
+        raise ApiError(400, "BadRequest", f"not a {kind}")
+    try:
+        model.from_dict(body)
+        kubernetes_validate.validate({"kind": kind, **body}, SCHEMA_VERSION, strict=True)
+    except (ValueError, kubernetes_validate.ValidationError) as exc:
+        raise ApiError(422, "Invalid", f"{kind} is invalid: {exc}") from exc
+
+
+def _selector(selector: str) -> Any:
+    """A label selector's test (equality terms and existence; others are a 400)."""
+    terms: list[tuple[str, str | None]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, eq, value = term.replace("==", "=").partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9./_-]+", key) or "!" in term:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term}")
+        terms.append((key, value if eq else None))
+
+    def match(labels: dict[str, str]) -> bool:
+        return all(k in labels and (v is None or labels[k] == v) for k, v in terms)
+
+    return match
+
+
+def _handler(api: ApiDouble) -> type[BaseHTTPRequestHandler]:
+    class Handler(_Handler):
+        double = api
+
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    double: ApiDouble
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        del format, args  # quiet: pytest shows the test's own output
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        self.double.requests.append((method, url.path))
+        try:
+            self._authorize()
+            body = self._body()
+            if self.headers.get("Upgrade", "").lower() == "websocket":
+                self._exec(url.path, query)
+                return
+            self._reply(
+                200 if method != "POST" else 201, self._route(method, url.path, query, body)
+            )
+        except ApiError as exc:
+            self._reply(exc.code, exc.status())
+
+    def _authorize(self) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.double.token}":
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+
+    def _body(self) -> dict[str, Any] | None:
+        size = int(self.headers.get("Content-Length") or 0)
+        if not size:
+            return None
+        try:
+            body = json.loads(self.rfile.read(size))
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"the body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body is not an object")
+        return body
+
+    def _route(
+        self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        if found := _PODS.match(path):
+            answer = self._pods(method, found, query, body)
+        elif found := _POLICIES.match(path):
+            answer = self._policies(method, found, body)
+        else:
+            answer = None
+        if answer is None:
+            raise ApiError(
+                404, "NotFound", f"the server could not find the requested resource: {path}"
+            )
+        return answer
+
+    def _pods(
+        self,
+        method: str,
+        found: re.Match[str],
+        query: dict[str, list[str]],
+        body: dict[str, Any] | None,
+    ) -> dict[str, Any] | None:
+        api, ns, name = self.double, found["ns"], found["name"]
+        if name is None and method == "POST":
+            return api.create_pod(ns, body or {})
+        if name is None and method == "GET":
+            if query.get("watch"):
+                raise ApiError(405, "MethodNotAllowed", "the double serves no watch")
+            return api.list_pods(ns, (query.get("labelSelector") or [""])[0])
+        if name is None or found["sub"] is not None:
+            return None
+        if method == "GET":
+            return api.pod_object(api.pod(ns, name))
+        return api.delete_pod(ns, name) if method == "DELETE" else None
+
+    def _policies(
+        self, method: str, found: re.Match[str], body: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        api, ns, name = self.double, found["ns"], found["name"]
+        if name is None:
+            return api.create_policy(ns, body or {}) if method == "POST" else None
+        if method == "GET":
+            return api.policy(ns, name)
+        return api.delete_policy(ns, name) if method == "DELETE" else None
+
+    def _reply(self, code: int, obj: dict[str, Any]) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # --- exec -----------------------------------------------------------------------
+
+    def _exec(self, path: str, query: dict[str, list[str]]) -> None:
+        found = _PODS.match(path)
+        if found is None or found["sub"] != "exec" or found["name"] is None:
+            raise ApiError(404, "NotFound", f"no such stream: {path}")
+        pod = self.double.pod(found["ns"], found["name"])
+        container = (query.get("container") or [pod.containers[0]])[0]
+        command = query.get("command") or []
+        if container not in pod.containers or not command:
+            raise ApiError(400, "BadRequest", "exec needs a command and a container of the pod")
+        if pod.status(self.double.engine)["phase"] != "Running":
+            raise ApiError(400, "BadRequest", f"container {container} is not running")
+        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        protocol = V5 if V5 in offered else V4 if V4 in offered else None
+        if protocol is None:
+            raise ApiError(400, "BadRequest", "no supported channel protocol offered")
+        stdin = _flag(query, "stdin")
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept_key(self.headers["Sec-WebSocket-Key"]))
+        self.send_header("Sec-WebSocket-Protocol", protocol)
+        self.end_headers()
+        self.close_connection = True
+        with _session(self, pod.container_name(container), command, stdin=stdin) as session:
+            session.run(v5=protocol == V5)
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    return (query.get(name) or ["false"])[0].lower() in {"1", "true"}
+
+
+@contextmanager
+def _session(
+    handler: _Handler, container: str, command: list[str], *, stdin: bool
+) -> Iterator[_ExecSession]:
+    proc = podman_pods.exec_process(handler.double.docker_host, container, command, stdin=stdin)
+    session = _ExecSession(Connection(handler.rfile, handler.wfile), proc)
+    try:
+        yield session
+    finally:
+        podman_pods.release(proc)
+
+
+class _ExecSession:
+    """One exec stream: the client's stdin to the process, its output and final status
+    to the client."""
+
+    def __init__(self, conn: Connection, proc: Any) -> None:
+        self.conn, self.proc = conn, proc
+
+    def run(self, *, v5: bool) -> None:
+        pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, STDOUT), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, STDERR), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        ender = threading.Thread(target=self._end, args=(pumps,), daemon=True)
+        ender.start()
+        try:
+            self._stdin(v5=v5)
+        except ProtocolError:
+            self.conn.close(1002)
+        podman_pods.close_quietly(self.proc)
+        ender.join()
+
+    def _stdin(self, *, v5: bool) -> None:
+        while (message := self.conn.recv()) is not None:
+            if not message:
+                continue
+            channel, data = message[0], message[1:]
+            if channel == STDIN and self.proc.stdin is not None and not self.proc.stdin.closed:
+                try:
+                    self.proc.stdin.write(data)
+                    self.proc.stdin.flush()
+                except OSError:
+                    continue
+            elif v5 and channel == CLOSE and data[:1] == bytes([STDIN]):
+                podman_pods.close_quietly(self.proc)
+
+    def _pump(self, stream: Any, channel: int) -> None:
+        while chunk := stream.read1(65536):
+            self.conn.send(bytes([channel]) + chunk)
+
+    def _end(self, pumps: list[threading.Thread]) -> None:
+        code = self.proc.wait()
+        for pump in pumps:
+            pump.join()
+        self.conn.send(bytes([ERROR]) + json.dumps(_exit_status(code)).encode())
+        self.conn.close()
+
+
+def _exit_status(code: int) -> dict[str, Any]:
+    if code == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: exit status {code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+    }

@@ -1,0 +1,131 @@
+"""What comes out of a sandbox pod is untrusted: the tar the backend extracts into the
+host workspace, and the exec's final Status. Hostile archives are refused with
+``SandboxError`` (or their special members skipped); links are kept as links."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from worker.errors import SandboxError
+from worker.sandbox.kubernetes.stream import KILLED, exit_code
+from worker.sandbox.kubernetes.transfer import _replace
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> io.BytesIO:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, content in members:
+            if content is not None:
+                info.size = len(content)
+            tar.addfile(info, None if content is None else io.BytesIO(content))
+    data.seek(0)
+    return data
+
+
+def _file(name: str, content: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.mode = mode
+    return info, content
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info, None
+
+
+def test_the_pods_tree_replaces_the_hosts(tmp_path: Path) -> None:
+    (tmp_path / "gone.txt").write_text("deleted in the pod")
+    (tmp_path / "old").mkdir()
+    archive = _tar(_file("./a/b.txt", b"new"), _link("./up", "/etc"), _file("./x", mode=0o4755))
+    _replace(tmp_path, archive, None)
+    assert sorted(os.listdir(tmp_path)) == ["a", "up", "x"]
+    assert (tmp_path / "a" / "b.txt").read_bytes() == b"new"
+    assert os.readlink(tmp_path / "up") == "/etc"  # kept as the link it is
+    assert (tmp_path / "x").stat().st_mode & 0o7000 == 0  # no set-id bit
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _file("../escape.txt"),
+        _link("./hard", "/etc/passwd", tarfile.LNKTYPE),
+    ],
+)
+def test_a_member_outside_the_workspace_is_refused(
+    tmp_path: Path, member: tuple[tarfile.TarInfo, bytes | None]
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with pytest.raises(SandboxError, match="refused"):
+        _replace(ws, _tar(member), None)
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_an_absolute_name_lands_inside_the_workspace(tmp_path: Path) -> None:
+    ws, name = tmp_path / "ws", tmp_path / "outside.txt"
+    ws.mkdir()
+    _replace(ws, _tar(_file(str(name))), None)
+    assert not name.exists()
+    assert (ws / str(name).lstrip("/")).read_bytes() == b"x"
+
+
+def test_nothing_is_written_through_a_link_out(tmp_path: Path) -> None:
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    with pytest.raises(SandboxError, match="refused"):
+        _replace(ws, _tar(_link("./d", str(outside)), _file("./d/planted")), None)
+    assert list(outside.iterdir()) == []
+
+
+def test_devices_and_fifos_are_skipped(tmp_path: Path) -> None:
+    fifo = tarfile.TarInfo("./pipe")
+    fifo.type = tarfile.FIFOTYPE
+    dev = tarfile.TarInfo("./null")
+    dev.type, dev.devmajor, dev.devminor = tarfile.CHRTYPE, 1, 3
+    _replace(tmp_path, _tar((fifo, None), (dev, None), _file("./kept")), None)
+    assert os.listdir(tmp_path) == ["kept"]
+
+
+def test_a_corrupt_archive_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match="refused"):
+        _replace(tmp_path, io.BytesIO(b"\x01" * 1024), None)
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (b'{"status": "Success"}', 0),
+        (
+            json.dumps(
+                {
+                    "status": "Failure",
+                    "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+                }
+            ).encode(),
+            3,
+        ),
+        (b"", KILLED),  # the stream ended without a Status: the pod went
+        (b"not json", KILLED),
+        (b"[1]", KILLED),
+        (
+            json.dumps(
+                {
+                    "status": "Failure",
+                    "details": {"causes": [{"reason": "ExitCode", "message": "x"}]},
+                }
+            ).encode(),
+            KILLED,
+        ),
+        (json.dumps({"status": "Failure", "details": {"causes": ["junk"]}}).encode(), KILLED),
+    ],
+)
+def test_an_exec_status_is_read_defensively(status: bytes, code: int) -> None:
+    assert exit_code(status) == code

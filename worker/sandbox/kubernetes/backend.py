@@ -1,0 +1,410 @@
+"""The Kubernetes backend itself: ``KubernetesBackend`` (create, destroy, list) and
+``KubernetesSandbox`` (spawn). See the package docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from worker.errors import SandboxError
+from worker.sandbox.base import (
+    HOME,
+    WORKSPACE,
+    Capabilities,
+    ExitDiagnosis,
+    SandboxInfo,
+    SandboxSpec,
+    StdioProcess,
+    ended,
+    home_relative,
+)
+from worker.sandbox.kubernetes import manifests, transfer
+from worker.sandbox.kubernetes.api import PodApi, connect
+from worker.sandbox.kubernetes.names import pod_labels
+from worker.sandbox.kubernetes.stream import KILLED, ExecStream
+from worker.sandbox.shared import check_command, check_id, check_spec
+
+if TYPE_CHECKING:
+    from worker.admission.result import AdmissionResult
+    from worker.images.engine import EngineConfig
+    from worker.sandbox.config import KubernetesConfig
+
+log = logging.getLogger(__name__)
+
+#: The pod's main process: it only waits (and reaps orphans); every program of the
+#: sandbox is exec'd beside it, so the pod outlives the agent and what it wrote can be
+#: copied out. SIGTERM ends it at once.
+KEEPER = (
+    "import os,signal,time\n"
+    "signal.signal(signal.SIGTERM,lambda *a:os._exit(0))\n"
+    "while 1:\n"
+    " try:\n"
+    "  while os.waitpid(-1,os.WNOHANG)[0]:pass\n"
+    " except ChildProcessError:pass\n"
+    " time.sleep(1)\n"
+)
+KEEPER_ARGV = ("/usr/bin/python3", "-I", "-S", "-c", KEEPER)
+#: Reads "<10-digit length><JSON>" from stdin byte-exactly, leads its own process group
+#: (a new session; where exec made it a session leader already, as Podman's does, both
+#: setsid and setpgid are refused and its group is its own), writes that group's id as
+#: 10 digits on stdout (what terminate/kill signal), then execs argv with exactly the
+#: given environment.
+LAUNCHER = (
+    "import os,json,sys\n"
+    "def rd(n):\n"
+    " b=b''\n"
+    " while len(b)<n:\n"
+    "  c=os.read(0,n-len(b))\n"
+    "  if not c: os._exit(125)\n"
+    "  b+=c\n"
+    " return b\n"
+    "m=json.loads(rd(int(rd(10))))\n"
+    "try: os.setsid()\n"
+    "except OSError:\n"
+    " try: os.setpgid(0,0)\n"
+    " except OSError: pass\n"
+    "os.write(1,b'%010d'%os.getpgrp())\n"
+    "os.chdir(m['cwd'])\n"
+    "try: os.execvpe(m['argv'][0],m['argv'],m['env'])\n"
+    "except OSError as e:\n"
+    " sys.stderr.write('acpw: cannot exec %s: %s\\n'%(m['argv'][0],e)); os._exit(127)\n"
+)
+LAUNCHER_ARGV = ["/usr/bin/python3", "-I", "-S", "-c", LAUNCHER]
+SIGNALLER = (
+    "import os,sys\n"
+    "try: os.killpg(int(sys.argv[1]),int(sys.argv[2]))\n"
+    "except ProcessLookupError: pass\n"
+)
+_PID_DIGITS = 10
+_PID_WAIT_S = 60.0
+
+
+def launch_header(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
+    """What the launcher reads from stdin before exec."""
+    body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
+    return b"%010d" % len(body) + body
+
+
+def exit_status(status: int) -> int:
+    """An exec's exit status as asyncio reports a process's: 128+N → -N (signal N)."""
+    if 128 < status < 128 + signal.NSIG:
+        return -(status - 128)
+    return status
+
+
+class KubernetesProcess(StdioProcess):
+    """A program exec'd in the sandbox pod. ``pid`` is its pid in the pod (its process
+    group); signals are sent by a short exec of ``os.killpg``."""
+
+    def __init__(self, sandbox: KubernetesSandbox, stream: ExecStream, pid: int) -> None:
+        super().__init__(stdin=stream.stdin, stdout=stream.stdout, stderr=stream.stderr)
+        self._sandbox, self._stream, self._pid = sandbox, stream, pid
+        self._returncode: int | None = None
+        self._status: int | None = None
+        self._waiter = asyncio.ensure_future(self._watch())
+        self._signals: set[asyncio.Future[None]] = set()
+        self.signalled = False
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    @property
+    def oom_killed(self) -> bool:
+        """SIGKILL that no terminate/kill/destroy of ours explains: in a pod whose memory
+        is bounded, the kernel's OOM killer (an exec'd program's end says no more)."""
+        return self._status == KILLED and not self.signalled
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._waiter)
+
+    async def exit_diagnosis(self) -> ExitDiagnosis:
+        return ended(self._returncode, oom_killed=self.oom_killed)
+
+    async def _watch(self) -> int:
+        self._status = await self._stream.status
+        self._returncode = exit_status(self._status)
+        return self._returncode
+
+    def terminate(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send(signal.SIGKILL)
+
+    def _send(self, sig: signal.Signals) -> None:
+        if self._returncode is not None:
+            return
+        self.signalled = True
+        future = asyncio.ensure_future(self._sandbox.signal(self._pid, sig))
+        self._signals.add(future)
+        future.add_done_callback(self._signals.discard)
+
+
+class KubernetesSandbox:
+    """One job attempt's pod (``sandbox_id`` is the pod's name)."""
+
+    def __init__(self, backend: KubernetesBackend, spec: SandboxSpec, pod: str) -> None:
+        self.backend = backend
+        self._spec = spec
+        self._pod = pod
+        self.processes: list[KubernetesProcess] = []
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._pod
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._spec
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str = WORKSPACE,
+        stdout_limit: int = 8 * 1024 * 1024,
+    ) -> KubernetesProcess:
+        """Exec ``argv`` in the pod with exactly ``env`` (sent over stdin, never in the
+        pod's configuration).
+
+        Raises:
+            SandboxError: the exec could not be opened, or the launcher ended before
+                the program started.
+        """
+        check_command(argv, env, cwd)
+        api = self.backend.api
+        ws = await asyncio.to_thread(
+            api.exec, self._pod, manifests.CONTAINER, LAUNCHER_ARGV, stdin=True
+        )
+        stream = ExecStream(ws, stdout_limit=stdout_limit)
+        stream.stdin.write(launch_header(argv, env, cwd))
+        try:
+            pid = int(await asyncio.wait_for(stream.stdout.readexactly(_PID_DIGITS), _PID_WAIT_S))
+        except (asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
+            stream.abort()
+            raise SandboxError(
+                "the launcher in the sandbox pod ended before the program started",
+                pod=self._pod,
+                argv0=argv[0],
+            ) from exc
+        process = KubernetesProcess(self, stream, pid)
+        self.processes.append(process)
+        return process
+
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult | None:
+        """None: the pod's mount view is not visible from the worker's host."""
+        del provider
+        return None
+
+    def workspace_files(self) -> None:
+        """``None`` for now: the pod's ``/workspace`` is reached only through exec (no
+        ``fs/*`` is advertised; artifacts and links are refused
+        ``workspace_not_reachable``)."""
+
+    async def signal(self, pid: int, sig: signal.Signals) -> None:
+        """``sig`` to the process group ``pid`` in the pod; one already gone is fine."""
+        command = ["/usr/bin/python3", "-I", "-S", "-c", SIGNALLER, str(pid), str(int(sig))]
+        with contextlib.suppress(SandboxError):
+            await asyncio.to_thread(self.backend.run, self._pod, command)
+
+    def oom_killed(self) -> bool:
+        return any(p.oom_killed for p in self.processes)
+
+
+class KubernetesBackend:
+    """``SandboxBackend`` on a Kubernetes cluster: a pod per job attempt in
+    ``k8s_namespace``; ``list``/``destroy`` work from any process that reaches the API."""
+
+    name = manifests.BACKEND_NAME
+    capabilities = Capabilities(runs_host_usr=False)
+
+    def __init__(
+        self,
+        config: KubernetesConfig,
+        *,
+        api: PodApi | None = None,
+        engine_config: EngineConfig | None = None,
+    ) -> None:
+        """``api``: the cluster (default: ``connect(config)`` on first use).
+        ``engine_config``: the image engine pack images are resolved on (default: the
+        docker backend's settings, ``ACPW_DOCKER_HOST``…)."""
+        self.config = config
+        self._api = api
+        self._engine_config = engine_config
+        self._sandboxes: dict[str, KubernetesSandbox] = {}
+        self._policies_ready = False
+
+    @property
+    def api(self) -> PodApi:
+        if self._api is None:
+            self._api = PodApi(connect(self.config), self.config.k8s_namespace)
+        return self._api
+
+    def stage_owner(self) -> tuple[int, int]:
+        return self.config.host_owner()
+
+    def run(self, pod: str, command: list[str]) -> None:
+        """Run a short command in the pod to its end (blocking).
+
+        Raises:
+            SandboxError: it could not run or did not exit 0.
+        """
+        ws = self.api.exec(pod, manifests.CONTAINER, command, stdin=False)
+        try:
+            _, err, code = transfer.drain(ws)
+        finally:
+            transfer.close(ws)
+        if code != 0:
+            raise SandboxError(
+                "a command in the sandbox pod failed", pod=pod, exit_code=code, stderr=err
+            )
+
+    async def create(self, spec: SandboxSpec) -> KubernetesSandbox:
+        """Create the pod, wait until it runs, copy the workspace and the state mounts in.
+
+        Raises:
+            SandboxError: the spec asks for what this backend cannot do (``allowlist``
+                networking), the pack image has no digest reference, or the cluster
+                refused or could not run the pod (``reason`` says why).
+        """
+        _check_spec(spec)
+        if spec.mask_config:
+            log.warning(
+                "job %s: agent config paths are not masked inside kubernetes pods yet "
+                "(admission before the run still applies)",
+                spec.job_id,
+            )
+        image = await asyncio.to_thread(self._image, spec)
+        pod_spec = dataclasses.replace(spec, state_mounts=())
+        pod = manifests.sandbox_pod(
+            pod_spec,
+            image=image,
+            config=self.config,
+            command=KEEPER_ARGV,
+            deadline_s=self.config.k8s_active_deadline_s,
+        )
+        name = str(pod["metadata"]["name"])
+        await self._ensure_policies()
+        await asyncio.to_thread(self.api.create_pod, pod)
+        try:
+            await asyncio.to_thread(self.api.wait_running, name, self.config.k8s_start_timeout_s)
+            await asyncio.to_thread(self._copy_in, name, spec)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(self._remove, name))
+            raise
+        sandbox = KubernetesSandbox(self, spec, name)
+        self._sandboxes[name] = sandbox
+        return sandbox
+
+    async def _ensure_policies(self) -> None:
+        if self._policies_ready:
+            return
+        for policy in manifests.network_policies(self.config, None):
+            await asyncio.to_thread(self.api.ensure_policy, policy)
+        self._policies_ready = True
+
+    def _copy_in(self, pod: str, spec: SandboxSpec) -> None:
+        transfer.put_tree(self.api, pod, manifests.CONTAINER, spec.workspace, WORKSPACE)
+        for state in spec.state_mounts:
+            target = f"{HOME}/{home_relative(state.target)}"
+            transfer.put_tree(self.api, pod, manifests.CONTAINER, state.source, target)
+
+    def _copy_out(self, pod: str, spec: SandboxSpec) -> None:
+        owner = self.stage_owner()
+        bound = self.config.k8s_ephemeral_storage_bytes
+        transfer.get_tree(
+            self.api, pod, manifests.CONTAINER, WORKSPACE, spec.workspace,
+            max_bytes=bound, owner=owner,
+        )  # fmt: skip
+        for state in spec.state_mounts:
+            source = f"{HOME}/{home_relative(state.target)}"
+            transfer.get_tree(
+                self.api, pod, manifests.CONTAINER, source, state.source,
+                max_bytes=bound, owner=owner,
+            )  # fmt: skip
+
+    def _image(self, spec: SandboxSpec) -> str:
+        """The pack image of ``spec``'s closure, by digest (see ``images``)."""
+        from worker.sandbox.kubernetes.images import pack_image
+
+        return pack_image(self.config, spec.pack_closure, self._engine_config)
+
+    def _remove(self, name: str) -> bool:
+        """Delete the pod and wait until it is gone (blocking); False if it was not
+        gone in time."""
+        self.api.delete_pod(name)
+        return self.api.wait_gone(name, self.config.k8s_start_timeout_s)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Copy the workspace and state mounts back (when this process created the pod
+        and it still runs), then delete the pod and wait until it is gone; idempotent.
+
+        Raises:
+            SandboxError: the copy out or the deletion failed (the pod is deleted
+                whatever the copy did).
+        """
+        check_id(sandbox_id, backend=self.name)
+        sandbox = self._sandboxes.pop(sandbox_id, None)
+        copy_error: SandboxError | None = None
+        if sandbox is not None:
+            try:
+                await asyncio.to_thread(self._copy_out, sandbox_id, sandbox.spec)
+            except SandboxError as exc:
+                copy_error = exc
+        if not await asyncio.to_thread(self._remove, sandbox_id):
+            raise SandboxError("the sandbox pod was not deleted in time", pod=sandbox_id)
+        if copy_error is not None:
+            raise copy_error
+
+    async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
+        """Sandbox pods whose exact labels include all of ``labels``."""
+        wanted = {**labels, manifests.LABEL_BACKEND: manifests.BACKEND_NAME}
+        selector = ",".join(f"{k}={v}" for k, v in pod_labels(wanted).items())
+        pods = await asyncio.to_thread(self.api.list_pods, selector)
+        infos = []
+        for pod in pods:
+            exact = _exact_labels(pod)
+            name = pod.metadata.name if pod.metadata is not None else None
+            if name and exact is not None and wanted.items() <= exact.items():
+                infos.append(SandboxInfo(str(name), self.name, exact))
+        return sorted(infos, key=lambda i: i.sandbox_id)
+
+
+def _exact_labels(pod: Any) -> dict[str, str] | None:
+    """The pod's exact labels (its annotation; re-checked against the selector since
+    label values may be encodings)."""
+    annotations = (pod.metadata.annotations or {}) if pod.metadata else {}
+    try:
+        exact = json.loads(annotations.get(manifests.ANNOTATION_LABELS, "null"))
+    except ValueError:
+        return None
+    if not isinstance(exact, dict) or not all(isinstance(v, str) for v in exact.values()):
+        return None
+    return {str(k): v for k, v in exact.items()}
+
+
+def _check_spec(spec: SandboxSpec) -> None:
+    check_spec(spec, python=None)
+    if spec.network != "none":
+        raise SandboxError(
+            "the kubernetes backend runs network `none` only so far (allowlist: the "
+            "in-cluster proxy is not built)",
+            network=spec.network,
+        )
+    if spec.extra_mounts:
+        raise SandboxError(
+            "a sandbox pod cannot bind host paths (extra mounts)",
+            extra_mounts=[m.target for m in spec.extra_mounts],
+        )

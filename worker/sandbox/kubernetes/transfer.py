@@ -1,0 +1,157 @@
+"""Trees into and out of a sandbox pod: tar over exec (the pod binds no host path).
+
+``put_tree`` streams a host directory as a tar archive to ``tar -x`` in the pod;
+``get_tree`` reads ``tar -c`` of a pod directory, bounded in bytes, and replaces a host
+directory's contents with it. What comes out of the pod is untrusted: members are
+extracted with the ``data`` filter (no absolute path, nothing outside the directory, no
+device, no set-id bit, no owner taken from the archive), except that a symbolic link
+pointing anywhere is kept as the link it is (the agent may make one, as it may in a bind
+mount); a later member reached *through* such a link is still refused. FIFOs and devices
+are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.errors import SandboxError
+from worker.sandbox.kubernetes.stream import ERROR, STDERR, STDIN, STDOUT, exit_code
+
+if TYPE_CHECKING:
+    from worker.sandbox.kubernetes.api import PodApi
+
+CHUNK = 256 * 1024
+_STDERR_KEPT = 4096
+
+
+class _ChannelWriter:
+    """A write-only file whose bytes go to the exec's stdin in chunks."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+
+    def write(self, data: bytes) -> int:
+        for start in range(0, len(data), CHUNK):
+            self._ws.write_channel(STDIN, bytes(data[start : start + CHUNK]))
+        return len(data)
+
+
+def put_tree(api: PodApi, pod: str, container: str, source: Path, target: str) -> None:
+    """Copy the contents of the host directory ``source`` into ``target`` in the pod
+    (made if missing).
+
+    Raises:
+        SandboxError: the stream failed or tar in the pod did not succeed.
+    """
+    command = ["/bin/sh", "-c", 'mkdir -p "$1" && exec tar -x -f - -C "$1"', "sh", target]
+    ws = api.exec(pod, container, command, stdin=True)
+    try:
+        with tarfile.open(fileobj=_ChannelWriter(ws), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for entry in sorted(os.listdir(source)):
+                tar.add(source / entry, arcname=entry)
+        ws.close_channel(STDIN)
+        _, err, code = drain(ws, sink=None, limit=0)
+    except OSError as exc:
+        raise SandboxError("copying into the sandbox pod failed", pod=pod, error=str(exc)) from exc
+    finally:
+        close(ws)
+    if code != 0:
+        raise SandboxError(
+            "copying into the sandbox pod failed", pod=pod, exit_code=code, stderr=err
+        )
+
+
+def get_tree(
+    api: PodApi,
+    pod: str,
+    container: str,
+    source: str,
+    target: Path,
+    *,
+    max_bytes: int,
+    owner: tuple[int, int] | None,
+) -> None:
+    """Replace the contents of the host directory ``target`` with those of ``source`` in
+    the pod (``owner``: the host uid/gid given to what is written; None: the worker's).
+
+    Raises:
+        SandboxError: the stream failed, tar in the pod did not succeed, the archive is
+            over ``max_bytes`` or holds a member the filter refuses.
+    """
+    ws = api.exec(pod, container, ["tar", "-c", "-f", "-", "-C", source, "."], stdin=False)
+    with tempfile.TemporaryFile() as spool:
+        try:
+            _, err, code = drain(ws, sink=spool, limit=max_bytes)
+        finally:
+            close(ws)
+        if code != 0:
+            raise SandboxError(
+                "copying out of the sandbox pod failed", pod=pod, exit_code=code, stderr=err
+            )
+        spool.seek(0)
+        _replace(target, spool, owner)
+
+
+def drain(ws: Any, *, sink: Any = None, limit: int = 0) -> tuple[int, str, int]:
+    """Read the exec to its end: stdout into ``sink`` (at most ``limit`` bytes), the
+    tail of stderr, the exit code."""
+    size, err, status = 0, b"", b""
+    while ws.is_open():
+        ws.update(timeout=1)
+        out = ws.read_channel(STDOUT)
+        if out and sink is not None:
+            size += len(out)
+            if size > limit:
+                raise SandboxError("what the sandbox pod sent is over its bound", bound=limit)
+            sink.write(out)
+        err = (err + ws.read_channel(STDERR))[-_STDERR_KEPT:]
+        status += ws.read_channel(ERROR)
+    return size, err.decode(errors="replace"), exit_code(status)
+
+
+def close(ws: Any) -> None:
+    try:
+        ws.close()
+    finally:
+        ws.sock.shutdown()
+
+
+def _replace(target: Path, archive: Any, owner: tuple[int, int] | None) -> None:
+    for entry in os.scandir(target):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            tar.extractall(target, filter=_untrusted)  # noqa: S202 - every member through _untrusted
+    except (tarfile.TarError, OSError) as exc:
+        raise SandboxError(
+            "what the sandbox pod sent was refused", path=str(target), error=str(exc)
+        ) from exc
+    if owner is not None and os.geteuid() == 0:
+        _chown_tree(target, owner)
+
+
+def _untrusted(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    if member.isfifo() or member.isdev():
+        return None
+    try:
+        return tarfile.data_filter(member, dest)
+    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
+        if not member.issym():
+            raise
+        # The link itself, kept verbatim; nothing is ever written through it.
+        return member.replace(uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
+
+
+def _chown_tree(root: Path, owner: tuple[int, int]) -> None:
+    os.lchown(root, *owner)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.lchown(os.path.join(parent, name), *owner)
