@@ -66,7 +66,7 @@ def test_the_backend_variable_picks_the_config(monkeypatch: pytest.MonkeyPatch) 
     assert backend_config(Settings(), "local").type == "local"
 
 
-@pytest.mark.parametrize("name", ["fake", "daytona", ""])
+@pytest.mark.parametrize("name", ["fake", "gvisor", ""])
 def test_an_unselectable_name_is_refused(name: str) -> None:
     with pytest.raises(InvalidInput, match="unknown sandbox backend") as info:
         backend_config(Settings(), name)
