@@ -616,3 +616,82 @@ async def test_the_double_refuses_what_the_sdk_models_refuse(double: DaytonaDoub
             assert reply.status == 400  # no name
         async with http.get(f"{base}/api/sandbox", headers={"Authorization": "Bearer no"}) as r:
             assert r.status == 401
+
+
+# --- masks by content ------------------------------------------------------------------
+
+_ADMITTED = '{"permissions": {"allow": []}}\n'
+
+
+def _masked_workspace(tmp_path: Path) -> SandboxSpec:
+    spec = _spec(tmp_path)
+    claude = spec.workspace / ".claude"
+    claude.mkdir()
+    (claude / "settings.json").write_text(_ADMITTED)
+    (claude / "notes.md").write_text("kept editable\n")
+    (spec.workspace / ".codex").mkdir()
+    (spec.workspace / ".codex" / "prompts.md").write_text("codex dir, masked whole\n")
+    return spec
+
+
+async def test_masked_config_is_not_uploaded_and_not_taken_back(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = (
+        "import os, json\n"
+        "seen = sorted(os.path.relpath(os.path.join(d, f), '/workspace')\n"
+        "              for d, _, fs in os.walk('/workspace') for f in fs)\n"
+        "print(json.dumps(seen))\n"
+        "os.makedirs('/workspace/.cursor', exist_ok=True)\n"
+        "open('/workspace/.cursor/hooks.json', 'w').write('{\"hooks\": {}}')\n"
+        "open('/workspace/.claude/settings.json', 'w').write('{\"hooks\": {\"x\": 1}}')\n"
+        "open('/workspace/.claude/notes.md', 'w').write('changed\\n')\n"
+        "os.makedirs('/workspace/.codex', exist_ok=True)\n"
+        "open('/workspace/.codex/config.toml', 'w').write('x = 1')\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    out = await asyncio.wait_for(proc.stdout.read(), 20)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert json.loads(out) == [".claude/notes.md", "README.md"]
+    await backend.destroy(sandbox.sandbox_id)
+    ws = spec.workspace
+    assert (ws / ".claude" / "settings.json").read_text() == _ADMITTED  # host copy as it was
+    assert (ws / ".claude" / "notes.md").read_text() == "changed\n"  # not masked: comes back
+    assert (ws / ".codex" / "prompts.md").read_text() == "codex dir, masked whole\n"
+    assert not (ws / ".codex" / "config.toml").exists()
+    assert not (ws / ".cursor" / "hooks.json").exists()  # made at a masked path: discarded
+    assert (ws / ".cursor").is_dir()  # an anchor, not a mask: the directory comes back
+
+
+async def test_a_removed_config_dir_keeps_its_masked_host_files(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = "import shutil; shutil.rmtree('/workspace/.claude'); open('/workspace/.claude','w')"
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    await backend.destroy(sandbox.sandbox_id)
+    claude = spec.workspace / ".claude"
+    assert sorted(p.name for p in claude.iterdir()) == ["settings.json"]
+    assert (claude / "settings.json").read_text() == _ADMITTED
+
+
+async def test_without_mask_config_everything_goes_in(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    _masked_workspace(tmp_path)
+    spec = _spec(tmp_path, mask_config=False)  # the same workspace, unmasked
+    sandbox = await backend.create(spec)
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", "print(open('/workspace/.claude/settings.json').read())"],
+        env={},
+    )
+    proc.stdin.close()
+    assert _ADMITTED.strip() in (await asyncio.wait_for(proc.stdout.read(), 20)).decode()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    await backend.destroy(sandbox.sandbox_id)

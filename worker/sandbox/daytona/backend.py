@@ -35,6 +35,7 @@ from worker.sandbox.shared import check_command, check_id, make_sandbox_id
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox, CreateSnapshotParams
 
+    from worker.admission import MaskEntry
     from worker.admission.result import AdmissionResult
     from worker.sandbox.base import LeaseDeadline
     from worker.sandbox.config import DaytonaConfig
@@ -102,8 +103,11 @@ class DaytonaSandbox:
         spec: SandboxSpec,
         client: AsyncDaytona,
         remote: AsyncSandbox,
+        masks: Sequence[MaskEntry] = (),
     ) -> None:
         self.backend = backend
+        #: The masks applied by content (``sync.py``): left out going in, kept coming back.
+        self.masks = tuple(masks)
         self.api = backend.api
         self.client = client
         self._sandbox_id = sandbox_id
@@ -389,6 +393,7 @@ class DaytonaBackend:
             raise
 
     async def _create(self, client: AsyncDaytona, spec: SandboxSpec) -> DaytonaSandbox:
+        masks = await asyncio.to_thread(sync.masks, spec)
         snapshot = await self.ensure_snapshot(client, spec)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = self.labels(spec, sandbox_id)
@@ -412,7 +417,7 @@ class DaytonaBackend:
                 await self._delete(client, sandbox_id)
             raise
         sandbox = DaytonaSandbox(
-            self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote
+            self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote, masks=masks
         )
         try:
             await self._upload(sandbox)
@@ -435,7 +440,7 @@ class DaytonaBackend:
     async def _upload(self, sandbox: DaytonaSandbox) -> None:
         with tempfile.TemporaryDirectory(prefix="acpw-daytona-") as tmp:
             tar = Path(tmp) / "in.tar"
-            await asyncio.to_thread(sync.pack_in, sandbox.spec, tar)
+            await asyncio.to_thread(sync.pack_in, sandbox.spec, tar, masked=sandbox.masks)
             fs = sandbox.remote.fs
             await self.api.call("upload workspace", lambda: fs.upload_file(str(tar), sync.IN_TAR))
         await sandbox.run(sync.unpack_in_command(sandbox.spec), "unpack workspace")
@@ -455,7 +460,7 @@ class DaytonaBackend:
             await asyncio.to_thread(
                 sync.bring_back, sandbox.spec, tar,
                 max_bytes=self.config.daytona_sync_max_bytes,
-                max_entries=self.config.daytona_sync_max_entries,
+                max_entries=self.config.daytona_sync_max_entries, masked=sandbox.masks,
             )  # fmt: skip
 
     async def destroy(self, sandbox_id: str) -> None:
