@@ -49,6 +49,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import DaytonaConfig
 from worker.sandbox.daytona import DaytonaBackend
+from worker.sandbox.files import PathRefused
 from worker.service.reaper import reap_once
 from worker.settings import Settings
 from worker.store import fields, keys
@@ -695,3 +696,189 @@ async def test_without_mask_config_everything_goes_in(
     assert _ADMITTED.strip() in (await asyncio.wait_for(proc.stdout.read(), 20)).decode()
     assert await asyncio.wait_for(proc.wait(), 20) == 0
     await backend.destroy(sandbox.sandbox_id)
+
+
+# --- admission in the sandbox's view ---------------------------------------------------
+
+
+async def test_the_view_admits_a_masked_workspace_and_refuses_planted_config(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    spec = _masked_workspace(tmp_path)  # its admitted settings.json is not uploaded
+    sandbox = await backend.create(spec)
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    assert view.admitted, view.to_dict()
+    root = double.sandboxes[sandbox.remote.id].root / "workspace"
+    # What a snapshot's image could hold in /workspace, after the upload:
+    (root / ".cursor").mkdir()
+    (root / ".cursor" / "hooks.json").write_text("{}")
+    (root / ".claude" / "settings.local.json").write_text('{"hooks": {"Stop": [1]}}')
+    (root / ".mcp.json").symlink_to("/etc/hostname")
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    found = {(f.path, f.rule) for f in view.findings}
+    assert not view.admitted
+    assert {p for p, _ in found} == {
+        ".cursor/hooks.json",
+        ".claude/settings.local.json",
+        ".mcp.json",
+    }
+    assert (".mcp.json", "config.symlink") in found
+    (root / ".mcp.json").unlink()  # a link would refuse the bring-back (tested above)
+    await backend.destroy(sandbox.sandbox_id)
+    # Planted at masked paths: never taken back to the host.
+    assert not (spec.workspace / ".cursor" / "hooks.json").exists()
+    assert not (spec.workspace / ".claude" / "settings.local.json").exists()
+
+
+async def test_the_view_walks_up_to_the_git_root_and_is_bounded(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    sandbox = await backend.create(_spec(tmp_path))
+    calls = len(double.requests)
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    assert view.admitted
+    asked = [p for _, p in double.requests[calls:]]
+    assert 0 < len(asked) <= 128
+    # No .git in /workspace: the level above (/) was looked at too, within the view.
+    assert any(p.endswith("/files/info") for p in asked)
+    with pytest.raises(SandboxError):  # on the loop's own thread it would deadlock
+        sandbox.admission_view(provider="cursor")
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_a_job_whose_snapshot_plants_config_is_refused_before_launch(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    double.image_files["/workspace/.cursor/mcp.json"] = b'{"mcpServers": {"x": {}}}'
+    outcome, events = await _hello_job(tmp_path, double)
+    assert outcome.status == "failed", json.dumps(events)[-2000:]
+    last = events[-1]
+    assert last["type"] == "job.completed"
+    assert last["data"]["status"] == "failed"
+    assert last["data"]["error"]["code"] == "admission_refused"
+    assert ".cursor/mcp.json" in json.dumps(last["data"]["error"])
+    assert not any(e["type"].startswith(("agent.", "session.", "acp.")) for e in events)
+    assert double.sandboxes == {}
+
+
+async def test_hello_job_with_admitted_claude_settings_through_the_backend(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """The workspace's admitted .claude/settings.json is masked by content: not in the
+    sandbox, not reported changed, and still on the host after the job."""
+    claude = tmp_path / "ws" / ".claude"
+    claude.mkdir(parents=True)
+    (claude / "settings.json").write_text(_ADMITTED)
+    outcome, events = await _hello_job(tmp_path, double)
+    assert outcome.status == "succeeded", json.dumps(events)[-3000:]
+    changed = [e for e in events if e["type"] == "workspace.changed"]
+    assert changed
+    assert ".claude" not in json.dumps(changed)
+    assert (claude / "settings.json").read_text() == _ADMITTED
+
+
+async def _hello_job(tmp_path: Path, double: DaytonaDouble) -> tuple[Any, list[dict[str, Any]]]:
+    settings = Settings(
+        cache_dir=tmp_path / "cache", work_dir=tmp_path / "work",
+        secrets_dir=tmp_path / "secrets", worker_id="w-daytona",
+        packs_dir=REPO / "provider_packs", shutdown_eof_grace=1.0,
+    )  # fmt: skip
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "README.md").write_text("# hello\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    job = parse_job({
+        "v": 1, "job_id": "dt-hello", "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+        "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    })  # fmt: skip
+    backend = DaytonaBackend(_config(tmp_path, double))
+    sink = MemorySink()
+    try:
+        outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
+    finally:
+        await backend.aclose()
+    return outcome, [dict(e) for e in sink.events]
+
+
+# --- the workspace's files through the file API ----------------------------------------
+
+
+async def test_fs_read_write_and_artifacts_through_the_file_api(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    files = sandbox.workspace_files()
+    assert await files.read_text("/workspace/README.md", limit=100) == "# staged\n"
+    assert await files.read_text("README.md", limit=100) == "# staged\n"
+    await files.write_text("/workspace/out/deep/new.txt", "written by the client\n")
+    proc = await sandbox.spawn(["/bin/cat", "/workspace/out/deep/new.txt"], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.stdout.read(), 20) == b"written by the client\n"
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    # An artifact: not looked up yet, so refused without waiting, then answered.
+    first = files.artifact("/workspace/.claude/notes.md")
+    assert first.reason == "workspace_not_reachable"
+    await files.lookups_done()
+    known = files.artifact("/workspace/.claude/notes.md")
+    assert (known.relative, known.size, known.reason) == (".claude/notes.md", 14, None)
+    # A file the worker wrote itself is known at once.
+    assert files.artifact("out/deep/new.txt").size == len("written by the client\n")
+    await backend.destroy(sandbox.sandbox_id)
+    assert (spec.workspace / "out" / "deep" / "new.txt").read_text() == "written by the client\n"
+
+
+async def test_fs_refusals_through_the_file_api(tmp_path: Path, backend: DaytonaBackend) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = (
+        "import os\n"
+        "os.symlink('/etc', '/workspace/etc-link')\n"
+        "os.symlink('/workspace/README.md', '/workspace/readme-link')\n"
+        "os.mkdir('/workspace/dir')\n"
+        "open('/workspace/big', 'w').write('x' * 5000)\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    files = sandbox.workspace_files()
+    cases = {
+        "/workspace/../etc/passwd": "traversal",
+        "sub/../README.md": "traversal",
+        "/etc/passwd": "outside_workspace",
+        "/workspace/.claude/settings.json": "masked",
+        ".codex/config.toml": "masked",
+        "/workspace/etc-link/passwd": "symlink",
+        "readme-link": "symlink",
+        "dir": "not_regular_file",
+        "/workspace": "not_regular_file",
+        "nothing-here": "missing",
+        "": "invalid_path",
+    }
+    for path, reason in cases.items():
+        with pytest.raises(PathRefused) as refused:
+            await files.read_text(path, limit=100)
+        assert refused.value.reason == reason, path
+    with pytest.raises(PathRefused, match="too_large"):
+        await files.read_text("big", limit=4096)
+    for path, reason in {
+        "/workspace/etc-link/x": "symlink",
+        "readme-link": "symlink",
+        ".cursor/hooks.json": "masked",
+        "dir": "not_regular_file",
+        "/tmp/x": "outside_workspace",
+    }.items():
+        with pytest.raises(PathRefused) as refused:
+            await files.write_text(path, "no")
+        assert refused.value.reason == reason, path
+    for path in ("readme-link", "dir", "nothing-here"):
+        files.artifact(path)
+    await files.lookups_done()
+    assert files.artifact("readme-link").reason == "symlink"
+    assert files.artifact("dir").reason == "not_regular_file"
+    assert files.artifact("nothing-here").reason == "missing"
+    assert files.artifact("/workspace/.claude/settings.json").reason == "masked"
+    with pytest.raises(ArchiveRefused):  # the agent's links refuse the bring-back
+        await backend.destroy(sandbox.sandbox_id)
