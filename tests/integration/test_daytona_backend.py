@@ -26,6 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
+from tests.integration.daytona_thread import BASE_ID, REGISTRY, closure_resolver
 from worker.client import Client
 from worker.errors import (
     ArchiveRefused,
@@ -37,7 +38,6 @@ from worker.errors import (
     SnapshotFailed,
 )
 from worker.events.sinks import MemorySink
-from worker.images.identity import ImageIdentity
 from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import (
@@ -56,29 +56,13 @@ from worker.store import fields, keys
 from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_label, owner_labels, store_label
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = "registry.test/acpw"
-BASE_ID = "sha256:" + "b" * 64
 SECRET = "emulator-daytona-secret-7d1e"
-
-
-def _resolver(cache_dir: Path) -> Any:
-    """The double's registry: every pack-cache closure as the pack image
-    ``acp-worker image build --push`` would have pushed for it."""
-
-    def resolve(ref: str) -> Path | None:
-        for closure in (cache_dir / "closures").glob("*"):
-            identity = ImageIdentity(BASE_ID, f"sha256:{closure.name}")
-            if ref == f"{REGISTRY}/acpw-pack:{identity.digest.removeprefix('sha256:')}":
-                return closure
-        return None
-
-    return resolve
 
 
 @pytest.fixture
 async def double(tmp_path: Path) -> AsyncIterator[DaytonaDouble]:
     server = DaytonaDouble(tmp_path / "daytona")
-    server.resolve_image = _resolver(tmp_path / "cache")
+    server.resolve_image = closure_resolver(tmp_path / "cache")
     await server.start()
     try:
         yield server

@@ -82,6 +82,16 @@ class DaytonaWorkspaceFiles:
         self._look_up(loop, rel)
         return Verdict(reason="workspace_not_reachable")
 
+    async def look_up(self, paths: Sequence[str]) -> None:
+        """Look ``paths`` up now, so that :meth:`artifact` answers for them (the
+        prompt's linked files are checked this way before the prompt is sent)."""
+        for path in paths:
+            try:
+                rel = self._relative(path)
+            except PathRefused:
+                continue  # artifact() refuses it without a lookup
+            await self._verdict(rel)
+
     async def lookups_done(self) -> None:
         """Wait for the background lookups started so far (tests)."""
         for task in list(self._lookups.values()):
