@@ -108,6 +108,8 @@ class DaytonaDouble:
         #: files every sandbox created from now on starts with (sandbox path → content):
         #: what a snapshot's image would hold there, e.g. config planted in /workspace
         self.image_files: dict[str, bytes] = {}
+        #: every path asked for with files/info, in order
+        self.info_paths: list[str] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -473,6 +475,7 @@ class DaytonaDouble:
         link, mode in Go's ``os.FileMode`` notation)."""
         record = self._sandbox(request)
         remote = request.query.get("path", "")
+        self.info_paths.append(remote)
         path = self._view_path(record, remote)
         try:
             info = os.lstat(path if path is not None else record.root)

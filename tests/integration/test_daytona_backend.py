@@ -718,15 +718,23 @@ async def test_the_view_walks_up_to_the_git_root_and_is_bounded(
     tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
 ) -> None:
     sandbox = await backend.create(_spec(tmp_path))
-    calls = len(double.requests)
-    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    view = await asyncio.to_thread(sandbox.admission_view, provider="claude")
     assert view.admitted
-    asked = [p for _, p in double.requests[calls:]]
-    assert 0 < len(asked) <= 128
-    # No .git in /workspace: the level above (/) was looked at too, within the view.
-    assert any(p.endswith("/files/info") for p in asked)
+    # No .git in /workspace: the level above (/) is looked at too, and the system paths.
+    assert {"/workspace/.git", "/.git", "/.mcp.json", "/.claude"} <= set(double.info_paths)
+    assert "/etc/claude-code/managed-mcp.json" in double.info_paths
+    assert len(double.info_paths) <= 128
+    root = double.sandboxes[sandbox.remote.id].root / "workspace"
+    (root / ".git").mkdir()
+    double.info_paths.clear()
+    view = await asyncio.to_thread(sandbox.admission_view, provider="claude")
+    assert view.admitted
+    assert view.git_root == Path("/workspace")
+    assert "/workspace/.mcp.json" in double.info_paths
+    assert "/.git" not in double.info_paths  # the Git root ends the walk
     with pytest.raises(SandboxError):  # on the loop's own thread it would deadlock
         sandbox.admission_view(provider="cursor")
+    (root / ".git").rmdir()
     await backend.destroy(sandbox.sandbox_id)
 
 
