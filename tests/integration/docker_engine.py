@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.daytona_thread import double_in_thread
 from worker.images.build import PackImages
 from worker.images.engine import EngineConfig, connect
 
@@ -65,6 +64,8 @@ def job_backend(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
         yield {}
         return
     if request.param == "daytona":
+        from tests.integration.daytona_thread import double_in_thread  # the SDK: only here
+
         tmp_path: Path = request.getfixturevalue("tmp_path")
         with double_in_thread(tmp_path / "daytona", tmp_path / "cache") as env:
             yield env
