@@ -635,6 +635,8 @@ async def test_masked_config_is_not_uploaded_and_not_taken_back(
         "open('/workspace/.claude/notes.md', 'w').write('changed\\n')\n"
         "os.makedirs('/workspace/.codex', exist_ok=True)\n"
         "open('/workspace/.codex/config.toml', 'w').write('x = 1')\n"
+        "os.makedirs('/workspace/.claude/agents')\n"
+        "open('/workspace/.claude/agents/a.md', 'w').write('an agent file')\n"
     )
     proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
     proc.stdin.close()
@@ -645,10 +647,11 @@ async def test_masked_config_is_not_uploaded_and_not_taken_back(
     ws = spec.workspace
     assert (ws / ".claude" / "settings.json").read_text() == _ADMITTED  # host copy as it was
     assert (ws / ".claude" / "notes.md").read_text() == "changed\n"  # not masked: comes back
+    assert (ws / ".claude" / "agents" / "a.md").read_text() == "an agent file"
     assert (ws / ".codex" / "prompts.md").read_text() == "codex dir, masked whole\n"
     assert not (ws / ".codex" / "config.toml").exists()
-    assert not (ws / ".cursor" / "hooks.json").exists()  # made at a masked path: discarded
-    assert (ws / ".cursor").is_dir()  # an anchor, not a mask: the directory comes back
+    # Made at a masked path: discarded, and the new .cursor with it (nothing else in it).
+    assert not (ws / ".cursor").exists()
 
 
 async def test_a_removed_config_dir_keeps_its_masked_host_files(

@@ -174,13 +174,17 @@ class _Merge:
         if covering(self.masked, str(sub)):
             self.discarded.append(str(sub))
             return
+        made = False
         if str(sub) in self.holders and source.is_dir() and not target.exists():
             target.mkdir()  # a new config directory: merged, so its masked paths stay out
             shutil.copymode(source, target)
+            made = True
         if target.is_dir() and not target.is_symlink():  # a holder
             if source.is_dir():
                 self.replace(target, source, sub)
             else:  # a file where the host keeps masked config: not taken
                 self.discarded.append(str(sub))
+            if made and not os.listdir(target):
+                target.rmdir()  # only masked paths were in it (and no empty dir comes back)
         else:
             shutil.move(str(source), str(target))
