@@ -13,7 +13,9 @@ real HTTP server (aiohttp, on a loopback port the tests pick) that answers:
   command synchronously or asynchronously, send input to its stdin, its status and exit
   code, its logs as a websocket stream framed as the daemon frames them, delete), and
   file upload and download (``files/bulk-upload``, ``files/bulk-download``, multipart as
-  the daemon speaks it).
+  the daemon speaks it), file info (``files/info``: the entry itself, ``lstat``, its mode
+  in Go's ``os.FileMode`` notation) and folder creation (``files/folder``). Reads see the
+  sandbox's view (``/usr``, ``/etc``, ``/opt/acp-pack`` too); writes only its own trees.
 
 Every request body and every response is validated with the SDK's own generated models
 (``daytona_api_client`` / ``daytona_toolbox_api_client``), so a request the real API

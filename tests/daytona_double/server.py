@@ -12,11 +12,12 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import daytona_api_client as api
@@ -104,6 +105,11 @@ class DaytonaDouble:
         #: the next log stream closes with 1011 after its first message (a dropped socket)
         self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
+        #: files every sandbox created from now on starts with (sandbox path → content):
+        #: what a snapshot's image would hold there, e.g. config planted in /workspace
+        self.image_files: dict[str, bytes] = {}
+        #: every path asked for with files/info, in order
+        self.info_paths: list[str] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -177,6 +183,8 @@ class DaytonaDouble:
         r.add_get(t + "/process/session/{session}/command/{cmd}/logs", self.command_logs)
         r.add_post(t + "/files/bulk-upload", self.upload)
         r.add_post(t + "/files/bulk-download", self.download)
+        r.add_get(t + "/files/info", self.file_info)
+        r.add_post(t + "/files/folder", self.create_folder)
 
     # --- snapshots ---------------------------------------------------------------------
 
@@ -246,6 +254,10 @@ class DaytonaDouble:
         root = self.state_dir / sandbox_id
         for sub in ("workspace", "home/daytona", "tmp"):
             (root / sub).mkdir(parents=True)
+        for inside, content in self.image_files.items():
+            planted = root / inside.lstrip("/")
+            planted.parent.mkdir(parents=True, exist_ok=True)
+            planted.write_bytes(content)
         now = _now()
         dto = {
             "id": sandbox_id, "organizationId": "org-double", "name": name or sandbox_id,
@@ -441,6 +453,56 @@ class DaytonaDouble:
             raise web.HTTPForbidden(text='{"message": "permission denied"}')
         return record.root.joinpath(*parts)
 
+    def _view_path(self, record: SandboxRecord, remote: str) -> Path | None:
+        """Where a path the sandbox sees lives on this host (read only but for the
+        writable roots), as the bubblewrap view of ``_bwrap_argv`` lays it out; ``None``
+        for ``/`` itself. A path outside every bound tree does not exist."""
+        parts = [p for p in remote.split("/") if p not in ("", ".")]
+        if not remote.startswith("/") or ".." in parts:
+            raise web.HTTPBadRequest(text='{"message": "invalid path"}')
+        if not parts:
+            return None
+        if parts[0] in WRITABLE_ROOTS:
+            return record.root.joinpath(*parts)
+        if parts[0] in ("usr", "etc"):
+            return Path("/").joinpath(*parts)
+        if parts[:2] == ["opt", "acp-pack"]:
+            return record.closure.joinpath(*parts[2:])
+        return record.root / "absent"  # never made: nothing else is in the view
+
+    async def file_info(self, request: web.Request) -> web.Response:
+        """The daemon's file info of the entry itself (``lstat``: a link is reported as a
+        link, mode in Go's ``os.FileMode`` notation)."""
+        record = self._sandbox(request)
+        remote = request.query.get("path", "")
+        self.info_paths.append(remote)
+        path = self._view_path(record, remote)
+        try:
+            info = os.lstat(path if path is not None else record.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return _error(404, f"file not found: {remote}")
+        model = tb.FileInfo(
+            name=PurePosixPath(remote).name or "/", is_dir=stat.S_ISDIR(info.st_mode),
+            size=info.st_size, mode=_go_mode(info.st_mode), mod_time="",
+            permissions=f"{info.st_mode & 0o777:o}", owner="daytona", group="daytona",
+            path=remote,
+        )  # fmt: skip
+        return _json(model)
+
+    async def create_folder(self, request: web.Request) -> web.Response:
+        record = self._sandbox(request)
+        mode = request.query.get("mode", "")
+        if not re.fullmatch(r"[0-7]{3,4}", mode):
+            return _error(400, "invalid mode")
+        path = self._host_path(record, request.query.get("path", ""))
+        try:
+            os.mkdir(path, int(mode, 8))
+        except FileExistsError:
+            pass
+        except (FileNotFoundError, NotADirectoryError):
+            return _error(400, "parent directory does not exist")
+        return web.Response(status=201)
+
     async def upload(self, request: web.Request) -> web.Response:
         record = self._sandbox(request)
         reader = await request.multipart()
@@ -467,7 +529,7 @@ class DaytonaDouble:
         assert body is not None
         writer = MultipartWriter("form-data")
         for remote in body.paths:
-            path = self._host_path(record, remote)
+            path = self._view_path(record, remote) or record.root
             # The daemon writes the path as it is; aiohttp's helper would percent-quote it.
             if path.is_file():
                 disposition = f'form-data; name="file"; filename="{remote}"'
@@ -504,6 +566,20 @@ class DaytonaDouble:
     def activity_refreshes(self, name: str) -> int:
         record = self._find(name)
         return 0 if record is None else record.activity_refreshes
+
+
+def _go_mode(mode: int) -> str:
+    """``mode`` as Go's ``os.FileMode.String()`` writes it: type letters, then rwx."""
+    letters = {
+        stat.S_IFDIR: "d", stat.S_IFLNK: "L", stat.S_IFIFO: "p", stat.S_IFSOCK: "S",
+        stat.S_IFBLK: "D", stat.S_IFCHR: "Dc",
+    }  # fmt: skip
+    kind = letters.get(stat.S_IFMT(mode), "")
+    perms = "".join(
+        c if mode & bit else "-"
+        for c, bit in zip("rwxrwxrwx", (256, 128, 64, 32, 16, 8, 4, 2, 1), strict=True)
+    )
+    return (kind or "-") + perms
 
 
 def _bwrap_argv(record: SandboxRecord) -> list[str]:

@@ -54,16 +54,25 @@ def engine_config(docker_host: str) -> EngineConfig:
     return EngineConfig(docker_host=docker_host, images_dir=IMAGES_DIR)
 
 
-@pytest.fixture(params=["local", "docker"])
-def job_backend(request: pytest.FixtureRequest) -> dict[str, str]:
+@pytest.fixture(params=["local", "docker", "daytona"])
+def job_backend(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """The environment that makes ``acp-worker run`` use each backend in turn: nothing
     for ``local``; for ``docker``, the engine and image store of these fixtures (the
-    base image built first)."""
+    base image built first); for ``daytona``, the Daytona double served from a thread
+    (``daytona_thread``), with the job's pack cache as its registry."""
     if request.param == "local":
-        return {}
+        yield {}
+        return
+    if request.param == "daytona":
+        from tests.integration.daytona_thread import double_in_thread  # the SDK: only here
+
+        tmp_path: Path = request.getfixturevalue("tmp_path")
+        with double_in_thread(tmp_path / "daytona", tmp_path / "cache") as env:
+            yield env
+        return
     config: EngineConfig = request.getfixturevalue("engine_config")
     request.getfixturevalue("base_image")
-    return {
+    yield {
         "ACPW_BACKEND": "docker",
         "ACPW_DOCKER_HOST": str(config.docker_host),
         "ACPW_IMAGES_DIR": str(config.images_dir),

@@ -77,6 +77,7 @@ def test_fs_is_served_inside_the_workspace_only(
         _write("/workspace/.cursor/mcp.json", "{}"),
         _write(".codex/config.toml", "x = 1"),
         _write("/workspace/.cursor/plugins/p/index.js", "x"),
+        "exec rm pw",  # daytona brings no link back (the whole sync would be refused)
     ]
     lines = [
         c if isinstance(c, str) else f'call {json.dumps(c)}\nsay {{{{reply}}}}\nsay "\\n"'

@@ -105,6 +105,14 @@ def test_artifacts_only_regular_files_inside_the_workspace(
     tmp_path: Path, job_backend: dict[str, str]
 ) -> None:
     """The same artifacts and refusals on every backend, through its own file access."""
+    if job_backend.get("ACPW_BACKEND") == "daytona":
+        pytest.skip(
+            "daytona: artifact() is synchronous and answers from lookups made in the "
+            "background, so a file referenced once, right after it was written, is refused "
+            "workspace_not_reachable (docs/daytona.md); and the scenario's links would "
+            "refuse the bring-back (archive_refused). Its verdicts are tested in "
+            "test_daytona_backend.py::test_fs_refusals_through_the_file_api"
+        )
     events = run_job(tmp_path, "scenario: artifacts", env=job_backend)
     assert events[-1]["data"]["status"] == "succeeded"
     found = [

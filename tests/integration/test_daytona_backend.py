@@ -26,6 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
+from tests.integration.daytona_thread import BASE_ID, REGISTRY, closure_resolver
 from worker.client import Client
 from worker.errors import (
     ArchiveRefused,
@@ -37,7 +38,6 @@ from worker.errors import (
     SnapshotFailed,
 )
 from worker.events.sinks import MemorySink
-from worker.images.identity import ImageIdentity
 from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import (
@@ -49,35 +49,20 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import DaytonaConfig
 from worker.sandbox.daytona import DaytonaBackend
+from worker.sandbox.files import PathRefused
 from worker.service.reaper import reap_once
 from worker.settings import Settings
 from worker.store import fields, keys
 from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_label, owner_labels, store_label
 
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY = "registry.test/acpw"
-BASE_ID = "sha256:" + "b" * 64
 SECRET = "emulator-daytona-secret-7d1e"
-
-
-def _resolver(cache_dir: Path) -> Any:
-    """The double's registry: every pack-cache closure as the pack image
-    ``acp-worker image build --push`` would have pushed for it."""
-
-    def resolve(ref: str) -> Path | None:
-        for closure in (cache_dir / "closures").glob("*"):
-            identity = ImageIdentity(BASE_ID, f"sha256:{closure.name}")
-            if ref == f"{REGISTRY}/acpw-pack:{identity.digest.removeprefix('sha256:')}":
-                return closure
-        return None
-
-    return resolve
 
 
 @pytest.fixture
 async def double(tmp_path: Path) -> AsyncIterator[DaytonaDouble]:
     server = DaytonaDouble(tmp_path / "daytona")
-    server.resolve_image = _resolver(tmp_path / "cache")
+    server.resolve_image = closure_resolver(tmp_path / "cache")
     await server.start()
     try:
         yield server
@@ -616,3 +601,279 @@ async def test_the_double_refuses_what_the_sdk_models_refuse(double: DaytonaDoub
             assert reply.status == 400  # no name
         async with http.get(f"{base}/api/sandbox", headers={"Authorization": "Bearer no"}) as r:
             assert r.status == 401
+
+
+# --- masks by content ------------------------------------------------------------------
+
+_ADMITTED = '{"permissions": {"allow": []}}\n'
+
+
+def _masked_workspace(tmp_path: Path) -> SandboxSpec:
+    spec = _spec(tmp_path)
+    claude = spec.workspace / ".claude"
+    claude.mkdir()
+    (claude / "settings.json").write_text(_ADMITTED)
+    (claude / "notes.md").write_text("kept editable\n")
+    (spec.workspace / ".codex").mkdir()
+    (spec.workspace / ".codex" / "prompts.md").write_text("codex dir, masked whole\n")
+    return spec
+
+
+async def test_masked_config_is_not_uploaded_and_not_taken_back(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = (
+        "import os, json\n"
+        "seen = sorted(os.path.relpath(os.path.join(d, f), '/workspace')\n"
+        "              for d, _, fs in os.walk('/workspace') for f in fs)\n"
+        "print(json.dumps(seen))\n"
+        "os.makedirs('/workspace/.cursor', exist_ok=True)\n"
+        "open('/workspace/.cursor/hooks.json', 'w').write('{\"hooks\": {}}')\n"
+        "open('/workspace/.claude/settings.json', 'w').write('{\"hooks\": {\"x\": 1}}')\n"
+        "open('/workspace/.claude/notes.md', 'w').write('changed\\n')\n"
+        "os.makedirs('/workspace/.codex', exist_ok=True)\n"
+        "open('/workspace/.codex/config.toml', 'w').write('x = 1')\n"
+        "os.makedirs('/workspace/.claude/agents')\n"
+        "open('/workspace/.claude/agents/a.md', 'w').write('an agent file')\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    out = await asyncio.wait_for(proc.stdout.read(), 20)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert json.loads(out) == [".claude/notes.md", "README.md"]
+    await backend.destroy(sandbox.sandbox_id)
+    ws = spec.workspace
+    assert (ws / ".claude" / "settings.json").read_text() == _ADMITTED  # host copy as it was
+    assert (ws / ".claude" / "notes.md").read_text() == "changed\n"  # not masked: comes back
+    assert (ws / ".claude" / "agents" / "a.md").read_text() == "an agent file"
+    assert (ws / ".codex" / "prompts.md").read_text() == "codex dir, masked whole\n"
+    assert not (ws / ".codex" / "config.toml").exists()
+    # Made at a masked path: discarded, and the new .cursor with it (nothing else in it).
+    assert not (ws / ".cursor").exists()
+
+
+async def test_a_removed_config_dir_keeps_its_masked_host_files(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = "import shutil; shutil.rmtree('/workspace/.claude'); open('/workspace/.claude','w')"
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    await backend.destroy(sandbox.sandbox_id)
+    claude = spec.workspace / ".claude"
+    assert sorted(p.name for p in claude.iterdir()) == ["settings.json"]
+    assert (claude / "settings.json").read_text() == _ADMITTED
+
+
+async def test_without_mask_config_everything_goes_in(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    _masked_workspace(tmp_path)
+    spec = _spec(tmp_path, mask_config=False)  # the same workspace, unmasked
+    sandbox = await backend.create(spec)
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", "print(open('/workspace/.claude/settings.json').read())"],
+        env={},
+    )
+    proc.stdin.close()
+    assert _ADMITTED.strip() in (await asyncio.wait_for(proc.stdout.read(), 20)).decode()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    await backend.destroy(sandbox.sandbox_id)
+
+
+# --- admission in the sandbox's view ---------------------------------------------------
+
+
+async def test_the_view_admits_a_masked_workspace_and_refuses_planted_config(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    spec = _masked_workspace(tmp_path)  # its admitted settings.json is not uploaded
+    sandbox = await backend.create(spec)
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    assert view.admitted, view.to_dict()
+    root = double.sandboxes[sandbox.remote.id].root / "workspace"
+    # What a snapshot's image could hold in /workspace, after the upload:
+    (root / ".cursor").mkdir()
+    (root / ".cursor" / "hooks.json").write_text("{}")
+    (root / ".claude" / "settings.local.json").write_text('{"hooks": {"Stop": [1]}}')
+    (root / ".mcp.json").symlink_to("/etc/hostname")
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    found = {(f.path, f.rule) for f in view.findings}
+    assert not view.admitted
+    assert {p for p, _ in found} == {
+        ".cursor/hooks.json",
+        ".claude/settings.local.json",
+        ".mcp.json",
+    }
+    assert (".mcp.json", "config.symlink") in found
+    (root / ".mcp.json").unlink()  # a link would refuse the bring-back (tested above)
+    await backend.destroy(sandbox.sandbox_id)
+    # Planted at masked paths: never taken back to the host.
+    assert not (spec.workspace / ".cursor" / "hooks.json").exists()
+    assert not (spec.workspace / ".claude" / "settings.local.json").exists()
+
+
+async def test_the_view_walks_up_to_the_git_root_and_is_bounded(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    sandbox = await backend.create(_spec(tmp_path))
+    view = await asyncio.to_thread(sandbox.admission_view, provider="claude")
+    assert view.admitted
+    # No .git in /workspace: the level above (/) is looked at too, and the system paths.
+    assert {"/workspace/.git", "/.git", "/.mcp.json", "/.claude"} <= set(double.info_paths)
+    assert "/etc/claude-code/managed-mcp.json" in double.info_paths
+    assert len(double.info_paths) <= 128
+    root = double.sandboxes[sandbox.remote.id].root / "workspace"
+    (root / ".git").mkdir()
+    double.info_paths.clear()
+    view = await asyncio.to_thread(sandbox.admission_view, provider="claude")
+    assert view.admitted
+    assert view.git_root == Path("/workspace")
+    assert "/workspace/.mcp.json" in double.info_paths
+    assert "/.git" not in double.info_paths  # the Git root ends the walk
+    with pytest.raises(SandboxError):  # on the loop's own thread it would deadlock
+        sandbox.admission_view(provider="cursor")
+    (root / ".git").rmdir()
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_a_job_whose_snapshot_plants_config_is_refused_before_launch(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    double.image_files["/workspace/.cursor/mcp.json"] = b'{"mcpServers": {"x": {}}}'
+    outcome, events = await _hello_job(tmp_path, double)
+    assert outcome.status == "failed", json.dumps(events)[-2000:]
+    last = events[-1]
+    assert last["type"] == "job.completed"
+    assert last["data"]["status"] == "failed"
+    assert last["data"]["error"]["code"] == "admission_refused"
+    assert ".cursor/mcp.json" in json.dumps(last["data"]["error"])
+    assert not any(e["type"].startswith(("agent.", "session.", "acp.")) for e in events)
+    assert double.sandboxes == {}
+
+
+async def test_hello_job_with_admitted_claude_settings_through_the_backend(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """The workspace's admitted .claude/settings.json is masked by content: not in the
+    sandbox, not reported changed, and still on the host after the job."""
+    claude = tmp_path / "ws" / ".claude"
+    claude.mkdir(parents=True)
+    (claude / "settings.json").write_text(_ADMITTED)
+    outcome, events = await _hello_job(tmp_path, double)
+    assert outcome.status == "succeeded", json.dumps(events)[-3000:]
+    changed = [e for e in events if e["type"] == "workspace.changed"]
+    assert changed
+    assert ".claude" not in json.dumps(changed)
+    assert (claude / "settings.json").read_text() == _ADMITTED
+
+
+async def _hello_job(tmp_path: Path, double: DaytonaDouble) -> tuple[Any, list[dict[str, Any]]]:
+    settings = Settings(
+        cache_dir=tmp_path / "cache", work_dir=tmp_path / "work",
+        secrets_dir=tmp_path / "secrets", worker_id="w-daytona",
+        packs_dir=REPO / "provider_packs", shutdown_eof_grace=1.0,
+    )  # fmt: skip
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "README.md").write_text("# hello\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    job = parse_job({
+        "v": 1, "job_id": "dt-hello", "pack": {"name": "cursor-emulator"},
+        "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
+        "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    })  # fmt: skip
+    backend = DaytonaBackend(_config(tmp_path, double))
+    sink = MemorySink()
+    try:
+        outcome = await run_job(job, settings=settings, backend=backend, sinks=[sink], environ={})
+    finally:
+        await backend.aclose()
+    return outcome, [dict(e) for e in sink.events]
+
+
+# --- the workspace's files through the file API ----------------------------------------
+
+
+async def test_fs_read_write_and_artifacts_through_the_file_api(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    files = sandbox.workspace_files()
+    assert await files.read_text("/workspace/README.md", limit=100) == "# staged\n"
+    assert await files.read_text("README.md", limit=100) == "# staged\n"
+    await files.write_text("/workspace/out/deep/new.txt", "written by the client\n")
+    proc = await sandbox.spawn(["/bin/cat", "/workspace/out/deep/new.txt"], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.stdout.read(), 20) == b"written by the client\n"
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    # An artifact: not looked up yet, so refused without waiting, then answered.
+    first = files.artifact("/workspace/.claude/notes.md")
+    assert first.reason == "workspace_not_reachable"
+    await files.lookups_done()
+    known = files.artifact("/workspace/.claude/notes.md")
+    assert (known.relative, known.size, known.reason) == (".claude/notes.md", 14, None)
+    # A file the worker wrote itself is known at once.
+    assert files.artifact("out/deep/new.txt").size == len("written by the client\n")
+    await backend.destroy(sandbox.sandbox_id)
+    assert (spec.workspace / "out" / "deep" / "new.txt").read_text() == "written by the client\n"
+
+
+async def test_fs_refusals_through_the_file_api(tmp_path: Path, backend: DaytonaBackend) -> None:
+    spec = _masked_workspace(tmp_path)
+    sandbox = await backend.create(spec)
+    script = (
+        "import os\n"
+        "os.symlink('/etc', '/workspace/etc-link')\n"
+        "os.symlink('/workspace/README.md', '/workspace/readme-link')\n"
+        "os.mkdir('/workspace/dir')\n"
+        "open('/workspace/big', 'w').write('x' * 5000)\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    files = sandbox.workspace_files()
+    cases = {
+        "/workspace/../etc/passwd": "traversal",
+        "sub/../README.md": "traversal",
+        "/etc/passwd": "outside_workspace",
+        "/workspace/.claude/settings.json": "masked",
+        ".codex/config.toml": "masked",
+        "/workspace/etc-link/passwd": "symlink",
+        "readme-link": "symlink",
+        "dir": "not_regular_file",
+        "/workspace": "not_regular_file",
+        "nothing-here": "missing",
+        "": "invalid_path",
+    }
+    for path, reason in cases.items():
+        with pytest.raises(PathRefused) as refused:
+            await files.read_text(path, limit=100)
+        assert refused.value.reason == reason, path
+    with pytest.raises(PathRefused, match="too_large"):
+        await files.read_text("big", limit=4096)
+    for path, reason in {
+        "/workspace/etc-link/x": "symlink",
+        "readme-link": "symlink",
+        ".cursor/hooks.json": "masked",
+        "dir": "not_regular_file",
+        "/tmp/x": "outside_workspace",
+    }.items():
+        with pytest.raises(PathRefused) as refused:
+            await files.write_text(path, "no")
+        assert refused.value.reason == reason, path
+    for path in ("readme-link", "dir", "nothing-here"):
+        files.artifact(path)
+    await files.lookups_done()
+    assert files.artifact("readme-link").reason == "symlink"
+    assert files.artifact("dir").reason == "not_regular_file"
+    assert files.artifact("nothing-here").reason == "missing"
+    assert files.artifact("/workspace/.claude/settings.json").reason == "masked"
+    with pytest.raises(ArchiveRefused):  # the agent's links refuse the bring-back
+        await backend.destroy(sandbox.sandbox_id)

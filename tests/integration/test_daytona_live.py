@@ -22,6 +22,7 @@ from worker.errors import BackendAuthFailed
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.config import DaytonaConfig
 from worker.sandbox.daytona import DaytonaBackend
+from worker.sandbox.files import PathRefused
 
 _NEEDED = (
     "DAYTONA_API_KEY",
@@ -97,3 +98,31 @@ async def test_live_wrong_key_is_backend_auth_failed() -> None:
     wrong = DaytonaBackend(_config(daytona_api_key="dtn_" + "0" * 40))
     with pytest.raises(BackendAuthFailed):
         await wrong.list({})
+
+
+async def test_live_file_info_shows_links_and_fs_refuses_them(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    """What the double assumes of the real daemon: file info describes a link itself
+    (mode ``L…``), so ``fs/*`` and the admission view refuse links; and the view of a
+    clean workspace is admitted."""
+    sandbox = await backend.create(_spec(tmp_path))
+    try:
+        proc = await sandbox.spawn(
+            ["python3", "-c", "import os; os.symlink('/etc', '/workspace/l')"], env={}
+        )
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 120) == 0
+        info = await sandbox.remote.fs.get_file_info("/workspace/l")
+        assert info.mode.startswith("L"), info.mode
+        files = sandbox.workspace_files()
+        with pytest.raises(PathRefused, match="symlink"):
+            await files.read_text("/workspace/l/hostname", limit=100)
+        assert await files.read_text("README.md", limit=100) == "# live\n"
+        view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+        assert view.admitted, view.to_dict()
+        proc = await sandbox.spawn(["rm", "/workspace/l"], env={})
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), 120)
+    finally:
+        await backend.destroy(sandbox.sandbox_id)

@@ -24,6 +24,7 @@ from worker.events import notices
 from worker.events.models import EventData, UsageReported
 from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
+from worker.jobs.prompt import workspace_path
 from worker.packs.runtime import LaunchPlan
 from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
 from worker.rpc.oversize import OversizeLine
@@ -172,6 +173,9 @@ class Turn:
     ) -> str:
         blocks = self._ctx.spec.prompt_blocks()
         # Linked files checked against the workspace as the agent will find them.
+        if self._state.files is not None:
+            links = [b for b in blocks if b.get("type") == "resource_link"]
+            await self._state.files.look_up([workspace_path(str(b["uri"])) for b in links])
         check_links(blocks, self._state.normalizer.artifacts)
         prompt = asyncio.create_task(client.turn(session_id, blocks))
         budget = self._state.budget

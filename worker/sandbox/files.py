@@ -78,6 +78,13 @@ class WorkspaceFiles(Protocol):
         """
         ...
 
+    async def look_up(self, paths: Sequence[str]) -> None:
+        """Make :meth:`artifact` answer for ``paths`` (e.g. the prompt's linked files)
+        without a round trip: a backend whose ``artifact`` answers from lookups made
+        ahead (Daytona's) makes them now; a backend that answers at once does nothing.
+        Never raises for a path: its refusal is ``artifact``'s answer."""
+        ...
+
     async def read_text(self, path: str, *, limit: int) -> str:
         """The file's text (UTF-8, bad bytes replaced).
 

@@ -56,6 +56,10 @@ class HostWorkspaceFiles:
             return Verdict(reason="not_regular_file")
         return Verdict(relative=rel, size=info.st_size)
 
+    async def look_up(self, paths: Sequence[str]) -> None:
+        """Nothing to do: :meth:`artifact` answers from the host at once."""
+        del paths
+
     async def read_text(self, path: str, *, limit: int) -> str:
         """See :class:`worker.sandbox.files.WorkspaceFiles`."""
         return await asyncio.to_thread(self.read_text_now, path, limit=limit)

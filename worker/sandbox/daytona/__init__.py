@@ -19,7 +19,10 @@ the first input, never in the command line. Output is followed from the logs str
 
 Workspace: uploaded into the sandbox at create, brought back (bounded, extracted safely)
 by ``destroy`` before the sandbox is deleted; the change capture then runs on the host
-as for docker (``sync.py``). The SDK's exceptions are translated in ``api.py``.
+as for docker (``sync.py``). Config masks are applied by content there: masked paths are
+not uploaded and never taken back. Admission runs again in the sandbox's view, rebuilt
+from its file API (``view.py``); ``fs/*``, artifacts and links go through the file API
+too (``files.py``, ``remote.py``). The SDK's exceptions are translated in ``api.py``.
 """
 
 from worker.sandbox.daytona.backend import BACKEND_NAME, DaytonaBackend, DaytonaSandbox

@@ -26,8 +26,9 @@ from worker.sandbox.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from worker.sandbox.daytona import sdk, sync
+from worker.sandbox.daytona import sdk, sync, view
 from worker.sandbox.daytona.api import Api, close_client
+from worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
 from worker.sandbox.daytona.relay import launch_header, relay_command
 from worker.sandbox.shared import check_command, check_id, make_sandbox_id
@@ -35,6 +36,7 @@ from worker.sandbox.shared import check_command, check_id, make_sandbox_id
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox, CreateSnapshotParams
 
+    from worker.admission import MaskEntry
     from worker.admission.result import AdmissionResult
     from worker.sandbox.base import LeaseDeadline
     from worker.sandbox.config import DaytonaConfig
@@ -48,6 +50,8 @@ LABEL_BACKEND = "acpw.backend"
 _SDK_LABELS = frozenset({"code-toolbox-language"})
 _GIB = 1024**3
 _SYNC_SESSION = "acpw-sync"
+#: How long the runner's thread waits for the admission view (bounded calls, each retried).
+_VIEW_TIMEOUT_S = 300.0
 
 
 class _Command(CommandControl):
@@ -102,8 +106,11 @@ class DaytonaSandbox:
         spec: SandboxSpec,
         client: AsyncDaytona,
         remote: AsyncSandbox,
+        masks: Sequence[MaskEntry] = (),
     ) -> None:
         self.backend = backend
+        #: The masks applied by content (``sync.py``): left out going in, kept coming back.
+        self.masks = tuple(masks)
         self.api = backend.api
         self.client = client
         self._sandbox_id = sandbox_id
@@ -114,6 +121,8 @@ class DaytonaSandbox:
         self._unfollow: Callable[[], None] | None = None
         self._last_refresh = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()
+        self._files: DaytonaWorkspaceFiles | None = None
 
     @property
     def sandbox_id(self) -> str:
@@ -157,14 +166,39 @@ class DaytonaSandbox:
         self.processes.append(proc)
         return proc
 
-    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult | None:
-        """``None``: the sandbox's mount view is on Daytona's runner, not this host."""
-        del provider
-        return None
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
+        """Admission in the sandbox's own view, rebuilt from its file API (``view.py``).
+        Called in a worker thread (as the runner does): the SDK's client belongs to the
+        event loop the sandbox was made in, so the work runs there and this thread waits.
 
-    def workspace_files(self) -> None:
-        """``None`` for now: the sandbox's tree is on Daytona's runner (no ``fs/*`` is
-        advertised; artifacts and links are refused ``workspace_not_reachable``)."""
+        Raises:
+            SandboxError: Daytona failed, the view needed more than its bounds, or this
+                is called on the event loop's own thread (it would deadlock).
+            WorkspaceUnavailable: the sandbox has no ``/workspace`` directory.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise SandboxError("daytona: admission_view must be called off the event loop")
+        future = asyncio.run_coroutine_threadsafe(
+            view.sandbox_admission(self, provider=provider), self._loop
+        )
+        try:
+            return future.result(timeout=_VIEW_TIMEOUT_S)
+        except TimeoutError:
+            future.cancel()
+            raise SandboxError(
+                "daytona: the admission view took too long", timeout_s=_VIEW_TIMEOUT_S
+            ) from None
+
+    def workspace_files(self) -> DaytonaWorkspaceFiles:
+        """``/workspace`` through Daytona's file API, with this sandbox's masks
+        (``files.py``; ``fs/*`` is advertised when the pack keeps ``launch.client_fs``)."""
+        if self._files is None:
+            self._files = DaytonaWorkspaceFiles(self, masks=self.masks)
+        return self._files
 
     # --- the lease heartbeat keeps the sandbox active --------------------------------
 
@@ -198,6 +232,8 @@ class DaytonaSandbox:
         """Its processes' followers stopped and its client closed (after the delete)."""
         for process in self.processes:
             await process.close()
+        if self._files is not None:
+            await self._files.aclose()
         await close_client(self.client)
 
     def unfollow(self) -> None:
@@ -389,6 +425,7 @@ class DaytonaBackend:
             raise
 
     async def _create(self, client: AsyncDaytona, spec: SandboxSpec) -> DaytonaSandbox:
+        masks = await asyncio.to_thread(sync.masks, spec)
         snapshot = await self.ensure_snapshot(client, spec)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         labels = self.labels(spec, sandbox_id)
@@ -412,7 +449,7 @@ class DaytonaBackend:
                 await self._delete(client, sandbox_id)
             raise
         sandbox = DaytonaSandbox(
-            self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote
+            self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote, masks=masks
         )
         try:
             await self._upload(sandbox)
@@ -435,7 +472,7 @@ class DaytonaBackend:
     async def _upload(self, sandbox: DaytonaSandbox) -> None:
         with tempfile.TemporaryDirectory(prefix="acpw-daytona-") as tmp:
             tar = Path(tmp) / "in.tar"
-            await asyncio.to_thread(sync.pack_in, sandbox.spec, tar)
+            await asyncio.to_thread(sync.pack_in, sandbox.spec, tar, masked=sandbox.masks)
             fs = sandbox.remote.fs
             await self.api.call("upload workspace", lambda: fs.upload_file(str(tar), sync.IN_TAR))
         await sandbox.run(sync.unpack_in_command(sandbox.spec), "unpack workspace")
@@ -455,7 +492,7 @@ class DaytonaBackend:
             await asyncio.to_thread(
                 sync.bring_back, sandbox.spec, tar,
                 max_bytes=self.config.daytona_sync_max_bytes,
-                max_entries=self.config.daytona_sync_max_entries,
+                max_entries=self.config.daytona_sync_max_entries, masked=sandbox.masks,
             )  # fmt: skip
 
     async def destroy(self, sandbox_id: str) -> None:

@@ -13,21 +13,36 @@ directory inside the workspace; the workspace's and each mount's old contents ar
 replaced by what came back, so the change capture compares the sandbox's final tree with
 the one staged, as on docker. A symlink or special file the agent left refuses the whole
 archive (``archive_refused``): nothing is replaced, the error is the destroy's.
+
+Masks by content (Daytona has no bind mounts): when the spec asks for masks
+(``spec.mask_config``), what a mask of ``worker.admission.mask_plan`` covers is left out
+of the upload, so an admitted ``.claude/settings.json`` or a ``.codex`` directory never
+reaches the agent (it reads as absent). On the way back a masked path is neither
+reported deleted (the host copy stays exactly as it was) nor taken back: what the agent
+created there is discarded and logged (``daytona: discarded …``). Unlike a read-only
+mask on local/docker, the agent *can* create config at those paths mid-run (its own
+permission policy still gates writes); it acts on it inside the sandbox only and it
+never reaches the host.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
 import tarfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from worker.admission import MaskEntry, mask_plan
 from worker.safetree.bounds import Bounds
 from worker.safetree.extract import extract_tar
 from worker.safetree.remove import remove_tree
 from worker.sandbox.base import WORKSPACE, SandboxSpec
+from worker.sandbox.mountpoints import covering
+
+log = logging.getLogger(__name__)
 
 IN_TAR = "/tmp/acpw-in.tar"  # noqa: S108 - inside the sandbox
 OUT_TAR = "/tmp/acpw-out.tar"  # noqa: S108 - inside the sandbox
@@ -41,11 +56,23 @@ def roots(spec: SandboxSpec) -> list[tuple[Path, str]]:
     return pairs
 
 
-def pack_in(spec: SandboxSpec, dest: Path) -> None:
-    """Write the tar that goes in (owner names and ids dropped: the sandbox user owns
-    what it unpacks)."""
+def masks(spec: SandboxSpec) -> tuple[MaskEntry, ...]:
+    """The masks the spec asks for (none when ``mask_config`` is off).
 
-    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    Raises:
+        WorkspaceUnavailable: the workspace is missing.
+    """
+    return tuple(mask_plan(spec.workspace)) if spec.mask_config else ()
+
+
+def pack_in(spec: SandboxSpec, dest: Path, *, masked: Sequence[MaskEntry] = ()) -> None:
+    """Write the tar that goes in (owner names and ids dropped: the sandbox user owns
+    what it unpacks), without what ``masked`` covers in the workspace."""
+    prefix = WORKSPACE.lstrip("/") + "/"
+
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if info.name.startswith(prefix) and covering(masked, info.name[len(prefix) :]):
+            return None  # and, for a directory, nothing below it
         info.uid = info.gid = 0
         info.uname = info.gname = ""
         return info
@@ -70,8 +97,17 @@ def pack_out_command(spec: SandboxSpec) -> str:
     return f"tar -cf {OUT_TAR} -C / {paths}"
 
 
-def bring_back(spec: SandboxSpec, tar_path: Path, *, max_bytes: int, max_entries: int) -> None:
-    """Extract the downloaded tar safely and replace each tree's contents with it.
+def bring_back(
+    spec: SandboxSpec,
+    tar_path: Path,
+    *,
+    max_bytes: int,
+    max_entries: int,
+    masked: Sequence[MaskEntry] = (),
+) -> list[str]:
+    """Extract the downloaded tar safely and replace each tree's contents with it; in the
+    workspace, what ``masked`` covers is kept on the host as it was and discarded from
+    what came back. Returns the discarded workspace-relative paths (sorted).
 
     Raises:
         ArchiveRefused: the archive holds something unsafe or exceeds the bounds.
@@ -86,22 +122,69 @@ def bring_back(spec: SandboxSpec, tar_path: Path, *, max_bytes: int, max_entries
                 bounds=Bounds(max_bytes=max_bytes, max_entries=max_entries),
                 file_mode=lambda mode: mode & 0o755, max_stream=2 * max_bytes + 1024**2,
             )  # fmt: skip
-        for host, inside in roots(spec):
-            _replace(host, staging / inside, keep=(staging.name,))
+        discarded: list[str] = []
+        for n, (host, inside) in enumerate(roots(spec)):
+            merge = _Merge(masked if n == 0 else (), keep=(staging.name,))
+            merge.replace(host, staging / inside, PurePosixPath("."))
+            discarded += merge.discarded
     finally:
         remove_tree(staging)
+    if discarded:
+        log.warning(
+            "daytona: discarded %d path(s) the agent made at masked config paths: %s",
+            len(discarded), ", ".join(sorted(discarded)[:20]),
+        )  # fmt: skip
+    return sorted(discarded)
 
 
-def _replace(host: Path, came_back: Path, *, keep: Sequence[str]) -> None:
-    for entry in os.listdir(host):
-        if entry in keep:
-            continue
-        path = host / entry
-        if path.is_dir() and not path.is_symlink():
-            remove_tree(path)
+class _Merge:
+    """Replace a host tree's contents with what came back, around the masks."""
+
+    def __init__(self, masked: Sequence[MaskEntry], *, keep: Sequence[str]) -> None:
+        self.masked = masked
+        self.keep = keep
+        #: Directories that hold a masked path: merged entry by entry, never replaced.
+        self.holders = {str(p) for e in masked for p in e.path.parents if str(p) != "."}
+        self.discarded: list[str] = []
+
+    def replace(self, host: Path, came_back: Path, rel: PurePosixPath) -> None:
+        held: list[str] = []
+        for entry in os.listdir(host):
+            sub = rel / entry
+            top = rel == PurePosixPath(".") and entry in self.keep
+            if top or covering(self.masked, str(sub)):
+                continue
+            path = host / entry
+            if str(sub) in self.holders and path.is_dir() and not path.is_symlink():
+                held.append(entry)
+            elif path.is_dir() and not path.is_symlink():
+                remove_tree(path)
+            else:
+                path.unlink()
+        for entry in held:  # what the agent removed: emptied around the masked paths
+            if not (came_back / entry).is_dir():
+                self.replace(host / entry, came_back / entry, rel / entry)
+        if not came_back.is_dir():
+            return
+        for entry in os.listdir(came_back):
+            self._take(host, came_back, rel, entry)
+
+    def _take(self, host: Path, came_back: Path, rel: PurePosixPath, entry: str) -> None:
+        sub, source, target = rel / entry, came_back / entry, host / entry
+        if covering(self.masked, str(sub)):
+            self.discarded.append(str(sub))
+            return
+        made = False
+        if str(sub) in self.holders and source.is_dir() and not target.exists():
+            target.mkdir()  # a new config directory: merged, so its masked paths stay out
+            shutil.copymode(source, target)
+            made = True
+        if target.is_dir() and not target.is_symlink():  # a holder
+            if source.is_dir():
+                self.replace(target, source, sub)
+            else:  # a file where the host keeps masked config: not taken
+                self.discarded.append(str(sub))
+            if made and not os.listdir(target):
+                target.rmdir()  # only masked paths were in it (and no empty dir comes back)
         else:
-            path.unlink()
-    if not came_back.is_dir():
-        return
-    for entry in os.listdir(came_back):
-        shutil.move(str(came_back / entry), str(host / entry))
+            shutil.move(str(source), str(target))
