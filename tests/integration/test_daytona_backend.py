@@ -536,7 +536,7 @@ async def test_a_served_job_runs_on_daytona(
         "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
         "ACPW_WORKER_ID": "w-served", "ACPW_WORK_DIR": str(tmp_path / "work"),
         "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
-        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "3",
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "30",
         "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
         "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
         "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
