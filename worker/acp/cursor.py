@@ -17,15 +17,19 @@ merely looks like a permission answer).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from worker.events import notices
+from worker.events.artifacts import named_paths
 from worker.events.emitter import Emit
 from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.interactions.requests import RequestInvalid, plan_request, question_request
 from worker.rpc.connection import Connection, Reply
 from worker.rpc.wire import JsonObject, JsonValue
+
+#: Looks paths up before their artifacts are checked (``WorkspaceFiles.look_up``).
+LookUp = Callable[[Sequence[str]], Awaitable[None]]
 
 NON_BLOCKING = ("cursor/update_todos", "cursor/task", "cursor/generate_image")
 CANCELLED: JsonObject = {"outcome": {"outcome": "cancelled"}}
@@ -41,10 +45,12 @@ class CursorDialect:
         emit: Emit,
         normalizer: Normalizer,
         broker: InteractionBroker,
+        look_up: LookUp | None = None,
     ) -> None:
         self._emit = emit
         self._normalizer = normalizer
         self._broker = broker
+        self._look_up = look_up
         for method in NON_BLOCKING:
             connection.route(method, self._acknowledger(method), inline=True)
         connection.route("cursor/ask_question", self._question)
@@ -52,6 +58,9 @@ class CursorDialect:
 
     def _acknowledger(self, method: str) -> Callable[[JsonValue], Awaitable[JsonObject]]:
         async def acknowledge(params: JsonValue) -> JsonObject:
+            paths = named_paths(method, params)
+            if paths and self._look_up is not None:
+                await self._look_up(paths)
             for event in self._normalizer.extension(method, params):
                 await self._emit(event)
             return {}

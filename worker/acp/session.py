@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.acp.client import AcpClient, ClientCapabilities
-from worker.acp.cursor import CursorDialect
+from worker.acp.cursor import CursorDialect, LookUp
 from worker.acp.fs import FileService
 from worker.acp.permissions import PermissionPolicy
 from worker.acp.prompt import check_capabilities
@@ -61,6 +61,9 @@ class SessionWiring:
     #: The operator's ``ACPW_MODEL_PARAMS_REQUIRED``: every parameter the agent exposes
     #: for the job's model must be named by the job (none left to the agent's default).
     params_required: bool = False
+    #: Looks up the paths a notification names before their artifacts are checked (the
+    #: sandbox's ``WorkspaceFiles.look_up``, offered or not to the agent as ``fs/*``).
+    look_up: LookUp | None = None
 
 
 class AcpSession:
@@ -97,7 +100,11 @@ class AcpSession:
         connection.route("session/request_permission", policy)
         if wiring.dialect == "cursor":
             CursorDialect(
-                connection, emit=self._emit, normalizer=wiring.normalizer, broker=wiring.broker
+                connection,
+                emit=self._emit,
+                normalizer=wiring.normalizer,
+                broker=wiring.broker,
+                look_up=wiring.look_up,
             )
         if wiring.files is not None:
             FileService(wiring.files, read_limit=FS_READ_LIMIT).register(connection)

@@ -75,3 +75,31 @@ def image_events(check: ArtifactCheck, params: Mapping[str, Any]) -> Out:
     for path in references if isinstance(references, list) else []:
         out += referenced(check, path, "reference_image", tool_call_id=tcid)
     return out
+
+
+def named_paths(method: str, params: Any) -> list[str]:
+    """The paths in a notification that the normalizer will check as artifacts: the
+    ``resource_link`` blocks of a tool's content (``session/update``) and the files of
+    ``cursor/generate_image``. A backend whose check answers from lookups (Daytona's
+    file API) looks them up first, so that a file written just before it is named is
+    judged on what is there, not refused for not having been looked up yet."""
+    if not isinstance(params, Mapping):
+        return []
+    if method == "cursor/generate_image":
+        references = params.get("referenceImagePaths")
+        named = [params.get("filePath"), *(references if isinstance(references, list) else [])]
+        return [p for p in named if isinstance(p, str) and p]
+    update = params.get("update") if method == "session/update" else None
+    if not isinstance(update, Mapping):
+        return []
+    content = update.get("content")
+    paths = []
+    for block in content if isinstance(content, list) else []:
+        inner = block.get("content") if isinstance(block, Mapping) else None
+        if not isinstance(inner, Mapping) or inner.get("type") != "resource_link":
+            continue
+        uri = inner.get("uri")
+        if not isinstance(uri, str):
+            continue
+        paths.append(uri.removeprefix("file://"))
+    return [p for p in paths if p]

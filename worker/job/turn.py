@@ -20,7 +20,7 @@ from worker.acp.prompt import check_links
 from worker.acp.session import AcpSession, SessionWiring
 from worker.admission import Note
 from worker.errors import WorkerError
-from worker.events import notices
+from worker.events import artifacts, notices
 from worker.events.models import EventData, UsageReported
 from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
@@ -112,6 +112,7 @@ class Turn:
                 sandbox=state.sandbox,
                 # No fs methods for a pack that opts out: the agent uses its own.
                 files=state.files if plan.client_fs else None,
+                look_up=None if state.files is None else state.files.look_up,
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,
@@ -231,6 +232,9 @@ class Turn:
         if method != "session/update":
             await emitter.emit(normalizer.provider_unmapped(method, params))
             return
+        paths = artifacts.named_paths(method, params)
+        if paths and self._state.files is not None:
+            await self._state.files.look_up(paths)
         await self._emit(normalizer.session_update(params))
 
     async def _malformed(self, preview: str, reason: str) -> None:

@@ -16,7 +16,10 @@ reads as the sandbox user, inside the sandbox: nothing of the host is behind a l
 answers from verdicts looked up in the background. A path not looked up yet (or looked
 up more than ``ttl_s`` ago) is refused ``workspace_not_reachable`` — the artifact becomes
 a ``notice`` — and a lookup is started, so the next reference to it is answered; a
-file the worker itself read or wrote is known at once.
+file the worker itself read or wrote is known at once. The job awaits :meth:`look_up`
+for the paths each notification names before normalizing it
+(``worker.events.artifacts.named_paths``), so a file named right after it was written
+is judged on what is there.
 """
 
 from __future__ import annotations
