@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 import socket
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import SandboxError
 from worker.sandbox import BackendConfig, backend_config
 from worker.sandbox.base import (
@@ -340,6 +341,50 @@ def test_a_proxy_peer_that_would_match_too_much_or_nothing_is_refused(peer: Prox
         manifests.network_policies(KubernetesConfig(), peer)
 
 
+# -- config masks -------------------------------------------------------------------------
+
+
+def test_config_masks_are_mounted_over_the_workspace() -> None:
+    plan = [
+        MaskEntry(PurePosixPath(".claude"), MaskKind.ANCHOR),
+        MaskEntry(PurePosixPath(".claude/settings.json"), MaskKind.FILE),
+        MaskEntry(PurePosixPath(".cursor/plugins"), MaskKind.DIR),
+        MaskEntry(PurePosixPath(".cursor"), MaskKind.ANCHOR),
+    ]
+    pod = build_pod(masks=plan)
+    mounts = {m["mountPath"]: m for m in container_of(pod)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    anchors = [mounts[f"{WORKSPACE}/.claude"], mounts[f"{WORKSPACE}/.cursor"]]
+    # Each anchor is a writable volume of its own: a mount point, on disk, bounded.
+    assert len({a["name"] for a in anchors}) == 2
+    for anchor in anchors:
+        assert not anchor.get("readOnly")
+        assert volumes[anchor["name"]]["emptyDir"] == {
+            "sizeLimit": str(KubernetesConfig().k8s_ephemeral_storage_bytes)
+        }
+    # A config file or directory: the one empty read-only volume, tiny and in memory.
+    for path in (".claude/settings.json", ".cursor/plugins"):
+        mount = mounts[f"{WORKSPACE}/{path}"]
+        assert mount["readOnly"] is True
+        assert mount["name"] == manifests.MASK_VOLUME
+    assert volumes[manifests.MASK_VOLUME]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Ki"}
+    # The workspace, HOME and /tmp are still there, first.
+    assert [m["mountPath"] for m in container_of(pod)["volumeMounts"][:3]] == [
+        WORKSPACE, HOME, "/tmp",
+    ]  # fmt: skip
+
+
+def test_without_masks_the_pod_has_no_mask_volumes() -> None:
+    names = {v["name"] for v in build_pod()["spec"]["volumes"]}
+    assert names == {"workspace", "home", "tmp"}
+
+
+def test_every_mask_of_the_plan_is_mounted() -> None:
+    plan = mask_plan(Path("/"))
+    mounts = [m["mountPath"] for m in container_of(build_pod(masks=plan))["volumeMounts"]]
+    assert mounts[3:] == [f"{WORKSPACE}/{e.path}" for e in plan]
+
+
 # -- RBAC ---------------------------------------------------------------------------------
 
 
@@ -422,6 +467,7 @@ def every_manifest() -> dict[str, dict[str, Any]]:
         "pod": build_pod(),
         "pod-full": build_pod(make_spec(network="allowlist"), full, disk_bytes=1 << 30),
         "pod-hostile-id": build_pod(make_spec(job_id="a" * 100 + ":$(x)", attempt=10**6)),
+        "pod-masked": build_pod(masks=mask_plan(Path("/"))),
         "deny-all": manifests.network_policies(config, None)[0],
         "proxy-only": manifests.network_policies(full, PROXY)[1],
         "proxy-only-same-namespace": manifests.network_policies(config, sandbox_local)[1],
