@@ -29,6 +29,7 @@ from worker.sandbox.base import (
     LABEL_JOB,
     LABEL_TOKEN,
     LABEL_WORKER,
+    SANDBOX_DEADLINE_MARGIN_S,
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
@@ -36,9 +37,11 @@ from worker.sandbox.base import (
     ResourceLimits,
     SandboxSpec,
     WritableMount,
+    sandbox_deadline,
 )
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes import manifests
+from worker.sandbox.kubernetes.backend import pod_deadline
 from worker.sandbox.kubernetes.manifests import ProxyPeer
 from worker.sandbox.registry import REGISTRY
 from worker.settings import Settings
@@ -183,6 +186,25 @@ def test_home_and_tmp_are_in_memory_and_bounded() -> None:
 
 def test_the_deadline_is_the_kubelets_backstop() -> None:
     assert build_pod(deadline_s=1234)["spec"]["activeDeadlineSeconds"] == 1234
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "cap", "expected"),
+    [
+        (600, 6 * 3600, 600 + SANDBOX_DEADLINE_MARGIN_S),
+        (0.5, 6 * 3600, 1 + SANDBOX_DEADLINE_MARGIN_S),  # rounded up, never below
+        (24 * 3600, 6 * 3600, 6 * 3600),  # ACPW_K8S_ACTIVE_DEADLINE_S caps it
+        (None, 7200, 7200),  # a spec with no deadline: the cap alone
+    ],
+)
+def test_the_pods_deadline_is_the_jobs_timeout_and_a_margin(
+    timeout_s: float | None, cap: int, expected: int
+) -> None:
+    deadline = None if timeout_s is None else sandbox_deadline(timeout_s)
+    spec = make_spec(deadline_s=deadline)
+    config = KubernetesConfig(k8s_active_deadline_s=cap)
+    pod = build_pod(spec, config, deadline_s=pod_deadline(spec, config))
+    assert pod["spec"]["activeDeadlineSeconds"] == expected
 
 
 def test_optional_fields_appear_only_when_configured() -> None:

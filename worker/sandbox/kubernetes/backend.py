@@ -310,7 +310,7 @@ class KubernetesBackend:
             image=image,
             config=self.config,
             command=KEEPER_ARGV,
-            deadline_s=self.config.k8s_active_deadline_s,
+            deadline_s=pod_deadline(spec, self.config),
             masks=masks,
         )
         name = str(pod["metadata"]["name"])
@@ -403,6 +403,13 @@ class KubernetesBackend:
             if name and exact is not None and wanted.items() <= exact.items():
                 infos.append(SandboxInfo(str(name), self.name, exact))
         return sorted(infos, key=lambda i: i.sandbox_id)
+
+
+def pod_deadline(spec: SandboxSpec, config: KubernetesConfig) -> int:
+    """``activeDeadlineSeconds`` of ``spec``'s pod: its ``deadline_s`` (the job's timeout
+    and a margin), never over ``k8s_active_deadline_s``."""
+    cap = config.k8s_active_deadline_s
+    return cap if spec.deadline_s is None else max(1, min(spec.deadline_s, cap))
 
 
 def _plan_masks(spec: SandboxSpec) -> tuple[list[MaskEntry], list[str]]:
