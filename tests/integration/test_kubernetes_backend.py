@@ -124,8 +124,9 @@ async def test_a_pack_image_that_cannot_be_pulled_is_a_typed_error(
     outcome, events = await _run(tmp_path, backend, "scenario: hello")
     assert outcome.status == "failed"
     error = events[-1]["data"]["error"]
-    assert error["code"] == "sandbox_failed"
+    assert error["code"] == "image_pull_failed"
     assert error["details"]["reason"] in PULL_FAILURES
+    assert "Traceback" not in error["message"]
     assert await backend.list({LABEL_JOB: events[0]["job_id"]}) == []
 
 
