@@ -31,6 +31,7 @@ from tests.integration.test_run_job import _job as _job_file
 from tests.integration.test_service import ACP_WORKER, BROKER_URL, _flush, completed, wait_for
 from tests.integration.test_service import _env as _service_env
 from tests.integration.test_service import job as _service_job
+from tests.k8s_double import rbac
 from tests.k8s_double.fixtures import NAMESPACE, Cluster, base_by_digest, cluster, images
 from worker.client import Client
 from worker.errors import SandboxError
@@ -42,6 +43,7 @@ from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.api import PULL_FAILURES
 from worker.sandbox.kubernetes.backend import KubernetesBackend
+from worker.sandbox.kubernetes.manifests import RBAC_RULES
 from worker.service.reaper import reap_once
 from worker.settings import Settings
 from worker.store.owner import owner_label
@@ -180,6 +182,17 @@ def test_acp_worker_run_backend_kubernetes_completes_a_job(
         assert {("POST", "pods"), ("GET", "exec"), ("DELETE", ready["sandbox_id"])} <= seen
         assert ("POST", "networkpolicies") in seen
         assert cluster.double.pods == {}
+    assert_within_rbac(cluster)
+
+
+def assert_within_rbac(cluster: Cluster) -> None:
+    """Every request the double saw needs only what ``RBAC_RULES`` grants (a real
+    cluster would refuse the rest; only the double records requests)."""
+    if cluster.double is None:
+        return
+    granted = {(r.api_group, r.resource, v) for r in RBAC_RULES for v in r.verbs}
+    assert cluster.double.requests
+    assert rbac.outside(cluster.double.requests, granted) == set()
 
 
 def _spec(tmp_path: Path, **labels: str) -> SandboxSpec:
@@ -247,6 +260,7 @@ async def test_spawn_carries_stdio_env_signals_and_exit_status(
     assert (spec.workspace / "written.txt").read_text() == "made\n"
     await backend.destroy(sandbox.sandbox_id)  # idempotent
     assert await backend.list({LABEL_JOB: spec.job_id}) == []
+    assert_within_rbac(cluster)
 
 
 async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
@@ -273,6 +287,7 @@ async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
     assert report.destroyed == (sandbox.sandbox_id,)
     assert await reaper.list({LABEL_JOB: sandbox.spec.job_id}) == []
     assert (tmp_path / "ws" / "README.md").read_text() == "# staged\n"  # nothing copied back
+    assert_within_rbac(cluster)
 
 
 @pytest.mark.usefixtures("base_image")

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
-from tests.integration.test_kubernetes_backend import ENV, _backend, _on_base, _spec
+from tests.integration.test_kubernetes_backend import (
+    ENV,
+    _backend,
+    _on_base,
+    _spec,
+    assert_within_rbac,
+)
 from tests.k8s_double.fixtures import Cluster, base_by_digest, cluster, images
 from worker.images.engine import EngineConfig
 from worker.sandbox.kubernetes.backend import KubernetesBackend, KubernetesSandbox
@@ -113,3 +119,4 @@ async def test_config_planted_in_the_pods_view_is_refused_before_launch(
         assert not (spec.workspace / ".cursor").exists()  # seen in the pod, not on the host
     finally:
         await backend.destroy(sandbox.sandbox_id)
+    assert_within_rbac(cluster)

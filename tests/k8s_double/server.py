@@ -275,7 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
-        self.double.requests.append((method, url.path))
+        # A watch is its own RBAC verb: recorded with the marker tests/k8s_double/rbac.py reads.
+        watch = "?watch" if query.get("watch") else ""
+        self.double.requests.append((method, url.path + watch))
         try:
             self._authorize()
             body = self._body()

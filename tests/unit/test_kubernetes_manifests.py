@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from tests.k8s_double import rbac
 from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import SandboxError
 from worker.sandbox import BackendConfig, backend_config
@@ -420,14 +421,9 @@ def test_the_role_grants_exactly_what_the_backend_needs() -> None:
         for verb in rule["verbs"]
     }
     needed = {
-        *(("", "pods", v) for v in ("create", "get", "list", "watch", "delete")),
-        *(("", "pods/attach", v) for v in ("create", "get")),
+        *(("", "pods", v) for v in ("create", "get", "list", "delete")),
         *(("", "pods/exec", v) for v in ("create", "get")),
-        ("", "pods/log", "get"),
-        *(
-            ("networking.k8s.io", "networkpolicies", v)
-            for v in ("get", "list", "create", "patch", "delete")
-        ),
+        ("networking.k8s.io", "networkpolicies", "create"),
     }
     assert granted == needed
     assert not any("*" in item for item in granted)
@@ -527,3 +523,45 @@ def test_the_validator_works_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_newest_version_tested_is_bundled() -> None:
     assert kubernetes_validate.latest_version() >= K8S_VERSIONS[-1]
+
+
+# -- what the double's requests need ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "needs"),
+    [
+        ("POST", "/api/v1/namespaces/ns/pods", {("", "pods", "create")}),
+        ("GET", "/api/v1/namespaces/ns/pods", {("", "pods", "list")}),
+        ("GET", "/api/v1/namespaces/ns/pods?watch", {("", "pods", "watch")}),
+        ("GET", "/api/v1/namespaces/ns/pods/p", {("", "pods", "get")}),
+        ("DELETE", "/api/v1/namespaces/ns/pods/p", {("", "pods", "delete")}),
+        (
+            "GET",
+            "/api/v1/namespaces/ns/pods/p/exec",
+            {("", "pods/exec", "get"), ("", "pods/exec", "create")},
+        ),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log", {("", "pods/log", "get")}),
+        (
+            "POST",
+            "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies",
+            {("networking.k8s.io", "networkpolicies", "create")},
+        ),
+        (
+            "PATCH",
+            "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/x",
+            {("networking.k8s.io", "networkpolicies", "patch")},
+        ),
+    ],
+)
+def test_each_request_needs_its_permission(method: str, path: str, needs: set[Any]) -> None:
+    assert rbac.needed(method, path) == needs
+    granted = {(r.api_group, r.resource, v) for r in manifests.RBAC_RULES for v in r.verbs}
+    # The backend's calls are within the Role; what it never calls is outside it.
+    within = not rbac.outside([(method, path)], granted)
+    assert within is (path.endswith(("/pods", "/pods/p", "/exec", "/networkpolicies")))
+
+
+def test_a_request_outside_a_namespace_is_not_mapped() -> None:
+    with pytest.raises(ValueError, match="namespaced"):
+        rbac.needed("GET", "/api/v1/nodes")

@@ -404,36 +404,23 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule(
         "",
         "pods",
-        ("create", "get", "list", "watch", "delete"),
-        "one pod per job attempt, watched to its end; the reaper lists sandbox pods by "
-        "label and deletes orphans",
-    ),
-    RbacRule(
-        "",
-        "pods/attach",
-        ("create", "get"),
-        "the agent's stdio over the attach WebSocket (a WebSocket upgrade is a GET; "
-        "newer API servers also check create)",
+        ("create", "get", "list", "delete"),
+        "one pod per job attempt, read until it runs and until it is gone; the reaper "
+        "lists sandbox pods by label and deletes orphans",
     ),
     RbacRule(
         "",
         "pods/exec",
         ("create", "get"),
-        "the workspace and session store copied in and changes out (tar), admission in "
-        "the pod's own view",
-    ),
-    RbacRule(
-        "",
-        "pods/log",
-        ("get",),
-        "what the container wrote when it ended before the backend attached (why it failed)",
+        "every program of the sandbox, the workspace and session store copied in and "
+        "changes out (tar), admission in the pod's own view (a WebSocket upgrade is a "
+        "GET; API servers from 1.30 also check create)",
     ),
     RbacRule(
         _NETWORKING.split("/", 1)[0],
         "networkpolicies",
-        ("get", "list", "create", "patch", "delete"),
-        "the sandbox namespace's deny-all and proxy-only policies, kept as the backend "
-        "configures them",
+        ("create",),
+        "the sandbox namespace's deny-all policy, created once (an existing one is kept)",
     ),
 )
 """Exactly what the backend needs, in its sandbox namespace only."""
