@@ -206,7 +206,10 @@ def _clear(directory: Path, kept: Sequence[PurePosixPath], rel: PurePosixPath) -
 
 
 def _replace(
-    target: Path, archive: Any, owner: tuple[int, int] | None, kept: Sequence[PurePosixPath]
+    target: Path,
+    archive: Any,
+    owner: tuple[int, int] | None,
+    kept: Sequence[PurePosixPath] = (),
 ) -> None:
     _clear(target, kept, PurePosixPath())
     extract(archive, target)
