@@ -5,10 +5,14 @@ and ``make test-k8s`` for a real one)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
@@ -19,7 +23,15 @@ from tests.integration.test_kubernetes_backend import (
     _spec,
     assert_within_rbac,
 )
-from tests.k8s_double.fixtures import Cluster, base_by_digest, cluster, images
+from tests.k8s_double.fixtures import (
+    REPOSITORY,
+    Cluster,
+    base_by_digest,
+    by_digest,
+    cluster,
+    images,
+    real_cluster,
+)
 from worker.images.engine import EngineConfig
 from worker.sandbox.kubernetes.backend import KubernetesBackend, KubernetesSandbox
 
@@ -120,3 +132,41 @@ async def test_config_planted_in_the_pods_view_is_refused_before_launch(
     finally:
         await backend.destroy(sandbox.sandbox_id)
     assert_within_rbac(cluster)
+
+
+PLANTED_TAG = "planted-hooks"
+
+
+@pytest.fixture
+def planted_image(docker_host: str, base_image: str) -> Iterator[str]:
+    """The base image with Cursor's enterprise hooks file planted in it, by digest (this
+    test's own image, removed afterwards)."""
+    if real_cluster() is not None:
+        pytest.skip("builds its image on the local engine: the double's case only")
+    containerfile = (
+        f"FROM {base_image}\nUSER 0\n"
+        "RUN mkdir -p /etc/cursor && echo '{}' > /etc/cursor/hooks.json\n"
+        "USER 1000\n"
+    )
+    client = docker.DockerClient(base_url=docker_host)
+    try:
+        image, _ = client.images.build(fileobj=io.BytesIO(containerfile.encode()), rm=True)
+        reference = by_digest(docker_host, str(image.id), PLANTED_TAG)
+        yield reference
+    finally:
+        with contextlib.suppress(docker.errors.APIError):  # only this test's own tag
+            client.images.remove(f"{REPOSITORY}:{PLANTED_TAG}")
+        client.close()
+
+
+async def test_config_planted_in_the_image_is_refused_before_launch(
+    tmp_path: Path, cluster: Cluster, images: EngineConfig, planted_image: str
+) -> None:
+    backend = _masked_backend(tmp_path, cluster, images, planted_image)
+    sandbox = await backend.create(_spec(tmp_path))
+    try:
+        view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    assert not view.admitted
+    assert [f.path for f in view.findings] == ["/etc/cursor/hooks.json"]
