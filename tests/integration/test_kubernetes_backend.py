@@ -39,7 +39,12 @@ from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
 from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
-from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.base import (
+    LABEL_JOB,
+    SANDBOX_DEADLINE_MARGIN_S,
+    ResourceLimits,
+    SandboxSpec,
+)
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.api import PULL_FAILURES
 from worker.sandbox.kubernetes.backend import KubernetesBackend
@@ -130,6 +135,10 @@ async def test_a_pack_image_that_cannot_be_pulled_is_a_typed_error(
     assert error["details"]["reason"] in PULL_FAILURES
     assert "Traceback" not in error["message"]
     assert await backend.list({LABEL_JOB: events[0]["job_id"]}) == []
+    if cluster.double is not None:
+        # The job's timeout (60 s) and the setup/teardown margin: the kubelet's backstop.
+        (pod,) = cluster.double.created
+        assert pod["spec"]["activeDeadlineSeconds"] == 60 + SANDBOX_DEADLINE_MARGIN_S
 
 
 def test_allowlist_is_refused_until_the_in_cluster_proxy_exists(tmp_path: Path) -> None:
