@@ -36,7 +36,12 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── BackendQuotaExceeded     backend_quota_exceeded   1
     │   ├── BackendRateLimited       backend_rate_limited     1
     │   ├── SnapshotFailed           snapshot_failed          1
-    │   └── SandboxStartTimeout      sandbox_start_timeout    1
+    │   ├── SandboxStartTimeout      sandbox_start_timeout    1
+    │   ├── ImagePullFailed          image_pull_failed        1
+    │   ├── SandboxUnschedulable     sandbox_unschedulable    1
+    │   ├── SandboxEvicted           sandbox_evicted          1
+    │   ├── SandboxOomKilled         oom_killed               1
+    │   └── SandboxDeadlineExceeded  sandbox_deadline_exceeded 1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
     │   │   └── OomKilled            oom_killed               1
@@ -263,9 +268,42 @@ class SnapshotFailed(SandboxError):
 
 
 class SandboxStartTimeout(SandboxError):
-    """A remote sandbox did not reach ``started`` within its bound."""
+    """A remote sandbox did not reach ``started`` (a pod ``Running``) within its bound."""
 
     code = "sandbox_start_timeout"
+
+
+class ImagePullFailed(SandboxError):
+    """The cluster cannot have the sandbox's image (``details.reason``: the kubelet's,
+    ``ErrImagePull``, ``ImagePullBackOff``, ``InvalidImageName``, ``ErrImageNeverPull``)."""
+
+    code = "image_pull_failed"
+
+
+class SandboxUnschedulable(SandboxError):
+    """No node can run the sandbox (its requests, the nodes' taints or selectors)."""
+
+    code = "sandbox_unschedulable"
+
+
+class SandboxEvicted(SandboxError):
+    """The node evicted the sandbox (its pressure: memory, disk, pids)."""
+
+    code = "sandbox_evicted"
+
+
+class SandboxOomKilled(SandboxError):
+    """The sandbox as a whole ran out of memory (not one agent process of it:
+    :class:`OomKilled`); ``details.memory_limit`` is its bound."""
+
+    code = "oom_killed"
+
+
+class SandboxDeadlineExceeded(SandboxError):
+    """The sandbox outlived its hard deadline (a pod's ``activeDeadlineSeconds``: the
+    job's timeout plus the setup and teardown margin) and was stopped."""
+
+    code = "sandbox_deadline_exceeded"
 
 
 class AgentError(WorkerError):

@@ -31,6 +31,7 @@ from tests.integration.test_run_job import _job as _job_file
 from tests.integration.test_service import ACP_WORKER, BROKER_URL, _flush, completed, wait_for
 from tests.integration.test_service import _env as _service_env
 from tests.integration.test_service import job as _service_job
+from tests.k8s_double import rbac
 from tests.k8s_double.fixtures import NAMESPACE, Cluster, base_by_digest, cluster, images
 from worker.client import Client
 from worker.errors import SandboxError
@@ -38,10 +39,16 @@ from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
 from worker.job import JobOutcome, run_job
 from worker.jobs.spec import parse_job
-from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.base import (
+    LABEL_JOB,
+    SANDBOX_DEADLINE_MARGIN_S,
+    ResourceLimits,
+    SandboxSpec,
+)
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.api import PULL_FAILURES
 from worker.sandbox.kubernetes.backend import KubernetesBackend
+from worker.sandbox.kubernetes.manifests import RBAC_RULES
 from worker.service.reaper import reap_once
 from worker.settings import Settings
 from worker.store.owner import owner_label
@@ -124,9 +131,14 @@ async def test_a_pack_image_that_cannot_be_pulled_is_a_typed_error(
     outcome, events = await _run(tmp_path, backend, "scenario: hello")
     assert outcome.status == "failed"
     error = events[-1]["data"]["error"]
-    assert error["code"] == "sandbox_failed"
+    assert error["code"] == "image_pull_failed"
     assert error["details"]["reason"] in PULL_FAILURES
+    assert "Traceback" not in error["message"]
     assert await backend.list({LABEL_JOB: events[0]["job_id"]}) == []
+    if cluster.double is not None:
+        # The job's timeout (60 s) and the setup/teardown margin: the kubelet's backstop.
+        (pod,) = cluster.double.created
+        assert pod["spec"]["activeDeadlineSeconds"] == 60 + SANDBOX_DEADLINE_MARGIN_S
 
 
 def test_allowlist_is_refused_until_the_in_cluster_proxy_exists(tmp_path: Path) -> None:
@@ -179,6 +191,17 @@ def test_acp_worker_run_backend_kubernetes_completes_a_job(
         assert {("POST", "pods"), ("GET", "exec"), ("DELETE", ready["sandbox_id"])} <= seen
         assert ("POST", "networkpolicies") in seen
         assert cluster.double.pods == {}
+    assert_within_rbac(cluster)
+
+
+def assert_within_rbac(cluster: Cluster) -> None:
+    """Every request the double saw needs only what ``RBAC_RULES`` grants (a real
+    cluster would refuse the rest; only the double records requests)."""
+    if cluster.double is None:
+        return
+    granted = {(r.api_group, r.resource, v) for r in RBAC_RULES for v in r.verbs}
+    assert cluster.double.requests
+    assert rbac.outside(cluster.double.requests, granted) == set()
 
 
 def _spec(tmp_path: Path, **labels: str) -> SandboxSpec:
@@ -246,6 +269,7 @@ async def test_spawn_carries_stdio_env_signals_and_exit_status(
     assert (spec.workspace / "written.txt").read_text() == "made\n"
     await backend.destroy(sandbox.sandbox_id)  # idempotent
     assert await backend.list({LABEL_JOB: spec.job_id}) == []
+    assert_within_rbac(cluster)
 
 
 async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
@@ -272,6 +296,7 @@ async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(
     assert report.destroyed == (sandbox.sandbox_id,)
     assert await reaper.list({LABEL_JOB: sandbox.spec.job_id}) == []
     assert (tmp_path / "ws" / "README.md").read_text() == "# staged\n"  # nothing copied back
+    assert_within_rbac(cluster)
 
 
 @pytest.mark.usefixtures("base_image")

@@ -28,6 +28,7 @@ removes the pod at once).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -88,6 +89,8 @@ class ApiDouble:
         self.pods: dict[tuple[str, str], podman_pods.PodmanPod] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
+        #: Every pod spec the double accepted, as it was given (pods outlive no test).
+        self.created: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self._removals: list[threading.Thread] = []
         self.engine = docker.DockerClient(base_url=docker_host)
@@ -147,6 +150,7 @@ class ApiDouble:
             _stamp(metadata, ns)
             pod = podman_pods.PodmanPod(self.docker_host, body)
             self.pods[(ns, name)] = pod
+            self.created.append(copy.deepcopy(body))
         pod.start()
         return self.pod_object(pod)
 
@@ -275,7 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
-        self.double.requests.append((method, url.path))
+        # A watch is its own RBAC verb: recorded with the marker tests/k8s_double/rbac.py reads.
+        watch = "?watch" if query.get("watch") else ""
+        self.double.requests.append((method, url.path + watch))
         try:
             self._authorize()
             body = self._body()

@@ -28,8 +28,11 @@ import yaml
 from prometheus_client import REGISTRY
 
 from worker import metrics
+from worker.images.build import PinStore
+from worker.images.identity import ImageIdentity, PinnedImage, PushedImage
 from worker.sandbox.config import DockerConfig, KubernetesConfig
 from worker.sandbox.kubernetes import manifests
+from worker.sandbox.kubernetes.images import pack_image
 from worker.sandbox.kubernetes.manifests import RBAC_RULES, ProxyPeer
 from worker.settings import Settings
 
@@ -89,6 +92,10 @@ PROFILES: dict[str, dict[str, Any]] = {
                     "createNamespace": True,
                     "ownerReferences": True,
                     "runtimeClassName": "gvisor",
+                    "images": {
+                        "baseImageId": "sha256:" + "b" * 64,
+                        "pins": {"c" * 64 + ".json": '{"image_id": "sha256:' + "e" * 64 + '"}'},
+                    },
                     "networkPolicies": {
                         "proxy": {
                             "enabled": True,
@@ -213,6 +220,14 @@ def test_a_crd_schema_refuses_a_misplaced_field(rendered: dict[str, list[dict[st
             "/sandbox/docker/workHostPath",
         ),
         (_merge(BASE, {"extraVolumeMounts": [{"name": "packs"}]}), "/extraVolumeMounts/0"),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"baseImageId": "abc"}}}}),
+            "/sandbox/kubernetes/images/baseImageId",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"pins": {"x.json": "{}"}}}}}),
+            "'x.json' does not match pattern",
+        ),
     ],
 )
 def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], message: str) -> None:
@@ -242,6 +257,27 @@ def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], messag
         (
             _merge(BASE, {"sandbox": {"kubernetes": {"ownerReferences": True}}}),
             "owner references cannot cross namespaces",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"pinsConfigMap": "pins"}}}}),
+            "pins need .baseImageId",
+        ),
+        (
+            _merge(
+                BASE,
+                {
+                    "sandbox": {
+                        "kubernetes": {
+                            "images": {
+                                "baseImageId": "sha256:" + "0" * 64,
+                                "pinsConfigMap": "pins",
+                                "pins": {"0" * 64 + ".json": "{}"},
+                            }
+                        }
+                    }
+                },
+            ),
+            "are exclusive: give the pin files one way",
         ),
         (
             _merge(
@@ -333,6 +369,8 @@ def test_the_settings_the_chart_sets_are_the_workers(
     )
     config = KubernetesConfig()
     assert (config.k8s_namespace, config.k8s_runtime_class_name) == (NAMESPACE, "gvisor")
+    assert config.k8s_base_image_id == "sha256:" + "b" * 64
+    assert config.images_dir == Path("/etc/acp-worker/images")
     assert config.k8s_ephemeral_storage_bytes == 10 * 1024**3
     assert env["ACPW_K8S_OWNER_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["ACPW_REDIS_URL"] == {"secretKeyRef": {"name": "acpw-redis", "key": "redis-url"}}
@@ -426,6 +464,71 @@ def test_the_dev_redis_is_off_by_default_and_wired_when_on(
     assert redis_deployment["spec"]["replicas"] == 1
     assert env_of(docs)["ACPW_REDIS_URL"] == "redis://acpw-acp-worker-dev-redis:6379/0"
     assert not by_kind(docs, "Secret")
+
+
+# --- the pack images' pins (kubernetes backend) ---------------------------------------------
+
+
+def _pinned(tmp_path: Path) -> tuple[ImageIdentity, PinnedImage, Path]:
+    """A pin as `acp-worker image build` writes it for a pushed pack image, and the pack
+    cache's closure it is for."""
+    closure = tmp_path / "cache" / "closures" / ("c" * 64)
+    closure.mkdir(parents=True)
+    identity = ImageIdentity("sha256:" + "b" * 64, "sha256:" + "c" * 64)
+    pushed = PushedImage(
+        "registry.example:5000/acpw-pack", identity.tag.rpartition(":")[2], "sha256:" + "d" * 64
+    )
+    pin = PinnedImage(identity, "sha256:" + "e" * 64, pushed)
+    PinStore(tmp_path / "built" / "pins").write(pin)
+    return identity, pin, closure
+
+
+def test_the_charts_pins_are_what_the_backend_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pin file `image build` wrote, given to the chart, mounted as the kubelet
+    mounts a ConfigMap, finds the pushed pack image with no engine (`pack_image`)."""
+    identity, pin, closure = _pinned(tmp_path)
+    (written,) = (tmp_path / "built" / "pins").iterdir()
+    images = {"baseImageId": identity.base_id, "pins": {written.name: written.read_text()}}
+    docs = render(_merge(BASE, {"sandbox": {"kubernetes": {"images": images}}}))
+    env, container = env_of(docs), worker_container(docs)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "image-pins"]
+    assert mount["readOnly"] is True
+    assert mount["mountPath"] == env["ACPW_IMAGES_DIR"] + "/pins"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "image-pins"]
+    (config_map,) = [
+        d
+        for d in by_kind(docs, "ConfigMap")
+        if d["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    # The kubelet's projection: one file per key, under the mount path.
+    mounted = tmp_path / env["ACPW_IMAGES_DIR"].lstrip("/") / "pins"
+    mounted.mkdir(parents=True)
+    for name, content in config_map["data"].items():
+        (mounted / name).write_text(content)
+    monkeypatch.setenv("ACPW_K8S_BASE_IMAGE_ID", env["ACPW_K8S_BASE_IMAGE_ID"])
+    monkeypatch.setenv("ACPW_IMAGES_DIR", str(mounted.parent))
+    config = KubernetesConfig(cache_dir=tmp_path / "cache")
+    assert pin.pushed is not None
+    assert pack_image(config, closure, None) == pin.pushed.reference
+
+
+def test_an_existing_pins_config_map_is_mounted_not_made() -> None:
+    images = {"baseImageId": "sha256:" + "b" * 64, "pinsConfigMap": "my-pins"}
+    docs = render(_merge(BASE, {"sandbox": {"kubernetes": {"images": images}}}))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "image-pins", "configMap": {"name": "my-pins"}} in pod["volumes"]
+    assert not [d for d in by_kind(docs, "ConfigMap") if "pins" in d["metadata"]["name"]]
+
+
+def test_without_pins_the_worker_gets_no_pin_store(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    env = env_of(rendered["default"])
+    assert "ACPW_K8S_BASE_IMAGE_ID" not in env
+    assert "ACPW_IMAGES_DIR" not in env
 
 
 # --- RBAC and the sandbox namespace --------------------------------------------------------

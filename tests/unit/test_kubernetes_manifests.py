@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import re
 import socket
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from tests.k8s_double import rbac
+from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import SandboxError
 from worker.sandbox import BackendConfig, backend_config
 from worker.sandbox.base import (
@@ -28,6 +30,7 @@ from worker.sandbox.base import (
     LABEL_JOB,
     LABEL_TOKEN,
     LABEL_WORKER,
+    SANDBOX_DEADLINE_MARGIN_S,
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
@@ -35,9 +38,11 @@ from worker.sandbox.base import (
     ResourceLimits,
     SandboxSpec,
     WritableMount,
+    sandbox_deadline,
 )
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes import manifests
+from worker.sandbox.kubernetes.backend import pod_deadline
 from worker.sandbox.kubernetes.manifests import ProxyPeer
 from worker.sandbox.registry import REGISTRY
 from worker.settings import Settings
@@ -182,6 +187,25 @@ def test_home_and_tmp_are_in_memory_and_bounded() -> None:
 
 def test_the_deadline_is_the_kubelets_backstop() -> None:
     assert build_pod(deadline_s=1234)["spec"]["activeDeadlineSeconds"] == 1234
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "cap", "expected"),
+    [
+        (600, 6 * 3600, 600 + SANDBOX_DEADLINE_MARGIN_S),
+        (0.5, 6 * 3600, 1 + SANDBOX_DEADLINE_MARGIN_S),  # rounded up, never below
+        (24 * 3600, 6 * 3600, 6 * 3600),  # ACPW_K8S_ACTIVE_DEADLINE_S caps it
+        (None, 7200, 7200),  # a spec with no deadline: the cap alone
+    ],
+)
+def test_the_pods_deadline_is_the_jobs_timeout_and_a_margin(
+    timeout_s: float | None, cap: int, expected: int
+) -> None:
+    deadline = None if timeout_s is None else sandbox_deadline(timeout_s)
+    spec = make_spec(deadline_s=deadline)
+    config = KubernetesConfig(k8s_active_deadline_s=cap)
+    pod = build_pod(spec, config, deadline_s=pod_deadline(spec, config))
+    assert pod["spec"]["activeDeadlineSeconds"] == expected
 
 
 def test_optional_fields_appear_only_when_configured() -> None:
@@ -340,6 +364,50 @@ def test_a_proxy_peer_that_would_match_too_much_or_nothing_is_refused(peer: Prox
         manifests.network_policies(KubernetesConfig(), peer)
 
 
+# -- config masks -------------------------------------------------------------------------
+
+
+def test_config_masks_are_mounted_over_the_workspace() -> None:
+    plan = [
+        MaskEntry(PurePosixPath(".claude"), MaskKind.ANCHOR),
+        MaskEntry(PurePosixPath(".claude/settings.json"), MaskKind.FILE),
+        MaskEntry(PurePosixPath(".cursor/plugins"), MaskKind.DIR),
+        MaskEntry(PurePosixPath(".cursor"), MaskKind.ANCHOR),
+    ]
+    pod = build_pod(masks=plan)
+    mounts = {m["mountPath"]: m for m in container_of(pod)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    anchors = [mounts[f"{WORKSPACE}/.claude"], mounts[f"{WORKSPACE}/.cursor"]]
+    # Each anchor is a writable volume of its own: a mount point, on disk, bounded.
+    assert len({a["name"] for a in anchors}) == 2
+    for anchor in anchors:
+        assert not anchor.get("readOnly")
+        assert volumes[anchor["name"]]["emptyDir"] == {
+            "sizeLimit": str(KubernetesConfig().k8s_ephemeral_storage_bytes)
+        }
+    # A config file or directory: the one empty read-only volume, tiny and in memory.
+    for path in (".claude/settings.json", ".cursor/plugins"):
+        mount = mounts[f"{WORKSPACE}/{path}"]
+        assert mount["readOnly"] is True
+        assert mount["name"] == manifests.MASK_VOLUME
+    assert volumes[manifests.MASK_VOLUME]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Ki"}
+    # The workspace, HOME and /tmp are still there, first.
+    assert [m["mountPath"] for m in container_of(pod)["volumeMounts"][:3]] == [
+        WORKSPACE, HOME, "/tmp",
+    ]  # fmt: skip
+
+
+def test_without_masks_the_pod_has_no_mask_volumes() -> None:
+    names = {v["name"] for v in build_pod()["spec"]["volumes"]}
+    assert names == {"workspace", "home", "tmp"}
+
+
+def test_every_mask_of_the_plan_is_mounted() -> None:
+    plan = mask_plan(Path("/"))
+    mounts = [m["mountPath"] for m in container_of(build_pod(masks=plan))["volumeMounts"]]
+    assert mounts[3:] == [f"{WORKSPACE}/{e.path}" for e in plan]
+
+
 # -- RBAC ---------------------------------------------------------------------------------
 
 
@@ -353,14 +421,9 @@ def test_the_role_grants_exactly_what_the_backend_needs() -> None:
         for verb in rule["verbs"]
     }
     needed = {
-        *(("", "pods", v) for v in ("create", "get", "list", "watch", "delete")),
-        *(("", "pods/attach", v) for v in ("create", "get")),
+        *(("", "pods", v) for v in ("create", "get", "list", "delete")),
         *(("", "pods/exec", v) for v in ("create", "get")),
-        ("", "pods/log", "get"),
-        *(
-            ("networking.k8s.io", "networkpolicies", v)
-            for v in ("get", "list", "create", "patch", "delete")
-        ),
+        ("networking.k8s.io", "networkpolicies", "create"),
     }
     assert granted == needed
     assert not any("*" in item for item in granted)
@@ -422,6 +485,7 @@ def every_manifest() -> dict[str, dict[str, Any]]:
         "pod": build_pod(),
         "pod-full": build_pod(make_spec(network="allowlist"), full, disk_bytes=1 << 30),
         "pod-hostile-id": build_pod(make_spec(job_id="a" * 100 + ":$(x)", attempt=10**6)),
+        "pod-masked": build_pod(masks=mask_plan(Path("/"))),
         "deny-all": manifests.network_policies(config, None)[0],
         "proxy-only": manifests.network_policies(full, PROXY)[1],
         "proxy-only-same-namespace": manifests.network_policies(config, sandbox_local)[1],
@@ -459,3 +523,45 @@ def test_the_validator_works_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_newest_version_tested_is_bundled() -> None:
     assert kubernetes_validate.latest_version() >= K8S_VERSIONS[-1]
+
+
+# -- what the double's requests need ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "needs"),
+    [
+        ("POST", "/api/v1/namespaces/ns/pods", {("", "pods", "create")}),
+        ("GET", "/api/v1/namespaces/ns/pods", {("", "pods", "list")}),
+        ("GET", "/api/v1/namespaces/ns/pods?watch", {("", "pods", "watch")}),
+        ("GET", "/api/v1/namespaces/ns/pods/p", {("", "pods", "get")}),
+        ("DELETE", "/api/v1/namespaces/ns/pods/p", {("", "pods", "delete")}),
+        (
+            "GET",
+            "/api/v1/namespaces/ns/pods/p/exec",
+            {("", "pods/exec", "get"), ("", "pods/exec", "create")},
+        ),
+        ("GET", "/api/v1/namespaces/ns/pods/p/log", {("", "pods/log", "get")}),
+        (
+            "POST",
+            "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies",
+            {("networking.k8s.io", "networkpolicies", "create")},
+        ),
+        (
+            "PATCH",
+            "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/x",
+            {("networking.k8s.io", "networkpolicies", "patch")},
+        ),
+    ],
+)
+def test_each_request_needs_its_permission(method: str, path: str, needs: set[Any]) -> None:
+    assert rbac.needed(method, path) == needs
+    granted = {(r.api_group, r.resource, v) for r in manifests.RBAC_RULES for v in r.verbs}
+    # The backend's calls are within the Role; what it never calls is outside it.
+    within = not rbac.outside([(method, path)], granted)
+    assert within is (path.endswith(("/pods", "/pods/p", "/exec", "/networkpolicies")))
+
+
+def test_a_request_outside_a_namespace_is_not_mapped() -> None:
+    with pytest.raises(ValueError, match="namespaced"):
+        rbac.needed("GET", "/api/v1/nodes")

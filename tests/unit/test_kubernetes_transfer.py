@@ -8,7 +8,7 @@ import io
 import json
 import os
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -49,6 +49,23 @@ def test_the_pods_tree_replaces_the_hosts(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "b.txt").read_bytes() == b"new"
     assert os.readlink(tmp_path / "up") == "/etc"  # kept as the link it is
     assert (tmp_path / "x").stat().st_mode & 0o7000 == 0  # no set-id bit
+
+
+def test_masked_host_entries_are_kept_and_the_rest_replaced(tmp_path: Path) -> None:
+    """What a config mask covered never came out of the pod: the host's admitted file
+    stays as it was, beside the rest of the pod's tree."""
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text("admitted")
+    (tmp_path / ".claude" / "notes.md").write_text("deleted in the pod")
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "config.toml").write_text("kept whole")
+    (tmp_path / "gone.txt").write_text("deleted in the pod")
+    kept = [PurePosixPath(".claude/settings.json"), PurePosixPath(".codex")]
+    _replace(tmp_path, _tar(_file("./.claude/new.md", b"new"), _file("./a.txt")), None, kept)
+    assert sorted(os.listdir(tmp_path)) == [".claude", ".codex", "a.txt"]
+    assert sorted(os.listdir(tmp_path / ".claude")) == ["new.md", "settings.json"]
+    assert (tmp_path / ".claude" / "settings.json").read_text() == "admitted"
+    assert (tmp_path / ".codex" / "config.toml").read_text() == "kept whole"
 
 
 @pytest.mark.parametrize(

@@ -204,6 +204,7 @@ class Preparation:
             on_network_denial=self._network_denied,
             state_mounts=await self._state_mounts(pack),
             lease_deadline=ctx.lease_deadline,
+            deadline_s=base.sandbox_deadline(limits.timeout_s),
         )
         state.sandbox = await ctx.backend.create(spec)
         state.files = state.sandbox.workspace_files()

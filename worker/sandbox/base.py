@@ -11,6 +11,7 @@ Paths inside every sandbox are fixed: the workspace is ``WORKSPACE``, the pack c
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,6 +157,21 @@ class SandboxSpec:
     #: The job's lease deadline (``None``: no lease). A backend that can kills the
     #: sandbox once it passes unrenewed, even while the worker process is frozen.
     lease_deadline: LeaseDeadline | None = None
+    #: Seconds after which the sandbox may be stopped whatever happens (the job's
+    #: ``limits.timeout_s`` plus ``SANDBOX_DEADLINE_MARGIN_S`` for setup and teardown);
+    #: ``None``: no bound. A backend that can have it enforced without the worker (the
+    #: kubelet's ``activeDeadlineSeconds``) does.
+    deadline_s: int | None = None
+
+
+#: What a sandbox may live beyond its job's ``timeout_s``: setup before the clock is
+#: checked and the teardown after it (change capture, the copy out, uploads).
+SANDBOX_DEADLINE_MARGIN_S = 300
+
+
+def sandbox_deadline(timeout_s: float) -> int:
+    """``SandboxSpec.deadline_s`` for a job of ``timeout_s`` seconds."""
+    return math.ceil(timeout_s) + SANDBOX_DEADLINE_MARGIN_S
 
 
 @dataclass(frozen=True, slots=True)

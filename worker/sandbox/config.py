@@ -312,8 +312,9 @@ class KubernetesConfig(_BackendSettings):
     k8s_active_deadline_s: int = Field(
         default=6 * 3600,
         ge=1,
-        description="`activeDeadlineSeconds` of sandbox pods: the kubelet stops a pod "
-        "after this long even if every worker is gone (a backstop behind the lease).",
+        description="Cap on `activeDeadlineSeconds` of sandbox pods (the job's timeout "
+        "plus a margin for setup and teardown): the kubelet stops a pod after it even if "
+        "every worker is gone (a backstop behind the lease).",
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,

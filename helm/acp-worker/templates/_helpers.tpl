@@ -73,7 +73,29 @@ cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celer
 {{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled -}}
 {{- fail "acp-worker: autoscaling.keda.enabled and autoscaling.hpa.enabled are exclusive (KEDA makes its own HPA)" -}}
 {{- end -}}
+{{- $images := .Values.sandbox.kubernetes.images -}}
+{{- if and $images.pins $images.pinsConfigMap -}}
+{{- fail "acp-worker: sandbox.kubernetes.images.pins and .pinsConfigMap are exclusive: give the pin files one way" -}}
+{{- end -}}
+{{- if and (or $images.pins $images.pinsConfigMap) (not $images.baseImageId) -}}
+{{- fail "acp-worker: sandbox.kubernetes.images pins need .baseImageId (what `acp-worker image base` printed): the pins are found by it" -}}
+{{- end -}}
 {{- if and .Values.sandbox.kubernetes.ownerReferences (ne .Release.Namespace .Values.sandbox.kubernetes.namespace) -}}
 {{- fail (printf "acp-worker: sandbox.kubernetes.ownerReferences needs the release in the sandbox namespace %q (owner references cannot cross namespaces); it is in %q" .Values.sandbox.kubernetes.namespace .Release.Namespace) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap of the pack images' pins (kubernetes backend); empty: none. */}}
+{{- define "acp-worker.imagePins" -}}
+{{- $images := .Values.sandbox.kubernetes.images -}}
+{{- if $images.pinsConfigMap -}}
+{{- $images.pinsConfigMap -}}
+{{- else if $images.pins -}}
+{{- printf "%s-image-pins" (include "acp-worker.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ACPW_IMAGES_DIR of a worker given pins: read-only, apart from its state volume. */}}
+{{- define "acp-worker.imagesDir" -}}
+/etc/acp-worker/images
 {{- end -}}

@@ -9,5 +9,8 @@ workspace and the state mounts in (``transfer``: tar over exec), execs every pro
 beside the pod's waiting main process (``stream``: the exec WebSocket as asyncio
 streams, the launch header over stdin as the docker backend sends it), copies the
 workspace and state back and deletes the pod on ``destroy``, and lists pods by label
-(their exact labels from the ``acpw.io/labels`` annotation). See docs/kubernetes.md.
+(their exact labels from the ``acpw.io/labels`` annotation). Agent config paths are
+masked by volumes mounted over the pod's workspace (``manifests.mask_mounts``) and
+admission runs again in the pod's own view before launch (``view``). See
+docs/kubernetes.md.
 """

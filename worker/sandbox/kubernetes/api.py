@@ -1,7 +1,19 @@
 """The API calls of the Kubernetes backend, through the official ``kubernetes`` client:
 blocking calls, each translated at this seam (``translate``) into a ``SandboxError``
 whose ``reason`` says what the cluster said (``Forbidden``, ``QuotaExceeded``,
-``ImagePullBackOff``, ``Unschedulable``, ``Evicted``, …), never a traceback.
+``ImagePullBackOff``, ``Unschedulable``, ``Evicted``, …), never a traceback. The class
+(its stable ``code``) follows that reason (``cluster_error``):
+
+    ErrImagePull, ImagePullBackOff, InvalidImageName,
+    ErrImageNeverPull                     → ImagePullFailed          image_pull_failed
+    Unschedulable                         → SandboxUnschedulable     sandbox_unschedulable
+    Evicted                               → SandboxEvicted           sandbox_evicted
+    OOMKilled (``details.memory_limit``)  → SandboxOomKilled         oom_killed
+    DeadlineExceeded                      → SandboxDeadlineExceeded  sandbox_deadline_exceeded
+    QuotaExceeded (a 403 naming a quota)  → BackendQuotaExceeded     backend_quota_exceeded
+    Forbidden, Unauthorized (401/403)     → BackendAuthFailed        backend_auth_failed
+    StartTimeout                          → SandboxStartTimeout      sandbox_start_timeout
+    anything else                         → SandboxError             sandbox_failed
 """
 
 from __future__ import annotations
@@ -18,7 +30,17 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.stream import stream
 
-from worker.errors import SandboxError
+from worker.errors import (
+    BackendAuthFailed,
+    BackendQuotaExceeded,
+    ImagePullFailed,
+    SandboxDeadlineExceeded,
+    SandboxError,
+    SandboxEvicted,
+    SandboxOomKilled,
+    SandboxStartTimeout,
+    SandboxUnschedulable,
+)
 
 if TYPE_CHECKING:
     from worker.sandbox.config import KubernetesConfig
@@ -32,6 +54,23 @@ START_FAILURES = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
 POLL_S = 0.25
+#: The error class of each cluster reason (``details.reason`` keeps the reason itself).
+REASON_ERRORS: dict[str, type[SandboxError]] = {
+    **dict.fromkeys(PULL_FAILURES, ImagePullFailed),
+    "Unschedulable": SandboxUnschedulable,
+    "Evicted": SandboxEvicted,
+    "OOMKilled": SandboxOomKilled,
+    "DeadlineExceeded": SandboxDeadlineExceeded,
+    "QuotaExceeded": BackendQuotaExceeded,
+    "Forbidden": BackendAuthFailed,
+    "Unauthorized": BackendAuthFailed,
+    "StartTimeout": SandboxStartTimeout,
+}
+
+
+def cluster_error(message: str, *, reason: str, **details: Any) -> SandboxError:
+    """The typed error of a cluster ``reason`` (``REASON_ERRORS``; else ``SandboxError``)."""
+    return REASON_ERRORS.get(reason, SandboxError)(message, reason=reason, **details)
 
 
 @contextlib.contextmanager
@@ -57,7 +96,7 @@ def _api_error(action: str, exc: ApiException, details: dict[str, Any]) -> Sandb
         reason = "QuotaExceeded"
     if exc.status == 0:
         reason = "Unreachable"
-    return SandboxError(
+    return cluster_error(
         f"kubernetes {action} failed: {message or reason}",
         reason=reason,
         status=exc.status,
@@ -169,7 +208,7 @@ class PodApi:
             if pod.status is not None and pod.status.phase == "Running":
                 return
             if time.monotonic() > deadline:
-                raise SandboxError(
+                raise SandboxStartTimeout(
                     "the sandbox pod did not start in time",
                     pod=name,
                     reason="StartTimeout",
@@ -217,19 +256,14 @@ def pending_failure(pod: client.V1Pod) -> SandboxError | None:
     if status is None:
         return None
     if status.phase in {"Failed", "Succeeded"}:
-        reason = status.reason or "Ended"  # Evicted, DeadlineExceeded, …
-        return SandboxError(
-            f"the sandbox pod ended before it ran: {status.message or reason}",
-            pod=name,
-            reason=reason,
-        )
+        return ended_failure(pod)
     for cond in status.conditions or []:
         if (
             cond.type == "PodScheduled"
             and cond.status == "False"
             and cond.reason == "Unschedulable"
         ):
-            return SandboxError(
+            return SandboxUnschedulable(
                 f"no node can run the sandbox pod: {cond.message or ''}".strip(),
                 pod=name,
                 reason="Unschedulable",
@@ -238,9 +272,39 @@ def pending_failure(pod: client.V1Pod) -> SandboxError | None:
         waiting = cs.state.waiting if cs.state is not None else None
         if waiting is not None and waiting.reason in PULL_FAILURES | START_FAILURES:
             what = "pulled" if waiting.reason in PULL_FAILURES else "started"
-            return SandboxError(
+            return cluster_error(
                 f"the sandbox pod's container could not be {what}: {waiting.message or ''}".strip(),
                 pod=name,
                 reason=waiting.reason,
             )
+    return None
+
+
+def ended_failure(pod: client.V1Pod) -> SandboxError:
+    """Why the pod ended, as the cluster says it: the pod's reason (``Evicted``,
+    ``DeadlineExceeded``) or, failing one, its container's (``OOMKilled``, with the
+    container's memory limit)."""
+    status, name = pod.status, pod.metadata.name if pod.metadata else None
+    reason = (status.reason if status is not None else None) or _container_end(pod) or "Ended"
+    message = (status.message if status is not None else None) or reason
+    details: dict[str, Any] = {"pod": name}
+    if reason == "OOMKilled":
+        details["memory_limit"] = _memory_limit(pod)
+    return cluster_error(f"the sandbox pod ended: {message}", reason=reason, **details)
+
+
+def _container_end(pod: client.V1Pod) -> str | None:
+    statuses = (pod.status.container_statuses if pod.status is not None else None) or []
+    for cs in statuses:
+        terminated = cs.state.terminated if cs.state is not None else None
+        if terminated is not None and terminated.reason:
+            return str(terminated.reason)
+    return None
+
+
+def _memory_limit(pod: client.V1Pod) -> str | None:
+    for container in (pod.spec.containers if pod.spec is not None else None) or []:
+        limits = container.resources.limits if container.resources is not None else None
+        if limits and "memory" in limits:
+            return str(limits["memory"])
     return None

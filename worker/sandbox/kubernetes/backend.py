@@ -8,10 +8,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import SandboxError
 from worker.sandbox.base import (
     HOME,
@@ -28,6 +30,7 @@ from worker.sandbox.kubernetes import manifests, transfer
 from worker.sandbox.kubernetes.api import PodApi, connect
 from worker.sandbox.kubernetes.names import pod_labels
 from worker.sandbox.kubernetes.stream import KILLED, ExecStream
+from worker.sandbox.kubernetes.view import pod_admission
 from worker.sandbox.shared import check_command, check_id, check_spec
 
 if TYPE_CHECKING:
@@ -154,10 +157,22 @@ class KubernetesProcess(StdioProcess):
 class KubernetesSandbox:
     """One job attempt's pod (``sandbox_id`` is the pod's name)."""
 
-    def __init__(self, backend: KubernetesBackend, spec: SandboxSpec, pod: str) -> None:
+    def __init__(
+        self,
+        backend: KubernetesBackend,
+        spec: SandboxSpec,
+        pod: str,
+        *,
+        masks: Sequence[MaskEntry] = (),
+        made: Sequence[str] = (),
+    ) -> None:
+        """``masks``: mounted over the pod's workspace; ``made``: the anchor directories
+        the host workspace did not have (removed after the copy out while empty)."""
         self.backend = backend
         self._spec = spec
         self._pod = pod
+        self.masks = tuple(masks)
+        self.made = tuple(made)
         self.processes: list[KubernetesProcess] = []
 
     @property
@@ -203,10 +218,17 @@ class KubernetesSandbox:
         self.processes.append(process)
         return process
 
-    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult | None:
-        """None: the pod's mount view is not visible from the worker's host."""
-        del provider
-        return None
+    def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
+        """The admission check in the pod's own view, its masks proven in place
+        (``view.pod_admission``; blocking).
+
+        Raises:
+            SandboxError: the view could not be read, or a mask is not in place.
+            WorkspaceUnavailable: the pod has no workspace directory.
+        """
+        return pod_admission(
+            self.backend.api, self._pod, manifests.CONTAINER, masks=self.masks, provider=provider
+        )
 
     def workspace_files(self) -> None:
         """``None`` for now: the pod's ``/workspace`` is reached only through exec (no
@@ -280,12 +302,7 @@ class KubernetesBackend:
                 refused or could not run the pod (``reason`` says why).
         """
         _check_spec(spec)
-        if spec.mask_config:
-            log.warning(
-                "job %s: agent config paths are not masked inside kubernetes pods yet "
-                "(admission before the run still applies)",
-                spec.job_id,
-            )
+        masks, made = await asyncio.to_thread(_plan_masks, spec)
         image = await asyncio.to_thread(self._image, spec)
         pod_spec = dataclasses.replace(spec, state_mounts=())
         pod = manifests.sandbox_pod(
@@ -293,18 +310,19 @@ class KubernetesBackend:
             image=image,
             config=self.config,
             command=KEEPER_ARGV,
-            deadline_s=self.config.k8s_active_deadline_s,
+            deadline_s=pod_deadline(spec, self.config),
+            masks=masks,
         )
         name = str(pod["metadata"]["name"])
         await self._ensure_policies()
         await asyncio.to_thread(self.api.create_pod, pod)
         try:
             await asyncio.to_thread(self.api.wait_running, name, self.config.k8s_start_timeout_s)
-            await asyncio.to_thread(self._copy_in, name, spec)
+            await asyncio.to_thread(self._copy_in, name, spec, masks)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self._remove, name))
             raise
-        sandbox = KubernetesSandbox(self, spec, name)
+        sandbox = KubernetesSandbox(self, spec, name, masks=masks, made=made)
         self._sandboxes[name] = sandbox
         return sandbox
 
@@ -315,19 +333,24 @@ class KubernetesBackend:
             await asyncio.to_thread(self.api.ensure_policy, policy)
         self._policies_ready = True
 
-    def _copy_in(self, pod: str, spec: SandboxSpec) -> None:
-        transfer.put_tree(self.api, pod, manifests.CONTAINER, spec.workspace, WORKSPACE)
+    def _copy_in(self, pod: str, spec: SandboxSpec, masks: Sequence[MaskEntry]) -> None:
+        transfer.put_tree(
+            self.api, pod, manifests.CONTAINER, spec.workspace, WORKSPACE, masks=masks
+        )
         for state in spec.state_mounts:
             target = f"{HOME}/{home_relative(state.target)}"
             transfer.put_tree(self.api, pod, manifests.CONTAINER, state.source, target)
 
-    def _copy_out(self, pod: str, spec: SandboxSpec) -> None:
-        owner = self.stage_owner()
+    def _copy_out(self, pod: str, sandbox: KubernetesSandbox) -> None:
+        spec, owner = sandbox.spec, self.stage_owner()
         bound = self.config.k8s_ephemeral_storage_bytes
         transfer.get_tree(
             self.api, pod, manifests.CONTAINER, WORKSPACE, spec.workspace,
-            max_bytes=bound, owner=owner,
+            max_bytes=bound, owner=owner, masks=sandbox.masks,
         )  # fmt: skip
+        for made in sandbox.made:
+            with contextlib.suppress(OSError):  # kept when the agent wrote in it
+                os.rmdir(spec.workspace / made)
         for state in spec.state_mounts:
             source = f"{HOME}/{home_relative(state.target)}"
             transfer.get_tree(
@@ -360,7 +383,7 @@ class KubernetesBackend:
         copy_error: SandboxError | None = None
         if sandbox is not None:
             try:
-                await asyncio.to_thread(self._copy_out, sandbox_id, sandbox.spec)
+                await asyncio.to_thread(self._copy_out, sandbox_id, sandbox)
             except SandboxError as exc:
                 copy_error = exc
         if not await asyncio.to_thread(self._remove, sandbox_id):
@@ -380,6 +403,20 @@ class KubernetesBackend:
             if name and exact is not None and wanted.items() <= exact.items():
                 infos.append(SandboxInfo(str(name), self.name, exact))
         return sorted(infos, key=lambda i: i.sandbox_id)
+
+
+def pod_deadline(spec: SandboxSpec, config: KubernetesConfig) -> int:
+    """``activeDeadlineSeconds`` of ``spec``'s pod: its ``deadline_s`` (the job's timeout
+    and a margin), never over ``k8s_active_deadline_s``."""
+    cap = config.k8s_active_deadline_s
+    return cap if spec.deadline_s is None else max(1, min(spec.deadline_s, cap))
+
+
+def _plan_masks(spec: SandboxSpec) -> tuple[list[MaskEntry], list[str]]:
+    """The masks of ``spec``'s pod, and the anchors its host workspace does not have."""
+    masks = mask_plan(spec.workspace) if spec.mask_config else []
+    anchors = [str(e.path) for e in masks if e.kind is MaskKind.ANCHOR]
+    return masks, [p for p in anchors if not os.path.lexists(spec.workspace / p)]
 
 
 def _exact_labels(pod: Any) -> dict[str, str] | None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
 from worker.sandbox.base import (
     HOME,
@@ -53,6 +54,10 @@ ANNOTATION_LABELS = "acpw.io/labels"
 #: The job's ``limits.pids``: a pod spec has no field for it (``k8s_pids_limit_supported``).
 ANNOTATION_PIDS = "acpw.io/pids-limit"
 CONTAINER = "agent"
+#: The empty read-only volume over every masked config file and directory.
+MASK_VOLUME = "config-mask"
+#: Prefix of the writable volume of each anchored config directory.
+ANCHOR_VOLUME = "config-anchor"
 HOSTNAME = "acpw"
 SANDBOX_TMP = "/tmp"  # noqa: S108 - the pod's own memory-backed emptyDir
 #: Room for the container's log files, which the kubelet keeps and counts as the pod's
@@ -83,11 +88,13 @@ def sandbox_pod(
     command: Sequence[str],
     deadline_s: int,
     disk_bytes: int | None = None,
+    masks: Sequence[MaskEntry] = (),
 ) -> dict[str, Any]:
     """The pod of ``spec``'s job attempt, running ``command`` in ``image``
     (``name@sha256:<hex>``) with its stdin held open, stopped by the kubelet after
     ``deadline_s`` seconds, with a workspace of ``disk_bytes`` (default
-    ``config.k8s_ephemeral_storage_bytes``).
+    ``config.k8s_ephemeral_storage_bytes``) and ``masks`` (``mask_volumes``) mounted
+    over it.
 
     Raises:
         SandboxError: the image is not named by digest; the deadline, disk size or
@@ -107,8 +114,9 @@ def sandbox_pod(
         | {
             "containers": [
                 _container(spec, image=image, config=config, command=command, disk=disk)
+                | {"volumeMounts": _mounts() + mask_mounts(masks)}
             ],
-            "volumes": _volumes(spec, disk),
+            "volumes": _volumes(spec, disk) + mask_volumes(masks, disk),
         },
     }
 
@@ -221,12 +229,15 @@ def _container(
         "tty": False,
         "securityContext": _container_security(),
         "resources": _resources(spec, disk),
-        "volumeMounts": [
-            {"name": "workspace", "mountPath": WORKSPACE},
-            {"name": "home", "mountPath": HOME},
-            {"name": "tmp", "mountPath": SANDBOX_TMP},
-        ],
     }
+
+
+def _mounts() -> list[dict[str, Any]]:
+    return [
+        {"name": "workspace", "mountPath": WORKSPACE},
+        {"name": "home", "mountPath": HOME},
+        {"name": "tmp", "mountPath": SANDBOX_TMP},
+    ]
 
 
 def _container_security() -> dict[str, Any]:
@@ -268,6 +279,40 @@ def _volumes(spec: SandboxSpec, disk: int) -> list[dict[str, Any]]:
         {"name": "home", "emptyDir": dict(in_memory)},
         {"name": "tmp", "emptyDir": dict(in_memory)},
     ]
+
+
+def anchor_volume(index: int) -> str:
+    return f"{ANCHOR_VOLUME}-{index}"
+
+
+def mask_mounts(masks: Sequence[MaskEntry]) -> list[dict[str, Any]]:
+    """The container's mounts for ``masks`` (``worker.admission.mask_plan``), in order:
+    each anchor directory a writable volume of its own (a mount point cannot be renamed
+    or removed: EBUSY), each config file and directory the one empty read-only volume
+    (so a config file reads as an empty directory nothing can be written in). A pod
+    has no ``/dev/null`` bind; the runtime makes the missing mount points."""
+    mounts: list[dict[str, Any]] = []
+    anchors = 0
+    for entry in masks:
+        path = f"{WORKSPACE}/{entry.path}"
+        if entry.kind is MaskKind.ANCHOR:
+            mounts.append({"name": anchor_volume(anchors), "mountPath": path})
+            anchors += 1
+        else:
+            mounts.append({"name": MASK_VOLUME, "mountPath": path, "readOnly": True})
+    return mounts
+
+
+def mask_volumes(masks: Sequence[MaskEntry], disk: int) -> list[dict[str, Any]]:
+    """The volumes ``mask_mounts`` names: the anchors' on disk (bounded as the
+    workspace is), the empty one in memory (nothing is ever written to it)."""
+    anchors = sum(1 for e in masks if e.kind is MaskKind.ANCHOR)
+    volumes = [
+        {"name": anchor_volume(i), "emptyDir": {"sizeLimit": str(disk)}} for i in range(anchors)
+    ]
+    if anchors < len(masks):
+        volumes.append({"name": MASK_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Ki"}})
+    return volumes
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,36 +404,23 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule(
         "",
         "pods",
-        ("create", "get", "list", "watch", "delete"),
-        "one pod per job attempt, watched to its end; the reaper lists sandbox pods by "
-        "label and deletes orphans",
-    ),
-    RbacRule(
-        "",
-        "pods/attach",
-        ("create", "get"),
-        "the agent's stdio over the attach WebSocket (a WebSocket upgrade is a GET; "
-        "newer API servers also check create)",
+        ("create", "get", "list", "delete"),
+        "one pod per job attempt, read until it runs and until it is gone; the reaper "
+        "lists sandbox pods by label and deletes orphans",
     ),
     RbacRule(
         "",
         "pods/exec",
         ("create", "get"),
-        "the workspace and session store copied in and changes out (tar), admission in "
-        "the pod's own view",
-    ),
-    RbacRule(
-        "",
-        "pods/log",
-        ("get",),
-        "what the container wrote when it ended before the backend attached (why it failed)",
+        "every program of the sandbox, the workspace and session store copied in and "
+        "changes out (tar), admission in the pod's own view (a WebSocket upgrade is a "
+        "GET; API servers from 1.30 also check create)",
     ),
     RbacRule(
         _NETWORKING.split("/", 1)[0],
         "networkpolicies",
-        ("get", "list", "create", "patch", "delete"),
-        "the sandbox namespace's deny-all and proxy-only policies, kept as the backend "
-        "configures them",
+        ("create",),
+        "the sandbox namespace's deny-all policy, created once (an existing one is kept)",
     ),
 )
 """Exactly what the backend needs, in its sandbox namespace only."""

@@ -8,17 +8,26 @@ device, no set-id bit, no owner taken from the archive), except that a symbolic 
 pointing anywhere is kept as the link it is (the agent may make one, as it may in a bind
 mount); a later member reached *through* such a link is still refused. FIFOs and devices
 are skipped.
+
+With config masks (``worker.admission.mask_plan``) mounted over the pod's workspace,
+nothing is copied in over a mask (those members are left out of the archive, and tar
+keeps an existing directory's metadata, so an anchor's mount point is only written
+into), nothing is copied out of one (``tar --exclude``), and the host entries at masked
+paths are kept as they were.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tarfile
 import tempfile
-from pathlib import Path
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
 from worker.sandbox.kubernetes.stream import ERROR, STDERR, STDIN, STDOUT, exit_code
 
@@ -41,19 +50,40 @@ class _ChannelWriter:
         return len(data)
 
 
-def put_tree(api: PodApi, pod: str, container: str, source: Path, target: str) -> None:
+def masked(masks: Sequence[MaskEntry], rel: str) -> bool:
+    """True if ``rel`` (workspace-relative) is at or below a file or directory mask."""
+    path = PurePosixPath(rel)
+    return any(
+        e.kind is not MaskKind.ANCHOR and (e.path == path or e.path in path.parents) for e in masks
+    )
+
+
+def put_tree(
+    api: PodApi,
+    pod: str,
+    container: str,
+    source: Path,
+    target: str,
+    *,
+    masks: Sequence[MaskEntry] = (),
+) -> None:
     """Copy the contents of the host directory ``source`` into ``target`` in the pod
-    (made if missing).
+    (made if missing), leaving out what ``masks`` cover.
 
     Raises:
         SandboxError: the stream failed or tar in the pod did not succeed.
     """
-    command = ["/bin/sh", "-c", 'mkdir -p "$1" && exec tar -x -f - -C "$1"', "sh", target]
+    script = 'mkdir -p "$1" && exec tar -x --no-overwrite-dir -f - -C "$1"'
+    command = ["/bin/sh", "-c", script, "sh", target]
+
+    def unmasked(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if masked(masks, member.name) else member
+
     ws = api.exec(pod, container, command, stdin=True)
     try:
         with tarfile.open(fileobj=_ChannelWriter(ws), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for entry in sorted(os.listdir(source)):
-                tar.add(source / entry, arcname=entry)
+                tar.add(source / entry, arcname=entry, filter=unmasked)
         ws.close_channel(STDIN)
         _, err, code = drain(ws, sink=None, limit=0)
     except OSError as exc:
@@ -75,15 +105,20 @@ def get_tree(
     *,
     max_bytes: int,
     owner: tuple[int, int] | None,
+    masks: Sequence[MaskEntry] = (),
 ) -> None:
     """Replace the contents of the host directory ``target`` with those of ``source`` in
-    the pod (``owner``: the host uid/gid given to what is written; None: the worker's).
+    the pod (``owner``: the host uid/gid given to what is written; None: the worker's),
+    but for what ``masks`` cover: left out of the archive, kept on the host.
 
     Raises:
         SandboxError: the stream failed, tar in the pod did not succeed, the archive is
             over ``max_bytes`` or holds a member the filter refuses.
     """
-    ws = api.exec(pod, container, ["tar", "-c", "-f", "-", "-C", source, "."], stdin=False)
+    kept = [e.path for e in masks if e.kind is not MaskKind.ANCHOR]
+    excludes = [f"--exclude=./{path}" for path in kept]
+    command = ["tar", "-c", "-f", "-", "--anchored", *excludes, "-C", source, "."]
+    ws = api.exec(pod, container, command, stdin=False)
     with tempfile.TemporaryFile() as spool:
         try:
             _, err, code = drain(ws, sink=spool, limit=max_bytes)
@@ -94,7 +129,7 @@ def get_tree(
                 "copying out of the sandbox pod failed", pod=pod, exit_code=code, stderr=err
             )
         spool.seek(0)
-        _replace(target, spool, owner)
+        _replace(target, spool, owner, kept)
 
 
 def drain(ws: Any, *, sink: Any = None, limit: int = 0) -> tuple[int, str, int]:
@@ -121,12 +156,31 @@ def close(ws: Any) -> None:
         ws.sock.shutdown()
 
 
-def _replace(target: Path, archive: Any, owner: tuple[int, int] | None) -> None:
-    for entry in os.scandir(target):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+def read_output(api: PodApi, pod: str, container: str, command: list[str], limit: int) -> bytes:
+    """What ``command`` in the pod writes on stdout (at most ``limit`` bytes).
+
+    Raises:
+        SandboxError: it could not run, did not exit 0 or wrote more.
+    """
+    ws = api.exec(pod, container, command, stdin=False)
+    sink = io.BytesIO()
+    try:
+        _, err, code = drain(ws, sink=sink, limit=limit)
+    finally:
+        close(ws)
+    if code != 0:
+        raise SandboxError(
+            "a command in the sandbox pod failed", pod=pod, exit_code=code, stderr=err
+        )
+    return sink.getvalue()
+
+
+def extract(archive: Any, target: Path) -> None:
+    """Extract an archive from the pod into ``target`` (the module docstring's filter).
+
+    Raises:
+        SandboxError: a member the filter refuses, or the archive is broken.
+    """
     try:
         with tarfile.open(fileobj=archive, mode="r|") as tar:
             tar.extractall(target, filter=_untrusted)  # noqa: S202 - every member through _untrusted
@@ -134,6 +188,31 @@ def _replace(target: Path, archive: Any, owner: tuple[int, int] | None) -> None:
         raise SandboxError(
             "what the sandbox pod sent was refused", path=str(target), error=str(exc)
         ) from exc
+
+
+def _clear(directory: Path, kept: Sequence[PurePosixPath], rel: PurePosixPath) -> None:
+    """Remove what is in ``directory`` but the ``kept`` paths (and their parents)."""
+    for entry in os.scandir(directory):
+        path = rel / entry.name
+        if path in kept:
+            continue
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if is_dir and any(path in k.parents for k in kept):
+            _clear(Path(entry.path), kept, path)
+        elif is_dir:
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _replace(
+    target: Path,
+    archive: Any,
+    owner: tuple[int, int] | None,
+    kept: Sequence[PurePosixPath] = (),
+) -> None:
+    _clear(target, kept, PurePosixPath())
+    extract(archive, target)
     if owner is not None and os.geteuid() == 0:
         _chown_tree(target, owner)
 
