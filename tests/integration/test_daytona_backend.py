@@ -251,20 +251,33 @@ async def test_workspace_changes_come_back_on_destroy(
     assert (spec.workspace / "new.txt").read_text() == "made in the sandbox\n"
 
 
-async def test_a_symlink_left_in_the_workspace_refuses_the_sync_but_deletes(
+async def test_a_symlink_comes_back_as_a_link_and_a_fifo_refuses_the_sync_but_deletes(
     tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
 ) -> None:
     spec = _spec(tmp_path)
-    sandbox = await backend.create(spec)
-    proc = await sandbox.spawn(
+    linked = await backend.create(spec)
+    proc = await linked.spawn(
         ["/usr/bin/python3", "-c", "import os; os.symlink('/etc/passwd', '/workspace/l')"], env={}
+    )
+    proc.stdin.close()
+    await asyncio.wait_for(proc.wait(), 20)
+    await backend.destroy(linked.sandbox_id)
+    assert os.readlink(spec.workspace / "l") == "/etc/passwd"  # a link, as the agent left it
+    assert (spec.workspace / "README.md").read_text() == "# staged\n"
+
+    (tmp_path / "ws2").mkdir()
+    (tmp_path / "ws2" / "README.md").write_text("# staged\n")
+    fifo = _spec(tmp_path, workspace=tmp_path / "ws2")
+    sandbox = await backend.create(fifo)
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", "import os; os.mkfifo('/workspace/p')"], env={}
     )
     proc.stdin.close()
     await asyncio.wait_for(proc.wait(), 20)
     with pytest.raises(ArchiveRefused):
         await backend.destroy(sandbox.sandbox_id)
     assert double.sandboxes == {}  # deleted all the same
-    assert (spec.workspace / "README.md").read_text() == "# staged\n"  # nothing replaced
+    assert sorted(p.name for p in fifo.workspace.iterdir()) == ["README.md"]  # nothing replaced
 
 
 async def test_labels_list_network_and_cleanup_settings(

@@ -390,6 +390,52 @@ def test_extraction_never_follows_a_link_already_in_the_destination(tmp_path: Pa
     assert (outside / "secret").read_text() == "host secret"
 
 
+def _extract_links(dest: Path, archive: io.BytesIO) -> list[str]:
+    dest.mkdir(exist_ok=True)
+    written = extract_tar(
+        archive, dest, compressed=False, bounds=Bounds(), file_mode=lambda m: m, symlinks=True
+    )
+    return [w.path for w in written]
+
+
+def test_links_asked_for_are_made_as_links_and_nothing_goes_through_them(
+    tmp_path: Path,
+) -> None:
+    outside = _outside(tmp_path)
+    dest = tmp_path / "dest"
+    archive = _tar(
+        (_member("d", tarfile.DIRTYPE, mode=0o755), b""),
+        (_member("d/to-etc", tarfile.SYMTYPE, linkname=str(outside)), b""),
+        (_member("rel", tarfile.SYMTYPE, linkname="d/f"), b""),
+        (_member("d/f"), b"data"),
+    )
+    assert _extract_links(dest, archive) == ["d/f"]  # links are not files written
+    assert os.readlink(dest / "d" / "to-etc") == str(outside)  # kept as text
+    assert os.readlink(dest / "rel") == "d/f"
+    below = _tar(
+        (_member("l", tarfile.SYMTYPE, linkname=str(outside)), b""), (_member("l/x"), b"x")
+    )
+    with pytest.raises(ArchiveRefused, match="parent 'l' is a file"):
+        _extract_links(tmp_path / "below", below)
+    twice = _tar(
+        (_member("l", tarfile.SYMTYPE, linkname="a"), b""),
+        (_member("l", tarfile.SYMTYPE, linkname="b"), b""),
+    )
+    with pytest.raises(ArchiveRefused, match="duplicate entry"):
+        _extract_links(tmp_path / "twice", twice)
+    (tmp_path / "over").mkdir()
+    (tmp_path / "over" / "l").write_text("mine")
+    with pytest.raises(ArchiveRefused, match="would overwrite existing path 'l'"):
+        _extract_links(tmp_path / "over", _tar((_member("l", tarfile.SYMTYPE, linkname="x"), b"")))
+    assert (tmp_path / "over" / "l").read_text() == "mine"
+    with pytest.raises(ArchiveRefused, match="invalid target"):
+        _extract_links(tmp_path / "empty", _tar((_member("l", tarfile.SYMTYPE, linkname=""), b"")))
+    hard = _tar((_member("h", tarfile.LNKTYPE, linkname="d/f"), b""))
+    with pytest.raises(ArchiveRefused, match="hard link"):  # still refused
+        _extract_links(tmp_path / "hard", hard)
+    assert sorted(os.listdir(outside)) == ["secret"]
+
+
 def test_extraction_refuses_duplicates_and_a_file_as_a_parent(tmp_path: Path) -> None:
     with pytest.raises(ArchiveRefused, match="duplicate entry"):
         _extract(tmp_path / "1", _tar((_member("a"), b"1"), (_member("a"), b"2")))

@@ -62,6 +62,7 @@ def extract_tar(
     file_mode: Callable[[int], int],
     max_stream: int | None = None,
     admit: Admit | None = None,
+    symlinks: bool = False,
 ) -> list[Written]:
     """Extract the tar stream *src* (gzip-compressed with ``compressed``) beneath the
     existing directory *dest* (``None``: check and hash only, write nothing); each file
@@ -75,13 +76,19 @@ def extract_tar(
     ``max_entries`` members) or *max_stream* bytes of expanded tar stream; a corrupt,
     truncated or trailing-garbage archive. Entries before a refused one may remain in
     *dest*.
+
+    With ``symlinks`` a symbolic link entry is made as a link (its target kept as text,
+    never followed; not in the returned list): nothing is written through it, as every
+    directory is opened without following links and no later entry may lie below it.
+    A workspace that comes back from a sandbox holds the links its agent made, as a
+    host-side workspace would.
     """
     _sniff(src, compressed=compressed)
     stream = Expanded(src, compressed=compressed, max_bytes=max_stream)
     root = os.open(dest, OPEN_DIR) if dest is not None else None
     try:
         with open_reader(stream) as tar:
-            written = _Extraction(tar, root, Tally(bounds), file_mode, admit).run()
+            written = _Extraction(tar, root, Tally(bounds), file_mode, admit, symlinks).run()
             check_end(tar, stream)
             return written
     except OverBound as exc:  # the expanded stream (a compression-ratio bound)
@@ -144,6 +151,7 @@ class _Extraction:
     tally: Tally
     file_mode: Callable[[int], int]
     admit: Admit | None
+    symlinks: bool = False
     files: set[str] = field(default_factory=set)
     dirs: set[str] = field(default_factory=lambda: {""})
     explicit_dirs: set[str] = field(default_factory=set)
@@ -161,6 +169,9 @@ class _Extraction:
                 if self.admit is not None:
                     self.admit(path, member.size)
                 self.written.append(self._write(member, path))
+            elif member.issym() and self.symlinks:
+                self._claim_file(member.name, path)  # nothing may lie below it
+                self._link(member, path)
             else:
                 raise _refuse(member.name, _kind(member))
         return self.written
@@ -199,6 +210,21 @@ class _Extraction:
             if parent in self.files:
                 raise _refuse(name, f"parent {parent!r} is a file in this archive")
             self.dirs.add(parent)
+
+    def _link(self, member: tarfile.TarInfo, path: str) -> None:
+        target = member.linkname
+        if not target or "\x00" in target or len(target.encode()) >= 4096:
+            raise _refuse(member.name, "symbolic link with an invalid target")
+        if self.root is None:
+            return
+        parts = path.split("/")
+        parent = _open_dirs(self.root, parts[:-1], member.name)
+        try:
+            os.symlink(target, parts[-1], dir_fd=parent)
+        except FileExistsError:
+            raise _refuse(member.name, f"would overwrite existing path {parts[-1]!r}") from None
+        finally:
+            os.close(parent)
 
     def _write(self, member: tarfile.TarInfo, path: str) -> Written:
         mode = self.file_mode(member.mode)

@@ -7,12 +7,15 @@ file API and unpacked by a session command at ``/``.
 Out (``destroy`` of the process that made the sandbox, once the agent is stopped and
 before the sandbox is deleted): a session command tars the same paths, the tar is
 downloaded as a stream bounded by ``daytona_sync_max_bytes``, and extracted with
-``worker.safetree.extract_tar`` (regular files and directories only, no ``..``, no
-overwrite, bounded by bytes and entries: what the agent wrote is untrusted) into a fresh
-directory inside the workspace; the workspace's and each mount's old contents are then
-replaced by what came back, so the change capture compares the sandbox's final tree with
-the one staged, as on docker. A symlink or special file the agent left refuses the whole
-archive (``archive_refused``): nothing is replaced, the error is the destroy's.
+``worker.safetree.extract_tar`` (regular files, directories and symbolic links — made as
+links, never followed —, no ``..``, no overwrite, nothing below a link, bounded by bytes
+and entries: what the agent wrote is untrusted) into a fresh directory inside the
+workspace; the workspace's and each mount's old contents are then replaced by what came
+back, never listing, entering or moving anything through a link, so the change capture
+compares the sandbox's final tree with the one staged, as on docker (a repository's own
+links come back as they went in). A hard link, device or other special file the agent
+left refuses the whole archive (``archive_refused``): nothing is replaced, the error is
+the destroy's.
 
 Masks by content (Daytona has no bind mounts): when the spec asks for masks
 (``spec.mask_config``), what a mask of ``worker.admission.mask_plan`` covers is left out
@@ -118,7 +121,7 @@ def bring_back(
     try:
         with tar_path.open("rb") as src:
             extract_tar(
-                src, staging, compressed=False,
+                src, staging, compressed=False, symlinks=True,
                 bounds=Bounds(max_bytes=max_bytes, max_entries=max_entries),
                 file_mode=lambda mode: mode & 0o755, max_stream=2 * max_bytes + 1024**2,
             )  # fmt: skip
@@ -155,16 +158,16 @@ class _Merge:
             if top or covering(self.masked, str(sub)):
                 continue
             path = host / entry
-            if str(sub) in self.holders and path.is_dir() and not path.is_symlink():
+            if str(sub) in self.holders and _real_dir(path):
                 held.append(entry)
-            elif path.is_dir() and not path.is_symlink():
+            elif _real_dir(path):
                 remove_tree(path)
             else:
                 path.unlink()
         for entry in held:  # what the agent removed: emptied around the masked paths
-            if not (came_back / entry).is_dir():
+            if not _real_dir(came_back / entry):
                 self.replace(host / entry, came_back / entry, rel / entry)
-        if not came_back.is_dir():
+        if not _real_dir(came_back):  # gone, or a link: never listed through
             return
         for entry in os.listdir(came_back):
             self._take(host, came_back, rel, entry)
@@ -175,12 +178,12 @@ class _Merge:
             self.discarded.append(str(sub))
             return
         made = False
-        if str(sub) in self.holders and source.is_dir() and not target.exists():
+        if str(sub) in self.holders and _real_dir(source) and not os.path.lexists(target):
             target.mkdir()  # a new config directory: merged, so its masked paths stay out
             shutil.copymode(source, target)
             made = True
-        if target.is_dir() and not target.is_symlink():  # a holder
-            if source.is_dir():
+        if _real_dir(target):  # a holder
+            if _real_dir(source):
                 self.replace(target, source, sub)
             else:  # a file where the host keeps masked config: not taken
                 self.discarded.append(str(sub))
@@ -188,3 +191,9 @@ class _Merge:
                 target.rmdir()  # only masked paths were in it (and no empty dir comes back)
         else:
             shutil.move(str(source), str(target))
+
+
+def _real_dir(path: Path) -> bool:
+    """A directory itself, not a link to one: what came back may hold links the agent
+    made (to ``/etc``, say), and none is ever listed, entered or moved through."""
+    return path.is_dir() and not path.is_symlink()
