@@ -81,3 +81,44 @@ def test_artifact_outside_an_event_loop_is_refused_not_raised() -> None:
     files: Any = Answering(b"")
     assert files.artifact("a.txt") == Verdict(reason="workspace_not_reachable")
     assert files.artifact("../a") == Verdict(reason="traversal")
+
+
+class _BrokenStream:
+    """An exec stream that breaks once used (a pod gone mid-way); closes cleanly."""
+
+    def __init__(self) -> None:
+        self.sock = self
+        self.closed = False
+
+    def write_channel(self, channel: int, data: bytes) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def is_open(self) -> bool:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _Api:
+    def __init__(self) -> None:
+        self.streams: list[_BrokenStream] = []
+
+    def exec(self, name: str, container: str, command: list[str], *, stdin: bool) -> Any:
+        self.streams.append(_BrokenStream())
+        return self.streams[-1]
+
+
+async def test_a_stream_that_breaks_is_the_paths_refusal_and_is_closed() -> None:
+    api = _Api()
+    files = k8s_files.KubernetesWorkspaceFiles(api, "p", "c")  # type: ignore[arg-type]
+    with pytest.raises(PathRefused, match="not_writable"):
+        await files.write_text("a.txt", "x")
+    with pytest.raises(PathRefused, match="unreadable"):
+        await files.read_text("a.txt", limit=1)
+    await files.look_up(["a.txt"])
+    assert files.artifact("a.txt") == Verdict(reason="unreadable")
+    assert [s.closed for s in api.streams] == [True, True, True]

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from websocket import WebSocketException
+
 from worker.admission import MaskEntry
 from worker.errors import SandboxError
 from worker.events.artifacts import Verdict
@@ -264,6 +266,11 @@ class KubernetesWorkspaceFiles:
                     ws.write_channel(STDIN, data[start : start + transfer.CHUNK])
                 ws.close_channel(STDIN)
             _, err, code = transfer.drain(ws, sink=sink, limit=bound)
+        except (OSError, WebSocketException) as exc:  # the stream broke mid-way
+            raise SandboxError(
+                "the file helper's stream in the sandbox pod failed", pod=self._pod,
+                error=str(exc),
+            ) from exc  # fmt: skip
         finally:
             transfer.close(ws)
         if code != 0:
