@@ -70,6 +70,9 @@ async def test_fs_and_artifacts_in_the_pod(
             f"{SANDBOX_UID} 755 new/deep",
             f"{SANDBOX_UID} 644 new/deep/f.txt",
         ]
+        await files.write_text("new/ünï 1.txt", "named in UTF-8")
+        assert await files.read_text("/workspace/new/ünï 1.txt", limit=99) == "named in UTF-8"
+        assert "ünï 1.txt" in (await _sh(sandbox, "ls new")).decode()
         await files.write_text("ten", "short")  # replaced, not appended
         assert await files.read_text("ten", limit=10) == "short"
         reasons = [
