@@ -54,14 +54,18 @@ def engine_config(docker_host: str) -> EngineConfig:
     return EngineConfig(docker_host=docker_host, images_dir=IMAGES_DIR)
 
 
-@pytest.fixture(params=["local", "docker", "daytona"])
+@pytest.fixture(params=["local", "docker", "daytona", "kubernetes"])
 def job_backend(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """The environment that makes ``acp-worker run`` use each backend in turn: nothing
     for ``local``; for ``docker``, the engine and image store of these fixtures (the
     base image built first); for ``daytona``, the Daytona double served from a thread
-    (``daytona_thread``), with the job's pack cache as its registry."""
+    (``daytona_thread``), with the job's pack cache as its registry; for ``kubernetes``,
+    the API double (``tests/k8s_double``), its pods on the same engine."""
     if request.param == "local":
         yield {}
+        return
+    if request.param == "kubernetes":
+        yield from _kubernetes(request)
         return
     if request.param == "daytona":
         from tests.integration.daytona_thread import double_in_thread  # the SDK: only here
@@ -84,3 +88,26 @@ def base_image(engine_config: EngineConfig) -> str:
     """The base image id (built on first use on this machine: ≈ 70 s)."""
     images = PackImages(connect(engine_config), engine_config)
     return images.base_id(build=True)
+
+
+def _kubernetes(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    from tests.k8s_double.fixtures import NAMESPACE
+    from tests.k8s_double.server import ApiDouble
+
+    config: EngineConfig = request.getfixturevalue("engine_config")
+    request.getfixturevalue("base_image")
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    double = ApiDouble(str(config.docker_host))
+    double.start()
+    try:
+        yield {
+            "ACPW_BACKEND": "kubernetes",
+            "ACPW_K8S_KUBECONFIG": str(
+                double.kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
+            ),
+            "ACPW_K8S_NAMESPACE": NAMESPACE,
+            "ACPW_DOCKER_HOST": str(config.docker_host),
+            "ACPW_IMAGES_DIR": str(config.images_dir),
+        }
+    finally:
+        double.close()

@@ -11,6 +11,8 @@ streams, the launch header over stdin as the docker backend sends it), copies th
 workspace and state back and deletes the pod on ``destroy``, and lists pods by label
 (their exact labels from the ``acpw.io/labels`` annotation). Agent config paths are
 masked by volumes mounted over the pod's workspace (``manifests.mask_mounts``) and
-admission runs again in the pod's own view before launch (``view``). See
+admission runs again in the pod's own view before launch (``view``). The pod's
+``/workspace`` is reached for ``fs/*``, artifacts and prompt links by exec of a small
+helper that checks and uses each path in one process (``files``). See
 docs/kubernetes.md.
 """

@@ -28,6 +28,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.kubernetes import manifests, transfer
 from worker.sandbox.kubernetes.api import PodApi, connect
+from worker.sandbox.kubernetes.files import KubernetesWorkspaceFiles
 from worker.sandbox.kubernetes.names import pod_labels
 from worker.sandbox.kubernetes.stream import KILLED, ExecStream
 from worker.sandbox.kubernetes.view import pod_admission
@@ -174,6 +175,7 @@ class KubernetesSandbox:
         self.masks = tuple(masks)
         self.made = tuple(made)
         self.processes: list[KubernetesProcess] = []
+        self.files: KubernetesWorkspaceFiles | None = None
 
     @property
     def sandbox_id(self) -> str:
@@ -230,10 +232,14 @@ class KubernetesSandbox:
             self.backend.api, self._pod, manifests.CONTAINER, masks=self.masks, provider=provider
         )
 
-    def workspace_files(self) -> None:
-        """``None`` for now: the pod's ``/workspace`` is reached only through exec (no
-        ``fs/*`` is advertised; artifacts and links are refused
-        ``workspace_not_reachable``)."""
+    def workspace_files(self) -> KubernetesWorkspaceFiles:
+        """The pod's ``/workspace`` through exec, with this pod's masks (``files.py``;
+        ``fs/*`` is advertised when the pack keeps ``launch.client_fs``)."""
+        if self.files is None:
+            self.files = KubernetesWorkspaceFiles(
+                self.backend.api, self._pod, manifests.CONTAINER, masks=self.masks
+            )
+        return self.files
 
     async def signal(self, pid: int, sig: signal.Signals) -> None:
         """``sig`` to the process group ``pid`` in the pod; one already gone is fine."""
@@ -382,6 +388,8 @@ class KubernetesBackend:
         sandbox = self._sandboxes.pop(sandbox_id, None)
         copy_error: SandboxError | None = None
         if sandbox is not None:
+            if sandbox.files is not None:
+                await sandbox.files.aclose()
             try:
                 await asyncio.to_thread(self._copy_out, sandbox_id, sandbox)
             except SandboxError as exc:
