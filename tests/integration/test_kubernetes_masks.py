@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,7 +135,7 @@ async def test_config_planted_in_the_pods_view_is_refused_before_launch(
     assert_within_rbac(cluster)
 
 
-PLANTED_TAG = "planted-hooks"
+PLANTED_TAG = f"planted-hooks-{uuid.uuid4().hex[:12]}"  # this session's own tag
 
 
 @pytest.fixture

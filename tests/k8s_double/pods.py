@@ -2,7 +2,9 @@
 
 Each pod the double accepts is played on the shared Podman service as it was given
 (the one annotation Podman 4.3 refuses, a value over 63 characters, is left out of what
-it plays: tests/integration/test_kubernetes_pod_podman.py says why). Its status is what
+it plays: tests/integration/test_kubernetes_pod_podman.py says why; and each emptyDir is
+renamed for the pod, as Podman would otherwise share one named volume between every pod
+naming it alike). Its status is what
 the engine says of its container: ``Pending`` while the play runs (or its image cannot
 be had: ``ErrImagePull``), ``Running``, then ``Succeeded``/``Failed`` with the container's
 exit code and ``OOMKilled`` as its reason when the engine says so.
@@ -46,6 +48,7 @@ class PodmanPod:
         self.name: str = obj["metadata"]["name"]
         self.containers = [c["name"] for c in obj["spec"]["containers"]]
         self._played = threading.Event()
+        self.volumes: list[str] = []
         self._play_error: str | None = None
         self._lock = threading.Lock()
         self._removed = False
@@ -64,6 +67,7 @@ class PodmanPod:
         for key in [k for k, v in annotations.items() if len(v) > MAX_ANNOTATION]:
             del annotations[key]
         played.pop("status", None)
+        self._own_volumes(played)
         with tempfile.TemporaryDirectory(prefix="k8s-double-") as tmp:
             path = Path(tmp) / "pod.json"
             path.write_text(json.dumps(played))
@@ -72,6 +76,22 @@ class PodmanPod:
         if done is not None and done.returncode != 0:
             self._play_error = done.stderr.strip()[-2000:] or "podman kube play failed"
         self._played.set()
+
+    def _own_volumes(self, played: dict[str, Any]) -> None:
+        """Give each emptyDir a name of this pod's own: Podman 4.3 plays an emptyDir as
+        the *named* volume of its name, shared by every pod that names it alike (two
+        sandbox pods would see one ``/workspace``), where Kubernetes gives each pod its
+        own. Only the names change; the mounts follow them."""
+        spec = played.get("spec") or {}
+        renamed = {}
+        for volume in spec.get("volumes") or []:
+            if "emptyDir" in volume:
+                renamed[volume["name"]] = f"{self.name}-{volume['name']}"
+                volume["name"] = renamed[volume["name"]]
+        self.volumes = list(renamed.values())
+        for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+            for mount in container.get("volumeMounts") or []:
+                mount["name"] = renamed.get(mount["name"], mount["name"])
 
     def wait_played(self, timeout: float) -> bool:
         return self._played.wait(timeout)
@@ -86,6 +106,8 @@ class PodmanPod:
         with self._lock:
             self._removed = True
             podman(self.host, "pod", "rm", "--force", "--time", "0", self.name)
+            for volume in self.volumes:  # removed with the pod on 4.3; made sure of here
+                podman(self.host, "volume", "rm", "--force", volume)
 
     def status(self, client: docker.DockerClient) -> dict[str, Any]:
         """The pod's ``status`` now."""
