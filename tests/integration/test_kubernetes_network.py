@@ -27,12 +27,22 @@ from typing import Any
 import pytest
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
-from tests.integration.test_kubernetes_backend import ENV, _backend, _on_base, _spec
+from tests.integration.test_kubernetes_backend import (
+    ENV,
+    _backend,
+    _job,
+    _on_base,
+    _settings,
+    _spec,
+)
 from tests.integration.test_network import CLIENT, Echo
 from tests.k8s_double.fixtures import Cluster, base_by_digest, cluster, images
 from tests.k8s_double.pods import podman
 from worker.errors import SandboxError
+from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
+from worker.job import run_job
+from worker.jobs.spec import Network
 from worker.network import NetworkDenial
 from worker.network.forward import TOKEN_ENV, TOKEN_PREFIX
 from worker.sandbox.kubernetes.backend import KubernetesBackend, KubernetesSandbox
@@ -75,11 +85,15 @@ def _gateway(docker_host: str) -> str:
 
 
 def _net_backend(
-    tmp_path: Path, cluster: Cluster, images: EngineConfig, base: str, docker_host: str
+    tmp_path: Path, cluster: Cluster, images: EngineConfig, base: str | None, docker_host: str
 ) -> KubernetesBackend:
+    """The backend with its proxy front on this host (``base``: run the base image
+    instead of pack images)."""
     if cluster.double is None:
         pytest.skip("a real cluster's pods cannot reach this test's proxy (double only)")
-    backend = _on_base(_backend(tmp_path, cluster, images), base)
+    backend = _backend(tmp_path, cluster, images)
+    if base is not None:
+        backend = _on_base(backend, base)
     backend.config = backend.config.model_copy(
         update={"k8s_proxy_address": _gateway(docker_host), "k8s_proxy_port": 0}
     )
@@ -192,6 +206,38 @@ async def test_a_connection_without_the_jobs_token_reaches_no_proxy(
     assert denials_a == []
     assert backend.network.front.stats.refused == 3
     assert server.accepted == 1  # A's token, while A ran
+
+
+@pytest.mark.usefixtures("base_image")
+async def test_a_jobs_denied_request_is_a_network_denied_notice(
+    tmp_path: Path, cluster: Cluster, images: EngineConfig, docker_host: str
+) -> None:
+    """A whole job (``run_job``, the emulator pack in its pack image): what its agent's
+    command asks of a host not allowed is refused and the job says so, as on the other
+    backends (test_run_job.py's test_network_denials_become_notices)."""
+    backend = _net_backend(tmp_path, cluster, images, None, docker_host)
+    connect = (
+        "import socket; s = socket.create_connection(('127.0.0.1', 3128), timeout=10); "
+        "s.sendall(b'CONNECT denied.example:443 HTTP/1.1\\r\\n\\r\\n'); "
+        "print(s.recv(12).decode())"
+    )
+    prompt = f'#!scenario\nexec python3 -c "{connect}"\nsay asked\n'
+    job = _job(tmp_path, prompt).model_copy(
+        update={"network": Network(mode="allowlist", allow=["allowed.example:443"])}
+    )
+    sink = MemorySink()
+    outcome = await run_job(
+        job, settings=_settings(tmp_path), backend=backend, sinks=[sink], environ={}
+    )
+    events = [dict(e) for e in sink.events]
+    assert outcome.status == "succeeded", events[-1]
+    denied = [
+        e["data"] for e in events if e["type"] == "notice" and e["data"]["code"] == "network_denied"
+    ]
+    assert [(d["details"]["reason"], d["details"]["target"]) for d in denied] == [
+        ("not_allowed", "denied.example:443")
+    ]
+    assert backend.network.front.stats.accepted == 1
 
 
 def test_allowlist_without_a_proxy_address_is_refused(tmp_path: Path) -> None:
