@@ -176,8 +176,11 @@ async def test_a_connection_without_the_jobs_token_reaches_no_proxy(
     denials_b: list[NetworkDenial] = []
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    spec_a = _allowlist(_spec(tmp_path / "a"), [allowed], denials_a)
-    spec_b = _allowlist(_spec(tmp_path / "b"), [f"127.0.0.1:{port ^ 1}"], denials_b)
+    # Job ids of this test alone (pod names on the shared Podman follow them).
+    spec_a = dataclasses.replace(_spec(tmp_path / "a"), job_id=f"kn-a-{tmp_path.name[-12:]}")
+    spec_b = dataclasses.replace(_spec(tmp_path / "b"), job_id=f"kn-b-{tmp_path.name[-12:]}")
+    spec_a = _allowlist(spec_a, [allowed], denials_a)
+    spec_b = _allowlist(spec_b, [f"127.0.0.1:{port ^ 1}"], denials_b)
     box_a = await backend.create(spec_a)
     box_b = await backend.create(spec_b)
     try:
@@ -253,3 +256,48 @@ def test_allowlist_without_a_proxy_address_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(SandboxError, match="k8s_proxy_address"):
         asyncio.run(backend.create(spec))
+
+
+async def test_the_front_bounds_connections_that_do_not_identify_themselves(
+    tmp_path: Path,
+) -> None:
+    """No pod needed: connections that send no identity line are held at most
+    ``LINE_TIMEOUT_S``, and past ``MAX_UNIDENTIFIED`` of them the next is refused at once;
+    a connection with the job's token still gets through once they are gone."""
+    from worker.sandbox.base import ResourceLimits, SandboxSpec
+    from worker.sandbox.kubernetes import netproxy
+
+    front = netproxy.ProxyFront("127.0.0.1", 0)
+    spec = SandboxSpec(
+        job_id="j", attempt=1, workspace=tmp_path, pack_closure=tmp_path,
+        limits=ResourceLimits(memory_bytes=1 << 28, cpus=1, pids=64), labels={},
+        network="allowlist", network_allow=("127.0.0.1:9",),
+    )  # fmt: skip
+    token = await front.add(spec)
+    port = front.port
+    silent = [
+        await asyncio.open_connection("127.0.0.1", front.port)
+        for _ in range(netproxy.MAX_UNIDENTIFIED)
+    ]
+    try:
+        await asyncio.sleep(0.5)  # let the front take them all
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+        writer.write(TOKEN_PREFIX + token.encode() + b"\r\n")
+        refused = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        assert refused.startswith(b"HTTP/1.1 407")
+    finally:
+        for _, w in silent:
+            w.close()
+    await asyncio.sleep(0.5)  # the front sees them gone
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+    writer.write(TOKEN_PREFIX + token.encode() + b"\r\nCONNECT elsewhere:1 HTTP/1.1\r\n\r\n")
+    answer = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    await front.remove(token)
+    assert answer.startswith(b"HTTP/1.1 403")  # its own proxy answered: not allowed
+    # The one over the bound, and each silent one when it closed without a line.
+    assert front.stats.refused == netproxy.MAX_UNIDENTIFIED + 1
+    # The listener stopped with its last proxy.
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)

@@ -58,6 +58,8 @@ TOKEN_BYTES = 32
 MAX_LINE = 128
 #: Seconds a connection has to send its identity line.
 LINE_TIMEOUT_S = 10.0
+#: Connections still to send their identity line at a time; more are refused at once.
+MAX_UNIDENTIFIED = 64
 _REFUSAL = (
     b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 36\r\nConnection: close\r\n\r\nacp-worker proxy: unknown identity\r\n"
@@ -74,7 +76,8 @@ class FrontStats:
 
     #: Connections handed to a job's proxy.
     accepted: int = 0
-    #: Connections refused before any proxy: no, malformed or unknown identity.
+    #: Connections refused before any proxy: no, malformed or unknown identity, or too
+    #: many connections still to identify themselves (``MAX_UNIDENTIFIED``).
     refused: int = 0
 
 
@@ -91,6 +94,7 @@ class ProxyFront:
         self.stats = FrontStats()
         self._proxies: dict[bytes, AllowlistProxy] = {}
         self._server: asyncio.Server | None = None
+        self._unidentified = 0
 
     @property
     def port(self) -> int:
@@ -161,10 +165,15 @@ class ProxyFront:
         await proxy.serve(reader, writer)
 
     async def _identify(self, reader: asyncio.StreamReader) -> AllowlistProxy | None:
+        if self._unidentified >= MAX_UNIDENTIFIED:
+            return None
+        self._unidentified += 1
         try:
             line = await asyncio.wait_for(reader.readuntil(b"\r\n"), LINE_TIMEOUT_S)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
             return None
+        finally:
+            self._unidentified -= 1
         if len(line) > MAX_LINE or not line.startswith(forward.TOKEN_PREFIX):
             return None
         token = line.removeprefix(forward.TOKEN_PREFIX).removesuffix(b"\r\n")
