@@ -32,9 +32,8 @@ from tests.integration.test_service import ACP_WORKER, BROKER_URL, _flush, compl
 from tests.integration.test_service import _env as _service_env
 from tests.integration.test_service import job as _service_job
 from tests.k8s_double import rbac
-from tests.k8s_double.fixtures import NAMESPACE, Cluster, base_by_digest, cluster, images
+from tests.k8s_double.fixtures import Cluster, base_by_digest, cluster, images
 from worker.client import Client
-from worker.errors import SandboxError
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
 from worker.job import JobOutcome, run_job
@@ -139,18 +138,6 @@ async def test_a_pack_image_that_cannot_be_pulled_is_a_typed_error(
         # The job's timeout (60 s) and the setup/teardown margin: the kubelet's backstop.
         (pod,) = cluster.double.created
         assert pod["spec"]["activeDeadlineSeconds"] == 60 + SANDBOX_DEADLINE_MARGIN_S
-
-
-def test_allowlist_is_refused_until_the_in_cluster_proxy_exists(tmp_path: Path) -> None:
-    config = KubernetesConfig(worker_id="w", cache_dir=tmp_path, k8s_namespace=NAMESPACE)
-    backend = KubernetesBackend(config)
-    spec = SandboxSpec(
-        job_id="j", attempt=1, workspace=tmp_path, pack_closure=tmp_path,
-        limits=ResourceLimits(memory_bytes=1 << 28, cpus=1, pids=64), labels={},
-        network="allowlist", network_allow=("example.com:443",),
-    )  # fmt: skip
-    with pytest.raises(SandboxError, match="allowlist"):
-        asyncio.run(backend.create(spec))
 
 
 @pytest.mark.usefixtures("base_image")

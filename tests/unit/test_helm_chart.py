@@ -373,6 +373,11 @@ def test_the_settings_the_chart_sets_are_the_workers(
     assert config.images_dir == Path("/etc/acp-worker/images")
     assert config.k8s_ephemeral_storage_bytes == 10 * 1024**3
     assert env["ACPW_K8S_OWNER_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # allowlist: the pods reach the worker's proxy at its pod IP, on the policy's port.
+    assert env["ACPW_K8S_PROXY_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    policies = by_kind(rendered["sandbox-namespace"], "NetworkPolicy")
+    [proxy_only] = [p for p in policies if p["metadata"]["name"] == "acpw-sandbox-proxy-only"]
+    assert config.k8s_proxy_port == proxy_only["spec"]["egress"][0]["ports"][0]["port"]
     assert env["ACPW_REDIS_URL"] == {"secretKeyRef": {"name": "acpw-redis", "key": "redis-url"}}
     assert env["ACPW_BROKER_URL"] == {"secretKeyRef": {"name": "acpw-redis", "key": "broker"}}
 

@@ -44,6 +44,7 @@ from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes import manifests
 from worker.sandbox.kubernetes.backend import pod_deadline
 from worker.sandbox.kubernetes.manifests import ProxyPeer
+from worker.sandbox.kubernetes.netproxy import PodNetwork
 from worker.sandbox.registry import REGISTRY
 from worker.settings import Settings
 
@@ -478,6 +479,16 @@ def test_the_docs_rbac_table_is_the_role() -> None:
 # -- schemas ------------------------------------------------------------------------------
 
 
+def proxy_from_config() -> ProxyPeer | None:
+    """The proxy peer the backend names from ``ACPW_K8S_PROXY_*``."""
+    config = KubernetesConfig(
+        k8s_proxy_address="10.0.0.7",
+        k8s_proxy_pod_labels={"app.kubernetes.io/name": "acp-worker"},
+        k8s_proxy_namespace_labels={"kubernetes.io/metadata.name": "acp-system"},
+    )
+    return PodNetwork(config).peer()
+
+
 def every_manifest() -> dict[str, dict[str, Any]]:
     config, full = KubernetesConfig(), full_config()
     sandbox_local = ProxyPeer(pod_labels={"app": "acpw-proxy"}, namespace_labels=None, port=1)
@@ -489,6 +500,7 @@ def every_manifest() -> dict[str, dict[str, Any]]:
         "deny-all": manifests.network_policies(config, None)[0],
         "proxy-only": manifests.network_policies(full, PROXY)[1],
         "proxy-only-same-namespace": manifests.network_policies(config, sandbox_local)[1],
+        "proxy-only-from-config": manifests.network_policies(full, proxy_from_config())[1],
         "role": manifests.role(full),
         "role-binding": manifests.role_binding(
             full, service_account="acp-worker", service_account_namespace="acp-system"

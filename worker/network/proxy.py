@@ -275,16 +275,19 @@ class AllowlistProxy:
         self,
         allow: Iterable[str],
         *,
-        socket_path: Path,
+        socket_path: Path | None,
         on_denial: DenialHandler | None = None,
         limits: ProxyLimits | None = None,
         socket_owner: tuple[int, int] | None = None,
         private: Iterable[str] = (),
     ) -> None:
-        """``socket_owner``: (uid, gid) given the socket (mode 0600), e.g. the sandbox's
-        host uid; None keeps the caller's. ``private``: entries of ``allow`` whose names may
-        resolve to non-public addresses (an operator's model endpoint on a private network
-        or on this host); other names must resolve to a public address.
+        """``socket_path``: None for a proxy with no listener of its own, handed each
+        connection by :meth:`serve` (a front that identified the job first, as the
+        Kubernetes backend's TCP front does). ``socket_owner``: (uid, gid) given the
+        socket (mode 0600), e.g. the sandbox's host uid; None keeps the caller's.
+        ``private``: entries of ``allow`` whose names may resolve to non-public addresses
+        (an operator's model endpoint on a private network or on this host); other names
+        must resolve to a public address.
 
         Raises:
             ValueError: an allowlist entry is malformed or the list is too long.
@@ -308,7 +311,10 @@ class AllowlistProxy:
 
         Raises:
             OSError: the socket could not be made.
+            ValueError: the proxy has no ``socket_path``.
         """
+        if self.socket_path is None:
+            raise ValueError("this proxy has no socket of its own: connections come by serve()")
         self._server = await asyncio.start_unix_server(
             self._accept, path=str(self.socket_path), limit=self.limits.max_head_bytes
         )
@@ -327,8 +333,15 @@ class AllowlistProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection accepted elsewhere, as if it came to the socket (bounded,
+        cut by :meth:`close`); it closes ``writer``. Its ``reader`` should have been made
+        with ``limit=limits.max_head_bytes``."""
+        await self._accept(reader, writer)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -316,6 +316,37 @@ class KubernetesConfig(_BackendSettings):
         "plus a margin for setup and teardown): the kubelet stops a pod after it even if "
         "every worker is gone (a backstop behind the lease).",
     )
+    k8s_proxy_address: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[0-9A-Za-z.:-]+$",
+        description="Address (IP or DNS name) at which sandbox pods reach this worker's "
+        "allowlist proxy: the worker pod's IP (downward API `status.podIP`) in a cluster. "
+        "Network `allowlist` is refused without it.",
+    )
+    k8s_proxy_listen_host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - sandbox pods reach it from the pod network
+        description="Where the worker listens for its sandbox pods' proxy connections "
+        "(each must start with its job's token).",
+    )
+    k8s_proxy_port: int = Field(
+        default=3129,
+        ge=0,
+        le=65535,
+        description="TCP port of that listener (0: any free port, for tests: a "
+        "NetworkPolicy needs a fixed one).",
+    )
+    k8s_proxy_pod_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels of the worker pods (the proxy's): set, the backend creates the "
+        "NetworkPolicy letting `allowlist` sandbox pods reach them on k8s_proxy_port alone "
+        "(`acpw-sandbox-proxy-only`); empty, that policy is the chart's or the operator's.",
+    )
+    k8s_proxy_namespace_labels: dict[str, str] | None = Field(
+        default=None,
+        description="Labels of the worker pods' namespace when it is not the sandbox "
+        "namespace (that policy's namespaceSelector).",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="The worker's pack cache: a closure under `cache_dir/closures` runs "

@@ -68,8 +68,11 @@ def check(spec: SandboxSpec, *, python: Path | None = Path(FORWARDER_PYTHON)) ->
         )
 
 
-async def start_proxy(spec: SandboxSpec, owner: tuple[int, int] | None) -> AllowlistProxy:
-    """Start the sandbox's proxy in a new private directory; the socket is ``owner``'s.
+async def start_proxy(
+    spec: SandboxSpec, owner: tuple[int, int] | None
+) -> tuple[Path, AllowlistProxy]:
+    """Start the sandbox's proxy in a new private directory (returned with it); the
+    socket is ``owner``'s.
 
     Raises:
         SandboxError: the socket could not be made.
@@ -89,7 +92,7 @@ async def start_proxy(spec: SandboxSpec, owner: tuple[int, int] | None) -> Allow
         raise SandboxError(
             f"network proxy did not start: {exc.strerror or exc}", network="allowlist"
         ) from exc
-    return proxy
+    return directory, proxy
 
 
 def remove_dir(directory: Path) -> None:

@@ -89,15 +89,16 @@ class ProxyRegistry:
 
     async def start(
         self, sandbox_id: str, spec: SandboxSpec, owner: tuple[int, int] | None
-    ) -> AllowlistProxy:
-        """Start the sandbox's proxy (its socket owned by ``owner``) and keep it.
+    ) -> Path:
+        """Start the sandbox's proxy (its socket owned by ``owner``) and keep it; the
+        private directory of its socket.
 
         Raises:
             SandboxError: the socket could not be made.
         """
-        proxy = await netpolicy.start_proxy(spec, owner)
+        directory, proxy = await netpolicy.start_proxy(spec, owner)
         self._proxies[sandbox_id] = proxy
-        return proxy
+        return directory
 
     async def close(self, sandbox_id: str) -> None:
         """Close and forget the sandbox's proxy, if this process holds one; idempotent."""

@@ -301,8 +301,8 @@ class DockerBackend:
         labels[LABEL_WORKSPACE] = str(workspace)
         try:
             if spec.network == "allowlist":
-                proxy = await self._proxies.start(sandbox_id, spec, (SANDBOX_UID, SANDBOX_GID))
-                labels[LABEL_PROXY_DIR] = str(proxy.socket_path.parent)
+                owner = (SANDBOX_UID, SANDBOX_GID)
+                labels[LABEL_PROXY_DIR] = str(await self._proxies.start(sandbox_id, spec, owner))
             first = await self.engine.create_container(spec, plan, labels, sandbox_id, masks)
         except BaseException:
             await asyncio.to_thread(mountpoints.remove, workspace, made)

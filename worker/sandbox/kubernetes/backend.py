@@ -30,6 +30,7 @@ from worker.sandbox.kubernetes import manifests, transfer
 from worker.sandbox.kubernetes.api import PodApi, connect
 from worker.sandbox.kubernetes.files import KubernetesWorkspaceFiles
 from worker.sandbox.kubernetes.names import pod_labels
+from worker.sandbox.kubernetes.netproxy import PodNetwork
 from worker.sandbox.kubernetes.stream import KILLED, ExecStream
 from worker.sandbox.kubernetes.view import pod_admission
 from worker.sandbox.shared import check_command, check_id, check_spec
@@ -201,6 +202,7 @@ class KubernetesSandbox:
                 the program started.
         """
         check_command(argv, env, cwd)
+        argv, env = self.backend.network.wrap(self._pod, argv, env, self._spec.network_tunnels)
         api = self.backend.api
         ws = await asyncio.to_thread(
             api.exec, self._pod, manifests.CONTAINER, LAUNCHER_ARGV, stdin=True
@@ -273,6 +275,8 @@ class KubernetesBackend:
         self._engine_config = engine_config
         self._sandboxes: dict[str, KubernetesSandbox] = {}
         self._policies_ready = False
+        #: ``allowlist``: the jobs' proxies behind one TCP front (``netproxy``).
+        self.network = PodNetwork(config)
 
     @property
     def api(self) -> PodApi:
@@ -304,10 +308,12 @@ class KubernetesBackend:
 
         Raises:
             SandboxError: the spec asks for what this backend cannot do (``allowlist``
-                networking), the pack image has no digest reference, or the cluster
-                refused or could not run the pod (``reason`` says why).
+                with no ``k8s_proxy_address``, host mounts), the proxy could not listen,
+                the pack image has no digest reference, or the cluster refused or could
+                not run the pod (``reason`` says why).
         """
         _check_spec(spec)
+        self.network.check(spec)
         masks, made = await asyncio.to_thread(_plan_masks, spec)
         image = await asyncio.to_thread(self._image, spec)
         pod_spec = dataclasses.replace(spec, state_mounts=())
@@ -320,13 +326,19 @@ class KubernetesBackend:
             masks=masks,
         )
         name = str(pod["metadata"]["name"])
-        await self._ensure_policies()
-        await asyncio.to_thread(self.api.create_pod, pod)
+        await self.network.open(name, spec)
+        try:
+            await self._ensure_policies()
+            await asyncio.to_thread(self.api.create_pod, pod)
+        except BaseException:
+            await asyncio.shield(self.network.close(name))
+            raise
         try:
             await asyncio.to_thread(self.api.wait_running, name, self.config.k8s_start_timeout_s)
             await asyncio.to_thread(self._copy_in, name, spec, masks)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self._remove, name))
+            await asyncio.shield(self.network.close(name))
             raise
         sandbox = KubernetesSandbox(self, spec, name, masks=masks, made=made)
         self._sandboxes[name] = sandbox
@@ -335,7 +347,7 @@ class KubernetesBackend:
     async def _ensure_policies(self) -> None:
         if self._policies_ready:
             return
-        for policy in manifests.network_policies(self.config, None):
+        for policy in manifests.network_policies(self.config, self.network.peer()):
             await asyncio.to_thread(self.api.ensure_policy, policy)
         self._policies_ready = True
 
@@ -394,6 +406,7 @@ class KubernetesBackend:
                 await asyncio.to_thread(self._copy_out, sandbox_id, sandbox)
             except SandboxError as exc:
                 copy_error = exc
+        await self.network.close(sandbox_id)
         if not await asyncio.to_thread(self._remove, sandbox_id):
             raise SandboxError("the sandbox pod was not deleted in time", pod=sandbox_id)
         if copy_error is not None:
@@ -442,12 +455,6 @@ def _exact_labels(pod: Any) -> dict[str, str] | None:
 
 def _check_spec(spec: SandboxSpec) -> None:
     check_spec(spec, python=None)
-    if spec.network != "none":
-        raise SandboxError(
-            "the kubernetes backend runs network `none` only so far (allowlist: the "
-            "in-cluster proxy is not built)",
-            network=spec.network,
-        )
     if spec.extra_mounts:
         raise SandboxError(
             "a sandbox pod cannot bind host paths (extra mounts)",

@@ -304,8 +304,8 @@ class LocalBackend:
     async def _start_network(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         if spec.network != "allowlist":
             return record
-        proxy = await self._proxies.start(record.sandbox_id, spec, self.owner)
-        record = replace(record, proxy_dir=proxy.socket_path.parent)
+        directory = await self._proxies.start(record.sandbox_id, spec, self.owner)
+        record = replace(record, proxy_dir=directory)
         self.store.write(record)
         return record
 
