@@ -8,9 +8,11 @@ and kills its own. Waiting uses generous deadlines, never assertions on elapsed 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +37,7 @@ from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
 from worker.settings import Settings
 from worker.store import keys
+from worker.workspace.disk import unmount_below
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +47,17 @@ BROKER_URL = os.environ.get("ACPW_TEST_BROKER_URL", REDIS_URL.rsplit("/", 1)[0] 
 ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
 # The workers' job directories (and their loop-mounted disks): never the host's default.
 WORK_DIR = Path(tempfile.mkdtemp(prefix="acpw-it-work-"))
+
+
+@atexit.register
+def _remove_work_dir() -> None:
+    """Made at import (collecting alone makes it): gone with the process, its job disks
+    unmounted first."""
+    with contextlib.suppress(OSError):
+        unmount_below(WORK_DIR)
+    shutil.rmtree(WORK_DIR, ignore_errors=True)
+
+
 FAST = {
     "ACPW_LEASE_TTL": "3",
     "ACPW_LEASE_RENEW": "1",
@@ -143,9 +157,12 @@ def _flush(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def logs() -> Path:
-    """Worker logs, outside pytest's rotating basetemp (kept when a test fails)."""
-    return Path(tempfile.mkdtemp(prefix="acpw-it-"))
+def logs(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Worker logs, outside pytest's rotating basetemp (kept when a test failed)."""
+    path = Path(tempfile.mkdtemp(prefix="acpw-it-"))
+    yield path
+    if request.session.testsfailed == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
