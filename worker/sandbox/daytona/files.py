@@ -12,23 +12,14 @@ What this cannot promise: the checks and the transfer are separate HTTP calls, s
 agent that swaps a component for a link between them is not stopped here (the daemon
 reads as the sandbox user, inside the sandbox: nothing of the host is behind a link).
 
-``artifact`` is synchronous (the event normalizer asks it) and must not wait on HTTP: it
-answers from verdicts looked up in the background. A path not looked up yet (or looked
-up more than ``ttl_s`` ago) is refused ``workspace_not_reachable`` — the artifact becomes
-a ``notice`` — and a lookup is started, so the next reference to it is answered; a
-file the worker itself read or wrote is known at once. The job awaits :meth:`look_up`
-for the paths each notification names before normalizing it
-(``worker.events.artifacts.named_paths``), so a file named right after it was written
-is judged on what is there.
+``artifact`` answers from lookups (``worker.sandbox.lookups``: the job awaits
+``look_up`` for the paths each notification names before normalizing it); here a lookup
+is the same walk, one path at a time.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from worker.admission import MaskEntry
@@ -37,16 +28,11 @@ from worker.errors import SandboxError
 from worker.events.artifacts import Verdict
 from worker.sandbox.base import WORKSPACE
 from worker.sandbox.daytona import remote
-from worker.sandbox.files import PathRefused, relative
+from worker.sandbox.files import PathRefused
+from worker.sandbox.lookups import LookedUp
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    verdict: Verdict
-    at: float
-
-
-class DaytonaWorkspaceFiles:
+class DaytonaWorkspaceFiles(LookedUp):
     """The sandbox's ``/workspace``, with its masks, reached through Daytona's file API."""
 
     def __init__(
@@ -58,62 +44,14 @@ class DaytonaWorkspaceFiles:
         max_known: int = 1024,
         max_lookups: int = 8,
     ) -> None:
+        super().__init__(masks=masks, ttl_s=ttl_s, max_known=max_known, max_lookups=max_lookups)
         self._box = sandbox
-        self._masks = tuple(masks)
-        self._ttl = ttl_s
-        self._max_known = max_known
-        self._max_lookups = max_lookups
-        self._known: OrderedDict[str, _Known] = OrderedDict()
-        self._lookups: dict[str, asyncio.Task[None]] = {}
 
-    # --- artifacts: synchronous, from what was looked up --------------------------------
+    # --- artifacts: looked up through the file API --------------------------------------
 
-    def artifact(self, path: str) -> Verdict:
-        """The verdict for a file the agent references (see the module: a path not
-        looked up recently is refused ``workspace_not_reachable`` and looked up)."""
-        try:
-            rel = self._relative(path)
-        except PathRefused as refused:
-            return Verdict(reason=refused.reason)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return Verdict(reason="workspace_not_reachable")
-        known = self._known.get(rel)
-        if known is not None and loop.time() - known.at <= self._ttl:
-            return known.verdict
-        self._look_up(loop, rel)
-        return Verdict(reason="workspace_not_reachable")
-
-    async def look_up(self, paths: Sequence[str]) -> None:
-        """Look ``paths`` up now, so that :meth:`artifact` answers for them (the
-        prompt's linked files are checked this way before the prompt is sent)."""
-        for path in paths:
-            try:
-                rel = self._relative(path)
-            except PathRefused:
-                continue  # artifact() refuses it without a lookup
+    async def _look_up(self, rels: list[str]) -> None:
+        for rel in rels:
             await self._verdict(rel)
-
-    async def lookups_done(self) -> None:
-        """Wait for the background lookups started so far (tests)."""
-        for task in list(self._lookups.values()):
-            with contextlib.suppress(Exception):
-                await task
-
-    async def aclose(self) -> None:
-        """Cancel the lookups still running (the sandbox's client closes next)."""
-        tasks = list(self._lookups.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _look_up(self, loop: asyncio.AbstractEventLoop, rel: str) -> None:
-        if rel in self._lookups or len(self._lookups) >= self._max_lookups:
-            return
-        task = loop.create_task(self._verdict(rel))
-        self._lookups[rel] = task
-        task.add_done_callback(lambda _t: self._lookups.pop(rel, None))
 
     async def _verdict(self, rel: str) -> None:
         try:
@@ -123,7 +61,7 @@ class DaytonaWorkspaceFiles:
             verdict = Verdict(reason=refused.reason)
         except SandboxError:
             verdict = Verdict(reason="unreadable")
-        self._remember(rel, verdict)
+        self.remember(rel, verdict)
 
     @staticmethod
     def _file_verdict(rel: str, info: Any) -> Verdict:
@@ -131,17 +69,11 @@ class DaytonaWorkspaceFiles:
             return Verdict(reason="not_regular_file")
         return Verdict(relative=rel, size=remote.size_of(info))
 
-    def _remember(self, rel: str, verdict: Verdict) -> None:
-        self._known[rel] = _Known(verdict, asyncio.get_running_loop().time())
-        self._known.move_to_end(rel)
-        while len(self._known) > self._max_known:
-            self._known.popitem(last=False)
-
     # --- fs/* -------------------------------------------------------------------------
 
     async def read_text(self, path: str, *, limit: int) -> str:
         """See :class:`worker.sandbox.files.WorkspaceFiles`."""
-        rel = self._relative(path)
+        rel = self.relative(path)
         try:
             info = await self._walk(rel)
             if remote.kind_of(info) is not Kind.FILE:
@@ -153,13 +85,13 @@ class DaytonaWorkspaceFiles:
             raise PathRefused("unreadable") from None
         if len(data) > limit:
             raise PathRefused("too_large")
-        self._remember(rel, Verdict(relative=rel, size=len(data)))
+        self.remember(rel, Verdict(relative=rel, size=len(data)))
         return data.decode("utf-8", "replace")
 
     async def write_text(self, path: str, content: str) -> None:
         """See :class:`worker.sandbox.files.WorkspaceFiles`: missing directories are made
         (mode 755, as the sandbox user: the agent may change them afterwards)."""
-        rel = self._relative(path)
+        rel = self.relative(path)
         data = content.encode("utf-8")
         fs = self._box.remote.fs
         try:
@@ -169,15 +101,9 @@ class DaytonaWorkspaceFiles:
             await self._box.api.call("write file", lambda: fs.upload_file(data, _remote(rel)))
         except SandboxError:
             raise PathRefused("not_writable") from None
-        self._remember(rel, Verdict(relative=rel, size=len(data)))
+        self.remember(rel, Verdict(relative=rel, size=len(data)))
 
     # --- the walk -----------------------------------------------------------------------
-
-    def _relative(self, path: str) -> str:
-        rel = relative(path, agent_root=WORKSPACE, masks=self._masks)
-        if rel == ".":
-            raise PathRefused("not_regular_file")
-        return rel
 
     async def _walk(self, rel: str, *, make_parents: bool = False) -> Any | None:
         """The file info of ``rel`` after every component above it proved a directory and

@@ -15,22 +15,16 @@ file is truncated only once it proved regular. What the pod sends back is bounde
 parsed as untrusted; a failed exec is the path's refusal (``unreadable``/
 ``not_writable``), not the job's.
 
-``artifact`` is synchronous (the event normalizer asks it) and must not wait on an
-exec: it answers from verdicts looked up ahead. The job awaits :meth:`look_up` for the
-paths each notification names (``worker.events.artifacts.named_paths``) and for a
-prompt's links — one exec for all of them. A path not looked up (or looked up more than
-``ttl_s`` ago) is refused ``workspace_not_reachable`` and looked up in the background;
-a file the worker itself read or wrote is known at once.
+``artifact`` answers from lookups (``worker.sandbox.lookups``: the job awaits
+``look_up`` for the paths each notification names and for a prompt's links); here one
+exec looks up all of a batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from websocket import WebSocketException
@@ -39,9 +33,10 @@ from worker.admission import MaskEntry
 from worker.errors import SandboxError
 from worker.events.artifacts import Verdict
 from worker.sandbox.base import WORKSPACE
-from worker.sandbox.files import REASONS, PathRefused, relative
+from worker.sandbox.files import REASONS, PathRefused
 from worker.sandbox.kubernetes import transfer
 from worker.sandbox.kubernetes.stream import STDIN
+from worker.sandbox.lookups import LookedUp
 
 if TYPE_CHECKING:
     from worker.sandbox.kubernetes.api import PodApi
@@ -118,13 +113,7 @@ HELPER_ARGV = ("/usr/bin/python3", "-I", "-S", "-c", HELPER)
 _LINE = 64
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    verdict: Verdict
-    at: float
-
-
-class KubernetesWorkspaceFiles:
+class KubernetesWorkspaceFiles(LookedUp):
     """The pod's ``/workspace``, with its masks, reached through exec (see the module)."""
 
     def __init__(
@@ -138,56 +127,10 @@ class KubernetesWorkspaceFiles:
         max_known: int = 1024,
         max_lookups: int = 8,
     ) -> None:
+        super().__init__(masks=masks, ttl_s=ttl_s, max_known=max_known, max_lookups=max_lookups)
         self._api, self._pod, self._container = api, pod, container
-        self._masks = tuple(masks)
-        self._ttl = ttl_s
-        self._max_known = max_known
-        self._max_lookups = max_lookups
-        self._known: OrderedDict[str, _Known] = OrderedDict()
-        self._lookups: dict[str, asyncio.Task[None]] = {}
 
-    # --- artifacts: synchronous, from what was looked up --------------------------------
-
-    def artifact(self, path: str) -> Verdict:
-        """The verdict for a file the agent references (see the module: a path not
-        looked up recently is refused ``workspace_not_reachable`` and looked up)."""
-        try:
-            rel = self._relative(path)
-            loop = asyncio.get_running_loop()
-        except PathRefused as refused:
-            return Verdict(reason=refused.reason)
-        except RuntimeError:
-            return Verdict(reason="workspace_not_reachable")
-        known = self._known.get(rel)
-        if known is not None and loop.time() - known.at <= self._ttl:
-            return known.verdict
-        if rel not in self._lookups and len(self._lookups) < self._max_lookups:
-            task = loop.create_task(self._look_up([rel]))
-            self._lookups[rel] = task
-            task.add_done_callback(lambda _t: self._lookups.pop(rel, None))
-        return Verdict(reason="workspace_not_reachable")
-
-    async def look_up(self, paths: Sequence[str]) -> None:
-        """Look ``paths`` up now, in one exec, so that :meth:`artifact` answers for them."""
-        rels: list[str] = []
-        for path in paths:
-            with contextlib.suppress(PathRefused):  # artifact() refuses it without a lookup
-                rels.append(self._relative(path))
-        if rels:
-            await self._look_up(list(dict.fromkeys(rels)))
-
-    async def lookups_done(self) -> None:
-        """Wait for the background lookups started so far (tests)."""
-        for task in list(self._lookups.values()):
-            with contextlib.suppress(Exception):
-                await task
-
-    async def aclose(self) -> None:
-        """Cancel the lookups still running (the pod is deleted next)."""
-        tasks = list(self._lookups.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    # --- artifacts: looked up in one exec --------------------------------------------
 
     async def _look_up(self, rels: list[str]) -> None:
         try:
@@ -196,19 +139,13 @@ class KubernetesWorkspaceFiles:
         except SandboxError:
             answers = [("unreadable", 0)] * len(rels)
         for rel, (reason, size) in zip(rels, answers, strict=True):
-            self._remember(rel, _verdict(rel, reason, size))
-
-    def _remember(self, rel: str, verdict: Verdict) -> None:
-        self._known[rel] = _Known(verdict, asyncio.get_running_loop().time())
-        self._known.move_to_end(rel)
-        while len(self._known) > self._max_known:
-            self._known.popitem(last=False)
+            self.remember(rel, _verdict(rel, reason, size))
 
     # --- fs/* -------------------------------------------------------------------------
 
     async def read_text(self, path: str, *, limit: int) -> str:
         """See :class:`worker.sandbox.files.WorkspaceFiles`."""
-        rel = self._relative(path)
+        rel = self.relative(path)
         try:
             out = await self._exchange("read", limit, [rel], bound=_LINE + limit)
             head, _, data = out.partition(b"\n")
@@ -219,13 +156,13 @@ class KubernetesWorkspaceFiles:
             raise PathRefused(reason)
         if size != len(data) or size > limit:
             raise PathRefused("unreadable")
-        self._remember(rel, Verdict(relative=rel, size=size))
+        self.remember(rel, Verdict(relative=rel, size=size))
         return data.decode("utf-8", "replace")
 
     async def write_text(self, path: str, content: str) -> None:
         """See :class:`worker.sandbox.files.WorkspaceFiles`: missing directories are made
         (755, as the sandbox user: the agent may change them afterwards)."""
-        rel = self._relative(path)
+        rel = self.relative(path)
         data = content.encode("utf-8")
         try:
             out = await self._exchange("write", 0, [rel], bound=_LINE, data=data)
@@ -234,15 +171,9 @@ class KubernetesWorkspaceFiles:
             raise PathRefused("not_writable") from None
         if reason != "ok":
             raise PathRefused(reason)
-        self._remember(rel, Verdict(relative=rel, size=size))
+        self.remember(rel, Verdict(relative=rel, size=size))
 
     # --- the exec -----------------------------------------------------------------------
-
-    def _relative(self, path: str) -> str:
-        rel = relative(path, agent_root=WORKSPACE, masks=self._masks)
-        if rel == ".":
-            raise PathRefused("not_regular_file")
-        return rel
 
     async def _exchange(
         self, op: str, limit: int, rels: list[str], *, bound: int, data: bytes | None = None
