@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     session_max_files: int = Field(
         default=10_000, gt=0, description="Most files and directories in a session kept."
     )
+    session_settle_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="Most seconds the teardown waits for a pack that records a turn after "
+        "answering it (`launch.sessions.recorded_after_answer`) to write the last one.",
+    )
     session_keep_s: float = Field(
         default=30 * 24 * 3600.0,
         ge=0,

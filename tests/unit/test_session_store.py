@@ -440,6 +440,43 @@ def test_a_selection_takes_the_matches_the_way_to_them_and_what_they_hold() -> N
     assert not sel(f"-workspace/{SID}.jsonl", "symlink") or sel.matched == 2  # no count
 
 
+def test_written_since_sees_only_the_sessions_own_files_and_follows_no_link(
+    tmp_path: Path,
+) -> None:
+    sessions = _job_sessions(tmp_path, None, CLAUDE_FILES, "claude-agent-acp")
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    root = sessions.prepare(job_dir, OWNER).source
+    assert not sessions.written_since(SID, 0)  # nothing recorded yet
+    outside = _write(tmp_path / "outside", {f"{SID}.jsonl": "not in the sandbox"})
+    _write(root, {f"-workspace/{OTHER}.jsonl": "another session", "-workspace/notes": "x"})
+    (root / "-linked").symlink_to(outside)  # a link on the way is not followed
+    (root / "-workspace" / f"{SID}").symlink_to(outside)  # nor a link at the match
+    assert not sessions.written_since(SID, 0)
+    record = _write(root, {f"-workspace/{SID}.jsonl": "turn 1"}) / "-workspace" / f"{SID}.jsonl"
+    assert sessions.written_since(SID, 0)
+    written = record.stat().st_mtime
+    assert not sessions.written_since(SID, written + 1)  # written before that time
+    os.utime(record, (written + 5, written + 5))
+    assert sessions.written_since(SID, written + 1)
+    assert not sessions.written_since("../x", 0)  # not a session id: nothing to look at
+
+
+def test_a_session_answered_but_not_recorded_is_said(tmp_path: Path) -> None:
+    sessions = _job_sessions(tmp_path, None, CLAUDE_FILES, "claude-agent-acp")
+    job_dir = tmp_path / "work" / "job"
+    job_dir.mkdir(parents=True)
+    _write(sessions.prepare(job_dir, OWNER).source, {f"-workspace/{OTHER}.jsonl": "other"})
+    assert sessions.save(SID) == []  # no prompt answered: nothing to say
+    [notice] = sessions.save(SID, answered=True)
+    assert (notice.code, notice.details) == (
+        "session_not_saved",
+        {"session_id": SID, "reason": "not_recorded"},
+    )
+    assert "~/.claude/projects" in notice.message
+    assert not (tmp_path / "sessions" / "claude-agent-acp" / SID).exists()
+
+
 def test_a_selection_escapes_the_session_id() -> None:
     sel = Selection(["{session}.jsonl"], "a.b")
     assert sel("a.b.jsonl", "file")
@@ -555,6 +592,8 @@ def test_the_npm_packs_declare_their_session_files() -> None:
     from worker.packs.manifest import load_pack
 
     packs = Path(__file__).resolve().parents[2] / "provider_packs"
-    assert load_pack(packs, "claude-agent-acp").manifest.launch.session_files == CLAUDE_FILES
+    claude = load_pack(packs, "claude-agent-acp").manifest.launch.session_files
+    # Its CLI writes a turn 40-70 ms after the answer, and dies with its parent on EOF.
+    assert claude == CLAUDE_FILES.model_copy(update={"recorded_after_answer": True})
     assert load_pack(packs, "codex-acp").manifest.launch.session_files == CODEX_FILES
     assert load_pack(packs, "cursor-emulator").manifest.launch.session_files == CURSOR_FILES

@@ -110,6 +110,8 @@ class JobState:
     #: Why the agent ended, when it ended on its own (the teardown did not signal it).
     agent_exit: ExitDiagnosis | None = None
     acp: AcpSession | None = None
+    #: ``time.time()`` when the agent last answered a prompt (None: it never did).
+    answered_at: float | None = None
     #: What the attempt spent, as its agent reported it.
     spend: Spend = field(default_factory=Spend)
     #: The tenant budget it runs under (a served or ``--redis`` job whose tenant has one).

@@ -33,6 +33,11 @@ from worker.job.outcome import teardown_error
 from worker.job.results import capture_changes
 from worker.job.state import JobContext, JobState, lease_gone, tell_results_skipped
 
+#: A file's mtime comes from the kernel's coarse clock (one tick, 4 ms at HZ=250, behind
+#: ``time.time()``): a write right after the answer may carry a time just before it.
+_MTIME_TICK_S = 0.01
+_SETTLE_POLL_S = 0.01
+
 log = logging.getLogger(__name__)
 
 
@@ -73,11 +78,43 @@ class Teardown:
                 await state.acp.terminals.close_all()
         finally:
             if state.agent is not None:
+                await self._await_recording()
                 await state.agent.shutdown(
                     eof_grace=settings.shutdown_eof_grace if state.agent_exits_on_eof else 0.0,
                     term_grace=settings.shutdown_term_grace,
                 )
                 await self._diagnose(state.agent)
+
+    async def _await_recording(self) -> None:
+        """Give an agent that records a turn after answering it (its pack's
+        ``launch.sessions.recorded_after_answer``) the time to write the last one, at most
+        ``ACPW_SESSION_SETTLE_S``, before its stdin closes: it exits on EOF without waiting
+        for that write, and nothing of it outlives the sandbox."""
+        state = self._state
+        sessions, answered = state.sessions, state.answered_at
+        session_id = state.acp.session_id if state.acp is not None else None
+        if (
+            sessions is None
+            or answered is None
+            or session_id is None
+            or not sessions.files.recorded_after_answer
+            or sessions.host_dir is None
+            or state.agent is None
+            or state.agent.process.returncode is not None
+        ):
+            return
+        since = answered - _MTIME_TICK_S
+        deadline = time.monotonic() + self._ctx.settings.session_settle_s
+        while not await asyncio.to_thread(sessions.written_since, session_id, since):
+            if time.monotonic() >= deadline:
+                log.info(
+                    "job %s: session %s not written within %.1f s of the answer",
+                    self._ctx.spec.job_id,
+                    session_id,
+                    self._ctx.settings.session_settle_s,
+                )
+                return
+            await asyncio.sleep(_SETTLE_POLL_S)
 
     async def _diagnose(self, agent: AgentProcess) -> None:
         """Why the agent ended, asked before its sandbox goes (the evidence goes with
@@ -144,7 +181,8 @@ class Teardown:
         if state.sessions is None:
             return
         session_id = state.acp.session_id if state.acp is not None else None
-        saved = await asyncio.to_thread(state.sessions.save, session_id)
+        answered = state.answered_at is not None
+        saved = await asyncio.to_thread(state.sessions.save, session_id, answered=answered)
         with contextlib.suppress(OSError):  # the job dir's removal retries it
             await asyncio.to_thread(state.sessions.remove)
         for notice in saved:

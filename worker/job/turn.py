@@ -179,6 +179,7 @@ class Turn:
             await self._state.files.look_up([workspace_path(str(b["uri"])) for b in links])
         check_links(blocks, self._state.normalizer.artifacts)
         prompt = asyncio.create_task(client.turn(session_id, blocks))
+        prompt.add_done_callback(self._answered)
         budget = self._state.budget
         over = budget.exceeded if budget is not None else None
         try:
@@ -199,6 +200,10 @@ class Turn:
             raise Stopped(status, await self._interrupt(client, session_id, prompt))
         finally:
             await _end(prompt)
+
+    def _answered(self, prompt: asyncio.Task[PromptResult]) -> None:
+        if not prompt.cancelled() and prompt.exception() is None:
+            self._state.answered_at = time.time()
 
     async def _interrupt(
         self, client: AcpClient, session_id: str, prompt: asyncio.Task[PromptResult]

@@ -245,6 +245,14 @@ class SessionFiles(_Strict):
         "where `{session}` is the session id and `*` any characters but `/`; each names "
         "`{session}`. A directory matched is kept whole.",
     )
+    recorded_after_answer: bool = Field(
+        default=False,
+        description="The agent records a turn only after it has answered it, and exits on "
+        "stdin EOF without waiting for that write (claude-agent-acp's CLI writes its "
+        "transcript 40-70 ms after the answer): the teardown waits, at most "
+        "`ACPW_SESSION_SETTLE_S`, for the session's files to change after the last answer "
+        "before it closes stdin.",
+    )
 
     @field_validator("dir")
     @classmethod

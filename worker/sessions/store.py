@@ -344,8 +344,11 @@ class JobSessions:
         if selection is not None and not selection.matched:  # another declaration's
             raise self._not_found("holds none of its files", "not_recorded")
 
-    def save(self, session_id: str | None) -> list[Notice]:
+    def save(self, session_id: str | None, *, answered: bool = False) -> list[Notice]:
         """Keep what the agent recorded of ``session_id``; the notices to emit.
+
+        ``answered``: the agent answered a prompt of it, so it should have recorded
+        something; if it did not, that is said (``not_recorded``), not passed over.
 
         Call only once nothing in the sandbox runs. Never raises: a session that cannot
         be kept is reported, and the previous recording stays.
@@ -360,8 +363,8 @@ class JobSessions:
             ]
         if self.per_session_dir:
             source, selection = self.host_dir / session_id, None
-            if not os.path.lexists(source):
-                return []  # the agent recorded nothing (e.g. no turn was taken)
+            if not os.path.lexists(source):  # the agent recorded nothing
+                return self._not_recorded(session_id) if answered else []
         else:
             source, selection = self.host_dir, self.selection(session_id)
         try:
@@ -378,7 +381,53 @@ class JobSessions:
             ]
         # Nothing kept (selection.matched 0): the agent recorded nothing of it (e.g. no turn
         # was taken), or only what a copy skips.
+        if answered and selection is not None and not selection.matched:
+            return [*self._not_recorded(session_id), *_skipped(session_id, report)]
         return _skipped(session_id, report)
+
+    def _not_recorded(self, session_id: str) -> list[Notice]:
+        why = f"the agent answered a prompt but recorded nothing of it in ~/{self.files.dir}"
+        return [notices.session_not_saved(session_id, reason="not_recorded", why=why)]
+
+    def written_since(self, session_id: str, since: float) -> bool:
+        """Whether a file of ``session_id`` in the per-job directory was modified at or
+        after ``since`` (``time.time()``): the agent wrote to its recording since then.
+
+        The directory is the agent's: entries are ``lstat``-ed, never followed, and the
+        walk stops after the store's entry bound (False: nothing is known to be written).
+        Only a directory the worker can see while the agent runs (a mount of it, as on
+        local and docker) says anything: otherwise False.
+        """
+        if self.host_dir is None or not SESSION_ID.fullmatch(session_id):
+            return False
+        selection = self.selection(session_id)
+        budget = self.store.bounds.max_entries
+        pending: list[tuple[Path, str, int]] = [(self.host_dir, "", 0)]
+        while pending:
+            folder, rel, depth = pending.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                budget -= 1
+                if budget < 0:
+                    return False
+                path = f"{rel}{entry.name}"
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
+                if not stat.S_ISDIR(info.st_mode) and not stat.S_ISREG(info.st_mode):
+                    continue
+                if not selection(path, kind):
+                    continue
+                if kind == "file" and info.st_mtime >= since:
+                    return True
+                if kind == "dir" and depth < MAX_DEPTH:
+                    pending.append((Path(entry.path), f"{path}/", depth + 1))
+        return False
 
     def remove(self) -> None:
         """Delete the per-job directory (whatever the agent left in it)."""
