@@ -1,7 +1,8 @@
 """Ambient project config "execution".
 
 The real binary still loads project MCP servers and Cursor/Claude hooks even with
---disable-project-configs (seed 000). We emulate "running" them by appending the config's
+--disable-project-configs, which is why admission refuses them and the sandbox masks them
+(docs/security.md). We emulate "running" them by appending the config's
 relative path to a marker file, so tests can prove that admission refused the workspace or
 that the sandbox masked the file.
 """

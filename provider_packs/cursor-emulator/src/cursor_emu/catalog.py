@@ -1,6 +1,6 @@
 """Static data Cursor answers with: initialize result, modes, models, commands.
 
-Shapes follow CURSOR_ACP_FACTS.md §2, §4, §5 and §7 ([obs] wins over docs).
+Shapes follow docs/CURSOR_ACP_FACTS.md §2, §4, §5 and §7 ([obs] wins over docs).
 """
 
 from __future__ import annotations
