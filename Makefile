@@ -63,7 +63,8 @@ test-k8s: bootstrap
 	fi; \
 	ACPW_TEST_KUBECONFIG="$$KUBECONFIG" $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/integration/test_kubernetes_backend.py tests/integration/test_kubernetes_masks.py \
-	  tests/integration/test_kubernetes_files.py $(PYTEST_ARGS)
+	  tests/integration/test_kubernetes_files.py tests/integration/test_kubernetes_midrun.py \
+	  $(PYTEST_ARGS)
 
 # helm/acp-worker rendered by Helm's own engine (helm-python-sdk, no helm binary) for every
 # value profile, linted, each manifest validated (Kubernetes 1.29/1.37 schemas, the CRD

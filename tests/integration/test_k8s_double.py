@@ -5,8 +5,9 @@ There is no Kubernetes API server on this machine (nor in CI): ``tests/k8s_doubl
 stands in for one. These tests pin what the backend's tests rely on: a request the real
 API would reject is rejected (the client's models and the OpenAPI schema), the token is
 required, the exec WebSocket carries stdin (with v5's close as its EOF), stdout,
-stderr and the exit status as the API's channel protocol does, and pods are listed by
-label selector and deleted.
+stderr and the exit status as the API's channel protocol does, pods are listed by
+label selector and deleted, and a pod past its ``activeDeadlineSeconds`` or evicted ends
+as the kubelet ends it.
 """
 
 from __future__ import annotations
@@ -145,3 +146,46 @@ def test_exec_carries_stdio_eof_and_exit_status(
     assert core.list_namespaced_pod(NAMESPACE, label_selector="acpw.test=other").items == []
     core.delete_namespaced_pod("exec-probe", NAMESPACE)
     assert ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/exec-probe") in k8s_double.requests
+
+
+def _ended(core: client.CoreV1Api, name: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+        if pod.status.phase == "Failed":
+            return pod
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} did not end")
+
+
+def test_the_kubelet_ends_pods_past_their_deadline_and_evicted_ones(
+    core: client.CoreV1Api, base_by_digest: str, k8s_double: ApiDouble
+) -> None:
+    """As the kubelet: a pod past ``activeDeadlineSeconds`` is ``Failed``,
+    ``DeadlineExceeded``; one evicted (the test's control: the double has no node to be
+    short of memory) is ``Failed``, ``Evicted``. Both stop their containers (no exec
+    any more) and stay until deleted; an intact pod beside them runs on."""
+    expiring = _pod("expiring", base_by_digest)
+    expiring["spec"] |= {"activeDeadlineSeconds": 3, "terminationGracePeriodSeconds": 1}
+    for pod in (expiring, _pod("evicted", base_by_digest), _pod("intact", base_by_digest)):
+        core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(pod))
+    for name in ("evicted", "intact"):
+        assert _running(core, name).status.phase == "Running"
+    k8s_double.evict(NAMESPACE, "evicted")
+    evicted = _ended(core, "evicted")
+    assert (evicted.status.reason, evicted.status.message) == (
+        "Evicted",
+        "The node was low on resource: memory.",
+    )
+    expired = _ended(core, "expiring")
+    assert expired.status.reason == "DeadlineExceeded"
+    assert "longer than the specified deadline" in expired.status.message
+    for name in ("evicted", "expiring"):
+        with pytest.raises(ApiException) as refused:
+            _exec(core, name, ["/bin/true"], b"")
+        assert "400" in str(refused.value)  # the handshake's answer, as the client words it
+        terminated = core.read_namespaced_pod(name, NAMESPACE).status.container_statuses
+        assert terminated[0].state.terminated is not None
+    assert core.read_namespaced_pod("intact", NAMESPACE).status.phase == "Running"
+    # The eviction was the test's own call: the API saw only reads of that pod.
+    assert {m for m, p in k8s_double.requests if p.endswith("/pods/evicted")} == {"GET"}

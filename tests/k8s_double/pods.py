@@ -7,7 +7,9 @@ renamed for the pod, as Podman would otherwise share one named volume between ev
 naming it alike). Its status is what
 the engine says of its container: ``Pending`` while the play runs (or its image cannot
 be had: ``ErrImagePull``), ``Running``, then ``Succeeded``/``Failed`` with the container's
-exit code and ``OOMKilled`` as its reason when the engine says so.
+exit code and ``OOMKilled`` as its reason when the engine says so. A pod the double ended
+as the kubelet would (``end``: evicted, past its ``activeDeadlineSeconds``) is ``Failed``
+with that reason and message from then on, whatever its containers say.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class PodmanPod:
         self._play_error: str | None = None
         self._lock = threading.Lock()
         self._removed = False
+        #: How the kubelet ended the pod (``reason``, ``message``), once it did.
+        self.ended: tuple[str, str] | None = None
 
     def container_name(self, container: str) -> str:
         """The engine's name of one container of the pod (``podman kube play``'s)."""
@@ -101,6 +105,17 @@ class PodmanPod:
         if self._played.wait(60):
             podman(self.host, "pod", "kill", self.name)
 
+    def end(self, reason: str, message: str, *, grace_s: int) -> None:
+        """End the pod as the kubelet does (evicted, past its deadline): its status says
+        so at once (``Failed``, ``reason``, ``message``), then its containers are stopped
+        (SIGTERM, SIGKILL after ``grace_s``); it stays until deleted. Idempotent."""
+        with self._lock:
+            if self.ended is not None or self._removed:
+                return
+            self.ended = (reason, message)
+        if self._played.wait(60):
+            podman(self.host, "pod", "stop", "--time", str(grace_s), self.name)
+
     def remove(self) -> None:
         """Remove the pod and its containers from the engine (idempotent)."""
         with self._lock:
@@ -119,6 +134,14 @@ class PodmanPod:
             return {"phase": "Failed", "reason": "Error", "message": self._play_error}
         states = {c: self._state(client, c) for c in self.containers}
         statuses = [_container_status(name, s) for name, s in states.items()]
+        if self.ended is not None:
+            reason, message = self.ended
+            return {
+                "phase": "Failed",
+                "reason": reason,
+                "message": message,
+                "containerStatuses": statuses,
+            }
         running = [s for s in states.values() if s.get("Running")]
         if running:
             phase = "Running"

@@ -20,8 +20,11 @@ field is a 422. Requests need the bearer token of the double's kubeconfig (401 w
 
 Each pod is then run for real on the shared Podman service (``pods.PodmanPod``: ``podman
 kube play``), and exec runs ``podman exec`` in its container: manifests, client and
-containers are all real; only the API server is stood in for. What the double does not
-do: watches, scheduling (no node, quota or eviction), ``activeDeadlineSeconds``,
+containers are all real; only the API server is stood in for. As the kubelet does, it
+ends a pod that passes its ``activeDeadlineSeconds`` (counted from its creation):
+``Failed``, reason ``DeadlineExceeded``, its containers stopped. A test can evict a pod
+(``ApiDouble.evict``, standing in for the node's pressure; no request reaches it). What
+the double does not do: watches, scheduling (no node, quota, or eviction of its own),
 NetworkPolicy enforcement (objects are kept, not enforced), graceful deletion (a delete
 removes the pod at once).
 """
@@ -55,6 +58,9 @@ STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 _PODS = re.compile(
     r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+)(?:/(?P<sub>exec))?)?$"
 )
+#: What the kubelet says of a pod it ended, as it words it.
+DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+EVICTED_MESSAGE = "The node was low on resource: memory."
 _POLICIES = re.compile(
     r"^/apis/networking\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/networkpolicies(?:/(?P<name>[^/]+))?$"
 )
@@ -93,6 +99,7 @@ class ApiDouble:
         self.created: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self._removals: list[threading.Thread] = []
+        self._deadlines: list[threading.Timer] = []
         self.engine = docker.DockerClient(base_url=docker_host)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -110,6 +117,8 @@ class ApiDouble:
         """Stop serving and remove every pod still on the engine."""
         self._server.shutdown()
         self._server.server_close()
+        for timer in self._deadlines:
+            timer.cancel()
         for thread in self._removals:
             thread.join()
         for pod in list(self.pods.values()):
@@ -152,7 +161,32 @@ class ApiDouble:
             self.pods[(ns, name)] = pod
             self.created.append(copy.deepcopy(body))
         pod.start()
+        self._enforce_deadline(pod)
         return self.pod_object(pod)
+
+    def _enforce_deadline(self, pod: podman_pods.PodmanPod) -> None:
+        """End ``pod`` once its ``activeDeadlineSeconds`` have passed, as the kubelet
+        does: ``Failed``, ``DeadlineExceeded``, its containers stopped within its grace
+        period."""
+        spec = pod.obj["spec"]
+        deadline = spec.get("activeDeadlineSeconds")
+        if deadline is None:
+            return
+        grace = int(spec.get("terminationGracePeriodSeconds", 30))
+        timer = threading.Timer(
+            float(deadline), pod.end, args=("DeadlineExceeded", DEADLINE_MESSAGE),
+            kwargs={"grace_s": grace},
+        )  # fmt: skip
+        timer.daemon = True
+        self._deadlines.append(timer)
+        timer.start()
+
+    def evict(self, ns: str, name: str, message: str = EVICTED_MESSAGE) -> None:
+        """Test-only: evict the pod as the kubelet does under node pressure, which the
+        double has none of (no node): ``Failed``, reason ``Evicted``, ``message``, its
+        containers stopped at once (a hard eviction's grace is 0). Called by a test on
+        the double itself, never through the API, which has no such request."""
+        self.pod(ns, name).end("Evicted", message, grace_s=0)
 
     def pod(self, ns: str, name: str) -> podman_pods.PodmanPod:
         pod = self.pods.get((ns, name))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from worker.acp.agent import AgentProcess
-from worker.errors import AgentExited, AgentTimeout
+from worker.errors import AgentExited, AgentTimeout, SandboxEvicted
 from worker.job.outcome import JobOutcome, after_agent_exit, settled
 from worker.sandbox.base import ExitDiagnosis, ended
 from worker.sandbox.fake import FakeProcess
@@ -69,6 +69,26 @@ def test_an_oom_kill_is_the_jobs_error_naming_the_bound() -> None:
     assert outcome.error.details == {"stderr_preview": "x", "signal": "SIGKILL", "memory_mb": 64}
 
 
+def test_a_sandbox_the_platform_ended_is_the_jobs_error() -> None:
+    """The pod was evicted under the agent: that, not the agent's end, failed the job;
+    the agent's end stays in the details, the platform's word wins where both speak."""
+    evicted = SandboxEvicted("the sandbox pod ended: low on memory", pod="p", reason="Evicted")
+    diagnosis = ExitDiagnosis(None, "SIGKILL", sandbox_error=evicted)
+    outcome = after_agent_exit(_died(stderr_preview="x", reason="mine"), diagnosis, memory_mb=64)
+    assert (outcome.status, outcome.exit_code) == ("failed", evicted.exit_code)
+    assert outcome.error is evicted
+    assert evicted.to_dict() == {
+        "code": "sandbox_evicted",
+        "message": "the sandbox pod ended: low on memory",
+        "details": {"stderr_preview": "x", "signal": "SIGKILL", "pod": "p", "reason": "Evicted"},
+    }
+
+
+def test_a_diagnosis_without_a_sandbox_error_is_unchanged_by_the_field() -> None:
+    assert ExitDiagnosis(3, None) == ExitDiagnosis(3, None, sandbox_error=None)
+    assert ExitDiagnosis(3, None).sandbox_error is None
+
+
 def test_other_outcomes_are_left_alone() -> None:
     diagnosis = ExitDiagnosis(None, "SIGKILL", oom_killed=True)
     succeeded = settled("end_turn")
@@ -78,6 +98,8 @@ def test_other_outcomes_are_left_alone() -> None:
     assert after_agent_exit(hung, diagnosis, memory_mb=64) is hung
     died = _died()
     assert after_agent_exit(died, None, memory_mb=64) is died
+    ended_pod = ExitDiagnosis(None, "SIGKILL", sandbox_error=SandboxEvicted("gone"))
+    assert after_agent_exit(succeeded, ended_pod, memory_mb=64) is succeeded
 
 
 async def _agent(code: str) -> AgentProcess:

@@ -1,11 +1,16 @@
 """What a cluster says, as a typed error with a stable code (``worker/sandbox/kubernetes/
 api.py``). The pod statuses and API answers are the client's own models, built as the API
 server sends them; the unpullable image also runs through the API double
-(tests/integration/test_kubernetes_backend.py)."""
+(tests/integration/test_kubernetes_backend.py), and a pod evicted or past its deadline
+mid-run too (tests/integration/test_kubernetes_midrun.py). A program whose pod ended under
+it carries the pod's error in its diagnosis (``KubernetesProcess.exit_diagnosis``): here
+over a stub of the one ``read_pod`` it makes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +28,15 @@ from worker.errors import (
     SandboxUnschedulable,
     WorkerError,
 )
-from worker.sandbox.kubernetes.api import PULL_FAILURES, ended_failure, pending_failure, translate
+from worker.sandbox.base import ExitDiagnosis
+from worker.sandbox.kubernetes.api import (
+    PULL_FAILURES,
+    cluster_end,
+    ended_failure,
+    pending_failure,
+    translate,
+)
+from worker.sandbox.kubernetes.backend import DIAGNOSIS_READ_S, KubernetesProcess, KubernetesSandbox
 
 
 def _pod(status: dict[str, Any], memory: str = "536870912") -> client.V1Pod:
@@ -136,3 +149,151 @@ def test_what_the_api_refuses(
     assert type(caught.value) is kind
     assert (caught.value.code, caught.value.details["reason"]) == (code, reason)
     assert caught.value.details["pod"] == "p"
+
+
+# --- a pod the cluster ended under a program exec'd in it (the diagnosis) -------------
+
+
+def _container(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"name": "agent", "image": "x", "imageID": "", "ready": False,
+         "restartCount": 0, "state": state}
+    ]  # fmt: skip
+
+
+RUNNING = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+OOM = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "code", "reason"),
+    [
+        # Ended: the kubelet's reason and phase.
+        ({"phase": "Failed", "reason": "Evicted",
+          "message": "The node was low on resource: memory."},
+         SandboxEvicted, "sandbox_evicted", "Evicted"),
+        ({"phase": "Failed", "reason": "DeadlineExceeded",
+          "message": "Pod was active on the node longer than the specified deadline"},
+         SandboxDeadlineExceeded, "sandbox_deadline_exceeded", "DeadlineExceeded"),
+        # Ending: the reason is there while the containers are still being stopped.
+        ({"phase": "Running", "reason": "DeadlineExceeded",
+          "containerStatuses": _container(RUNNING)},
+         SandboxDeadlineExceeded, "sandbox_deadline_exceeded", "DeadlineExceeded"),
+        ({"phase": "Running", "reason": "Evicted"}, SandboxEvicted, "sandbox_evicted", "Evicted"),
+        # The pod's container OOM-killed (the pod may still say Running a moment).
+        ({"phase": "Running", "containerStatuses": _container(OOM)},
+         SandboxOomKilled, "oom_killed", "OOMKilled"),
+        # Failed for a reason of no class of its own: still typed, sandbox_failed.
+        ({"phase": "Failed", "containerStatuses": _container(
+            {"terminated": {"reason": "Error", "exitCode": 1}})},
+         SandboxError, "sandbox_failed", "Error"),
+    ],
+)  # fmt: skip
+def test_a_pod_the_cluster_ended_mid_run(
+    status: dict[str, Any], kind: type[SandboxError], code: str, reason: str
+) -> None:
+    error = cluster_end(_pod(status, memory="256Mi"))
+    assert type(error) is kind
+    assert (error.code, error.details["reason"]) == (code, reason)
+    assert error.details["pod"] == "acpw-j-1-abc"
+    if code == "oom_killed":
+        assert error.details["memory_limit"] == "256Mi"
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "Running", "containerStatuses": _container(RUNNING)},
+        {"phase": "Running"},
+        {"phase": "Pending"},
+        {},
+    ],
+)
+def test_an_intact_pod_says_nothing(status: dict[str, Any]) -> None:
+    assert cluster_end(_pod(status)) is None
+
+
+class _Api:
+    """``read_pod`` as the backend calls it, answering ``answer`` (raised if an error)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer, self.calls = answer, 0
+
+    def read_pod(self, name: str, *, timeout_s: float | None = None) -> client.V1Pod | None:
+        self.calls += 1
+        assert name == "acpw-j-1-abc"
+        assert timeout_s == DIAGNOSIS_READ_S  # bounded at the request too
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer  # type: ignore[no-any-return]
+
+
+def _sandbox(answer: Any) -> tuple[KubernetesSandbox, _Api]:
+    api = _Api(answer)
+    backend: Any = SimpleNamespace(api=api)
+    spec: Any = SimpleNamespace()
+    return KubernetesSandbox(backend, spec, "acpw-j-1-abc"), api
+
+
+def _stream(status: int) -> Any:
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    done.set_result(status)
+    return SimpleNamespace(stdin=None, stdout=None, stderr=None, status=done)
+
+
+EVICTED = {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}
+
+
+async def test_a_program_whose_pod_was_evicted_carries_the_pods_error() -> None:
+    sandbox, api = _sandbox(_pod(EVICTED))
+    process = KubernetesProcess(sandbox, _stream(137), 7)
+    await process.wait()
+    diagnosis = await process.exit_diagnosis()
+    assert isinstance(diagnosis.sandbox_error, SandboxEvicted)
+    # The SIGKILL was the eviction's, not the OOM killer's; the signal stays.
+    assert (diagnosis.signal, diagnosis.oom_killed) == ("SIGKILL", False)
+    assert api.calls == 1
+
+
+async def test_a_program_on_an_intact_pod_is_diagnosed_as_before() -> None:
+    sandbox, _ = _sandbox(_pod({"phase": "Running"}))
+    process = KubernetesProcess(sandbox, _stream(3), 7)
+    await process.wait()
+    assert await process.exit_diagnosis() == ExitDiagnosis(3, None)
+    killed = KubernetesProcess(sandbox, _stream(137), 8)
+    await killed.wait()
+    assert await killed.exit_diagnosis() == ExitDiagnosis(None, "SIGKILL", oom_killed=True)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        SandboxError("kubernetes read pod failed", reason="Unreachable", status=0),
+        RuntimeError("a bug in the client"),
+        None,  # the pod is gone already
+    ],
+)
+async def test_a_pod_that_cannot_be_read_gives_the_plain_diagnosis(answer: Any) -> None:
+    sandbox, api = _sandbox(answer)
+    process = KubernetesProcess(sandbox, _stream(3), 7)
+    await process.wait()
+    assert await process.exit_diagnosis() == ExitDiagnosis(3, None)
+    assert api.calls == 1
+
+
+async def test_an_end_of_ours_reads_no_pod() -> None:
+    """terminate/kill/destroy explain the end: the pod is not asked."""
+    sandbox, api = _sandbox(_pod(EVICTED))
+    process = KubernetesProcess(sandbox, _stream(143), 7)
+    process.signalled = True  # as terminate() sets it
+    await process.wait()
+    assert await process.exit_diagnosis() == ExitDiagnosis(None, "SIGTERM")
+    sandbox.destroying = True
+    other = KubernetesProcess(sandbox, _stream(137), 8)
+    await other.wait()
+    assert (await other.exit_diagnosis()).sandbox_error is None
+    running = KubernetesProcess(sandbox, SimpleNamespace(
+        stdin=None, stdout=None, stderr=None,
+        status=asyncio.get_running_loop().create_future()), 9)  # fmt: skip
+    assert await running.exit_diagnosis() == ExitDiagnosis(None, None)
+    assert api.calls == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from worker.errors import (
     EXIT_CANCELLED,
@@ -87,12 +87,16 @@ def after_agent_exit(
     outcome: JobOutcome, exit_: ExitDiagnosis | None, *, memory_mb: int
 ) -> JobOutcome:
     """A job that failed because its agent ended (``agent_exited``) says why: the error
-    carries the agent's ``exit_code`` or ``signal``, and an end by the kernel's OOM
-    killer is the job's error ``oom_killed``, naming the bound it hit."""
+    carries the agent's ``exit_code`` or ``signal``; a sandbox that the platform ended
+    under the agent (``exit_.sandbox_error``: a pod evicted, past its deadline) makes
+    that the job's error, since the agent did not end on its own; and an end by the
+    kernel's OOM killer is the job's error ``oom_killed``, naming the bound it hit."""
     error = outcome.error
     if exit_ is None or not isinstance(error, AgentExited):
         return outcome
     details = {**error.details, **exit_.details()}
+    if exit_.sandbox_error is not None:
+        return _sandbox_ended(outcome, exit_.sandbox_error, details)
     if not exit_.oom_killed:
         error.details = details
         return outcome
@@ -103,6 +107,13 @@ def after_agent_exit(
         memory_mb=memory_mb,
     )
     return JobOutcome("failed", outcome.stop_reason, oom, oom.exit_code)
+
+
+def _sandbox_ended(outcome: JobOutcome, cause: SandboxError, agent: dict[str, Any]) -> JobOutcome:
+    """``cause`` as the job's error, the agent's end (its ``exit_code`` or ``signal``,
+    what it last wrote on stderr) kept in its details beside the platform's own."""
+    cause.details = {**agent, **cause.details}
+    return JobOutcome("failed", outcome.stop_reason, cause, cause.exit_code)
 
 
 def after_upload(outcome: JobOutcome, error: WorkerError | None) -> JobOutcome:

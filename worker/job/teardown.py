@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from worker.acp.agent import AgentProcess
+from worker.errors import OomKilled
 from worker.events import notices
 from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
@@ -123,7 +124,9 @@ class Teardown:
             return
         diagnosis = await agent.process.exit_diagnosis()
         self._state.agent_exit = diagnosis
-        if diagnosis.oom_killed:
+        ended_by = diagnosis.sandbox_error
+        # A sandbox OOM-killed as a whole (a pod's container) hit the same bound.
+        if diagnosis.oom_killed or (ended_by is not None and ended_by.code == OomKilled.code):
             memory_mb = self._ctx.spec.limits.memory_mb
             await self._ctx.emitter.emit(notices.oom_killed(memory_mb))
 

@@ -197,6 +197,11 @@ class ExitDiagnosis:
     signal: str | None
     #: The kernel's OOM killer ended it: its sandbox ran out of memory.
     oom_killed: bool = False
+    #: The sandbox itself ended under it, as its platform says why (a pod evicted, past
+    #: its deadline, OOM-killed): that, not the process's end, is what failed the job.
+    #: ``None`` when the sandbox was intact or could not tell (every backend whose
+    #: sandbox cannot end on its own).
+    sandbox_error: SandboxError | None = None
 
     def details(self) -> dict[str, Any]:
         """``{"exit_code": N}`` or ``{"signal": "SIGKILL"}`` (empty while it runs)."""

@@ -152,11 +152,16 @@ class PodApi:
         with translate("create pod", pod=name):
             self.core.create_namespaced_pod(self.namespace, _model(client.V1Pod, pod))
 
-    def read_pod(self, name: str) -> client.V1Pod | None:
-        """The pod, or None when it does not exist."""
+    def read_pod(self, name: str, *, timeout_s: float | None = None) -> client.V1Pod | None:
+        """The pod, or None when it does not exist (``timeout_s``: the request's bound;
+        None: the client's default, none)."""
         try:
             with translate("read pod", pod=name):
-                return self.core.read_namespaced_pod(name, self.namespace)
+                if timeout_s is None:
+                    return self.core.read_namespaced_pod(name, self.namespace)
+                return self.core.read_namespaced_pod(
+                    name, self.namespace, _request_timeout=timeout_s
+                )
         except SandboxError as exc:
             if exc.details.get("status") == 404:
                 return None
@@ -277,6 +282,25 @@ def pending_failure(pod: client.V1Pod) -> SandboxError | None:
                 pod=name,
                 reason=waiting.reason,
             )
+    return None
+
+
+#: Pod reasons with which the kubelet ends a pod that was running (it may still be
+#: stopping its containers when the reason is already there).
+END_REASONS = frozenset({"Evicted", "DeadlineExceeded"})
+
+
+def cluster_end(pod: client.V1Pod) -> SandboxError | None:
+    """Why the cluster ended (or is ending) a pod that ran, as ``ended_failure`` says it:
+    its reason is ``Evicted`` or ``DeadlineExceeded``, its phase is ``Failed``, or a
+    container of it was ``OOMKilled``; None while the pod is intact (a program exec'd in
+    it that ended did so on its own)."""
+    status = pod.status
+    if status is None:
+        return None
+    ending = status.reason in END_REASONS or status.phase == "Failed"
+    if ending or _container_end(pod) == "OOMKilled":
+        return ended_failure(pod)
     return None
 
 

@@ -27,7 +27,7 @@ from worker.sandbox.base import (
     home_relative,
 )
 from worker.sandbox.kubernetes import manifests, transfer
-from worker.sandbox.kubernetes.api import PodApi, connect
+from worker.sandbox.kubernetes.api import PodApi, cluster_end, connect
 from worker.sandbox.kubernetes.files import KubernetesWorkspaceFiles
 from worker.sandbox.kubernetes.names import pod_labels
 from worker.sandbox.kubernetes.netproxy import PodNetwork
@@ -88,6 +88,9 @@ SIGNALLER = (
 )
 _PID_DIGITS = 10
 _PID_WAIT_S = 60.0
+#: How long a diagnosis waits for the pod's status: the job is settling, and a pod the
+#: API cannot show quickly tells nothing a job needs to wait for.
+DIAGNOSIS_READ_S = 10.0
 
 
 def launch_header(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
@@ -134,7 +137,19 @@ class KubernetesProcess(StdioProcess):
         return await asyncio.shield(self._waiter)
 
     async def exit_diagnosis(self) -> ExitDiagnosis:
-        return ended(self._returncode, oom_killed=self.oom_killed)
+        """Its exit status or signal; and when it ended on its own (no terminate/kill/
+        destroy of ours), whether the cluster ended its pod under it (evicted, past its
+        ``activeDeadlineSeconds``, OOM-killed: ``api.cluster_end``), read once from the
+        pod's status. Such an end is the diagnosis's ``sandbox_error`` and explains a
+        SIGKILL better than the OOM guess. A pod that cannot be read in
+        ``DIAGNOSIS_READ_S`` says nothing (never raises)."""
+        plain = ended(self._returncode, oom_killed=self.oom_killed)
+        if self._returncode is None or self.signalled or self._sandbox.destroying:
+            return plain
+        cause = await self._sandbox.cluster_end()
+        if cause is None:
+            return plain
+        return dataclasses.replace(plain, oom_killed=False, sandbox_error=cause)
 
     async def _watch(self) -> int:
         self._status = await self._stream.status
@@ -177,6 +192,8 @@ class KubernetesSandbox:
         self.made = tuple(made)
         self.processes: list[KubernetesProcess] = []
         self.files: KubernetesWorkspaceFiles | None = None
+        #: Our destroy began: a program that ends now was ended by it, not the cluster.
+        self.destroying = False
 
     @property
     def sandbox_id(self) -> str:
@@ -251,6 +268,20 @@ class KubernetesSandbox:
 
     def oom_killed(self) -> bool:
         return any(p.oom_killed for p in self.processes)
+
+    async def cluster_end(self) -> SandboxError | None:
+        """Why the cluster ended this pod (``api.cluster_end``), or None: it is intact,
+        or could not be read within ``DIAGNOSIS_READ_S`` (the API's error, a timeout:
+        swallowed and logged, since a diagnosis claims only what it read)."""
+        try:
+            async with asyncio.timeout(DIAGNOSIS_READ_S):
+                pod = await asyncio.to_thread(
+                    self.backend.api.read_pod, self._pod, timeout_s=DIAGNOSIS_READ_S
+                )
+        except Exception as exc:  # a diagnosis never raises: it claims less
+            log.warning("the sandbox pod %s could not be read for a diagnosis: %r", self._pod, exc)
+            return None
+        return None if pod is None else cluster_end(pod)
 
 
 class KubernetesBackend:
@@ -376,6 +407,17 @@ class KubernetesBackend:
                 max_bytes=bound, owner=owner,
             )  # fmt: skip
 
+    def _running(self, name: str) -> bool:
+        """Whether the pod still runs, so that something can be copied out of it: one
+        the cluster ended (evicted, past its deadline) takes exec no more, and its
+        emptyDirs go with it (blocking)."""
+        pod = self.api.read_pod(name)
+        phase = pod.status.phase if pod is not None and pod.status is not None else None
+        running = pod is not None and phase == "Running" and cluster_end(pod) is None
+        if not running:
+            log.warning("the sandbox pod %s is not running: nothing is copied out of it", name)
+        return running
+
     def _image(self, spec: SandboxSpec) -> str:
         """The pack image of ``spec``'s closure, by digest (see ``images``)."""
         from worker.sandbox.kubernetes.images import pack_image
@@ -400,10 +442,12 @@ class KubernetesBackend:
         sandbox = self._sandboxes.pop(sandbox_id, None)
         copy_error: SandboxError | None = None
         if sandbox is not None:
+            sandbox.destroying = True
             if sandbox.files is not None:
                 await sandbox.files.aclose()
             try:
-                await asyncio.to_thread(self._copy_out, sandbox_id, sandbox)
+                if await asyncio.to_thread(self._running, sandbox_id):
+                    await asyncio.to_thread(self._copy_out, sandbox_id, sandbox)
             except SandboxError as exc:
                 copy_error = exc
         await self.network.close(sandbox_id)
