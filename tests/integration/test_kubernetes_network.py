@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,19 +55,28 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 PY = "/usr/bin/python3"
 KUBE_NETWORK = "podman-default-kube-network"
-# Straight to the front, past the forwarder: prints the first line of its answer.
+# Straight to the front, past the forwarder (over TLS to the front's certificate, given
+# as PEM; "plain" for none): prints the first line of its answer.
 RAW = r"""
-import socket, sys
+import socket, ssl, sys
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
-s.sendall(sys.argv[3].encode().decode("unicode_escape").encode("latin-1"))
-s.sendall(b"CONNECT " + sys.argv[4].encode() + b" HTTP/1.1\r\n\r\n")
+if sys.argv[3] != "plain":
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(cadata=sys.argv[3])
+    s = ctx.wrap_socket(s)
+s.sendall(sys.argv[4].encode().decode("unicode_escape").encode("latin-1"))
+s.sendall(b"CONNECT " + sys.argv[5].encode() + b" HTTP/1.1\r\n\r\n")
 data = b""
 while b"\r\n" not in data:
-    c = s.recv(1)
+    try:
+        c = s.recv(1)
+    except OSError:
+        c = b""
     if not c:
         break
     data += c
-print(data.split(b"\r\n")[0].decode() or "closed")
+print(data.split(b"\r\n")[0].decode(errors="replace") or "closed")
 """
 
 
@@ -187,11 +197,13 @@ async def test_a_connection_without_the_jobs_token_reaches_no_proxy(
         token_a = backend.network._tokens[box_a.sandbox_id]
         front = (str(backend.config.k8s_proxy_address), str(backend.network.front.port))
         via_b = json.loads(await _run(box_b, [PY, "-c", CLIENT, allowed]))
-        raw = [PY, "-c", RAW, *front]
+        raw = [PY, "-c", RAW, *front, backend.network.front.certificate]
         no_identity = await _run(box_b, [*raw, "", allowed])
+        # A's token in clear, as before the front spoke TLS: it never reaches a proxy.
+        line_a = TOKEN_PREFIX.decode() + token_a + r"\r\n"
+        plain_a = await _run(box_b, [PY, "-c", RAW, *front, "plain", line_a, allowed])
         guessed = await _run(box_b, [*raw, r"ACPW-TOKEN x" + "A" * 42 + r"\r\n", allowed])
         # A's own token works from anywhere it is known: it is the identity...
-        line_a = TOKEN_PREFIX.decode() + token_a + r"\r\n"
         with_a = await _run(box_b, [*raw, line_a, allowed])
         # ...until A ends (its proxy closed, as destroy does first; its pod is removed
         # last, since removing a pod on Podman 4.3 here cuts the other pods' route to the
@@ -205,9 +217,10 @@ async def test_a_connection_without_the_jobs_token_reaches_no_proxy(
     assert [(d.reason, d.target) for d in denials_b] == [("not_allowed", allowed)]
     refused = "HTTP/1.1 407 Proxy Authentication Required"
     assert (no_identity.strip(), guessed.strip(), after_a.strip()) == (refused,) * 3
+    assert "200" not in plain_a
     assert with_a.strip() == "HTTP/1.1 200 Connection Established"
     assert denials_a == []
-    assert backend.network.front.stats.refused == 3
+    assert backend.network.front.stats.refused == 4
     assert server.accepted == 1  # A's token, while A ran
 
 
@@ -261,9 +274,10 @@ def test_allowlist_without_a_proxy_address_is_refused(tmp_path: Path) -> None:
 async def test_the_front_bounds_connections_that_do_not_identify_themselves(
     tmp_path: Path,
 ) -> None:
-    """No pod needed: connections that send no identity line are held at most
-    ``LINE_TIMEOUT_S``, and past ``MAX_UNIDENTIFIED`` of them the next is refused at once;
-    a connection with the job's token still gets through once they are gone."""
+    """No pod needed: connections that start no TLS handshake (or send no identity line)
+    are held at most ``LINE_TIMEOUT_S``, and past ``MAX_UNIDENTIFIED`` of them the next
+    is refused at once (in clear: it never got to TLS); a connection with the job's token
+    still gets through once they are gone."""
     from worker.sandbox.base import ResourceLimits, SandboxSpec
     from worker.sandbox.kubernetes import netproxy
 
@@ -290,7 +304,10 @@ async def test_the_front_bounds_connections_that_do_not_identify_themselves(
         for _, w in silent:
             w.close()
     await asyncio.sleep(0.5)  # the front sees them gone
-    reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+    pinned = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    pinned.check_hostname = False
+    pinned.load_verify_locations(cadata=front.certificate)
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.port, ssl=pinned)
     writer.write(TOKEN_PREFIX + token.encode() + b"\r\nCONNECT elsewhere:1 HTTP/1.1\r\n\r\n")
     answer = await asyncio.wait_for(reader.readline(), 5)
     writer.close()

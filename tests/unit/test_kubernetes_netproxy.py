@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from worker.errors import SandboxError
 from worker.network import FORWARDER_SOURCE, proxy_env
-from worker.network.forward import TOKEN_ENV, _parse
+from worker.network.forward import CA_ENV, TOKEN_ENV, _parse
 from worker.sandbox.base import ResourceLimits, SandboxSpec
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.netproxy import PodNetwork
@@ -31,12 +31,14 @@ def _given_token(network: PodNetwork, pod: str) -> None:
 def test_the_first_spawn_runs_behind_the_forwarder_with_the_token_later_ones_reuse_it() -> None:
     network = _network(k8s_proxy_port=4000)
     _given_token(network, "p")
+    network.front.certificate = "PEM"  # what listening makes
     argv, env = network.wrap("p", ["agent", "--x"], ENV, [(3130, "model.internal:8080")])
     assert argv[:5] == ["/usr/bin/python3", "-I", "-S", "-c", FORWARDER_SOURCE.read_text()]
     assert argv[5:] == [
-        "--upstream=[fd00::7]:4000", "--tunnel=3130=model.internal:8080", "--", "agent", "--x",
+        "--upstream=[fd00::7]:4000", "--upstream-tls", "--tunnel=3130=model.internal:8080",
+        "--", "agent", "--x",
     ]  # fmt: skip
-    assert env == {**ENV, **proxy_env(), TOKEN_ENV: "t0ken"}
+    assert env == {**ENV, **proxy_env(), TOKEN_ENV: "t0ken", CA_ENV: "PEM"}
     again = network.wrap("p", ["tool"], ENV, [])
     assert again == (["tool"], {**ENV, **proxy_env()})  # no token, no second forwarder
 
@@ -47,8 +49,11 @@ def test_a_pod_without_allowlist_is_left_alone() -> None:
 
 def test_the_forwarder_parses_the_upstream_it_is_given() -> None:
     upstream = ["--upstream=[fd00::7]:4000", "--tunnel=3130=m:80", "--", "a"]
-    assert _parse(upstream) == ([(3130, "m:80")], ("fd00::7", 4000), ["a"])
-    assert _parse(["--upstream=10.0.0.7:3129", "--", "a"]) == ([], ("10.0.0.7", 3129), ["a"])
+    assert _parse(upstream) == ([(3130, "m:80")], ("fd00::7", 4000), False, ["a"])
+    plain = ["--upstream=10.0.0.7:3129", "--", "a"]
+    assert _parse(plain) == ([], ("10.0.0.7", 3129), False, ["a"])
+    tls = ["--upstream=10.0.0.7:3129", "--upstream-tls", "--", "a"]
+    assert _parse(tls) == ([], ("10.0.0.7", 3129), True, ["a"])
 
 
 def test_no_peer_without_pod_labels_and_a_peer_on_the_configured_port() -> None:

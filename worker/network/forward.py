@@ -10,7 +10,10 @@ the sandbox and run by it in front of the agent (stdlib only, ``python3 -I -S``)
 With ``--upstream`` (a sandbox that cannot be given the socket: a Kubernetes pod) each
 connection goes to the proxy at ``HOST:PORT`` over TCP instead, and starts with the
 line ``ACPW-TOKEN <token>`` — the job's identity, read from ``$ACPW_PROXY_TOKEN``, which
-is removed from the environment before the agent is exec'd.
+is removed from the environment before the agent is exec'd. With ``--upstream-tls`` too,
+that connection is TLS 1.3 to a proxy holding the key of the one certificate in
+``$ACPW_PROXY_CA`` (PEM, removed likewise; pinned: no host name is checked), and the line
+goes inside it; a proxy that cannot prove that key gets nothing.
 
 Each ``--tunnel`` adds a listener on ``127.0.0.1:PORT`` whose connections go to the proxy
 already opened: the relay sends ``CONNECT HOST:PORT`` itself and, once the proxy answers
@@ -21,21 +24,29 @@ It binds and listens first (so the port is ready before the agent runs), double-
 relay daemon — adopted by the sandbox's init, so it dies with the sandbox — and then
 ``exec``\\ s the agent in its own process (same pid, same stdio). The relay copies bytes
 both ways, one thread per direction, for at most ``MAX_CONNECTIONS`` connections at a
-time. It knows nothing of the policy: the host-side proxy decides everything.
+time (over TLS, both directions in one thread: an SSL object is not to be read and
+written from two threads at once). It knows nothing of the policy: the host-side proxy
+decides everything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import socket
 import sys
 import threading
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    import ssl
 
 SOCKET = "/run/acpw/proxy.sock"
 #: The variable the token of ``--upstream`` comes in (never passed on to the agent).
 TOKEN_ENV = "ACPW_PROXY_TOKEN"  # noqa: S105 - a variable's name, not a secret
+#: The variable the pinned certificate of ``--upstream-tls`` comes in (PEM).
+CA_ENV = "ACPW_PROXY_CA"
 #: The line each TCP connection to the proxy starts with, then the token and CRLF.
 TOKEN_PREFIX = b"ACPW-TOKEN "
 HOST, PORT = "127.0.0.1", 3128
@@ -45,11 +56,12 @@ _MAX_REPLY_HEAD = 8192
 
 
 def main(argv: list[str]) -> None:
-    tunnels, upstream, program = _parse(argv[1:])
+    tunnels, upstream, tls, program = _parse(argv[1:])
     token = os.environ.pop(TOKEN_ENV, "")
-    if upstream is not None and not token:
+    pinned = os.environ.pop(CA_ENV, "")
+    if (upstream is not None and not token) or (tls and not pinned):
         _usage()
-    route = _Route(upstream, token)
+    route = _Route(upstream, token, pinned if tls else None)
     listeners: list[tuple[socket.socket, str | None]] = [(_listen(PORT), None)]
     listeners += [(_listen(port), target) for port, target in tunnels]
     if os.fork() == 0:
@@ -68,10 +80,20 @@ def main(argv: list[str]) -> None:
 
 class _Route:
     """How a relay reaches the proxy: its Unix socket, or ``upstream`` over TCP with the
-    job's token first."""
+    job's token first, inside TLS to the ``pinned`` certificate when one is given."""
 
-    def __init__(self, upstream: tuple[str, int] | None, token: str) -> None:
+    def __init__(
+        self, upstream: tuple[str, int] | None, token: str, pinned: str | None = None
+    ) -> None:
         self.upstream, self.token = upstream, token
+        self.tls: ssl.SSLContext | None = None
+        if pinned is not None:
+            import ssl
+
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the peer
+            self.tls.minimum_version = ssl.TLSVersion.TLSv1_3
+            self.tls.check_hostname = False  # a pin: that one certificate, any name
+            self.tls.load_verify_locations(cadata=pinned)
 
     def open(self) -> socket.socket:
         if self.upstream is None:
@@ -83,17 +105,29 @@ class _Route:
                 raise
             return sock
         sock = socket.create_connection(self.upstream, timeout=30)
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, do_handshake_on_connect=False)  # takes sock
+            try:
+                sock.do_handshake()  # within the connection's timeout
+            except OSError:
+                sock.close()
+                raise
         sock.settimeout(None)
         sock.sendall(TOKEN_PREFIX + self.token.encode() + b"\r\n")
         return sock
 
 
-def _parse(args: list[str]) -> tuple[list[tuple[int, str]], tuple[str, int] | None, list[str]]:
+def _parse(
+    args: list[str],
+) -> tuple[list[tuple[int, str]], tuple[str, int] | None, bool, list[str]]:
     tunnels: list[tuple[int, str]] = []
     upstream: tuple[str, int] | None = None
-    while args and args[0].startswith(("--tunnel=", "--upstream=")):
+    tls = False
+    while args and args[0].startswith(("--tunnel=", "--upstream=", "--upstream-tls")):
         option, _, value = args.pop(0).partition("=")
-        if option == "--tunnel":
+        if option == "--upstream-tls" and not value:
+            tls = True
+        elif option == "--tunnel":
             port, _, target = value.partition("=")
             if not port.isdigit() or not target:
                 _usage()
@@ -103,15 +137,16 @@ def _parse(args: list[str]) -> tuple[list[tuple[int, str]], tuple[str, int] | No
             if not port.isdigit() or not host:
                 _usage()
             upstream = (host.strip("[]"), int(port))
-    if len(args) < 2 or args[0] != "--":
+    if len(args) < 2 or args[0] != "--" or (tls and upstream is None):
         _usage()
-    return tunnels, upstream, args[1:]
+    return tunnels, upstream, tls, args[1:]
 
 
 def _usage() -> NoReturn:
     sys.stderr.write(
-        "usage: forward.py [--upstream=HOST:PORT] [--tunnel=PORT=HOST:PORT ...] "
-        "-- PROGRAM [ARG...]\n(--upstream needs $ACPW_PROXY_TOKEN)\n"
+        "usage: forward.py [--upstream=HOST:PORT [--upstream-tls]] "
+        "[--tunnel=PORT=HOST:PORT ...] -- PROGRAM [ARG...]\n"
+        "(--upstream needs $ACPW_PROXY_TOKEN, --upstream-tls $ACPW_PROXY_CA)\n"
     )
     os._exit(2)
 
@@ -157,6 +192,9 @@ def _serve(
             upstream = route.open()
             if target is not None and not _connect(upstream, target):
                 return
+            if route.tls is not None:
+                _relay_tls(client, upstream)
+                return
             back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
             back.start()
             _copy(client, upstream)
@@ -190,6 +228,59 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         # One side failed: wake the other direction's recv so the connection ends.
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_RDWR)
+
+
+def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
+    """Copy both ways between ``client`` and the TLS ``upstream``, in this one thread.
+
+    TLS has no half-close, so the first side to end ends the connection once what it
+    sent is delivered (the proxy's relay and the tools that use a proxy do not half-close
+    either)."""
+    import ssl
+
+    again = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+    client.setblocking(False)
+    upstream.setblocking(False)
+    to_up, to_client = bytearray(), bytearray()
+    client_done = up_done = False
+    pending = getattr(upstream, "pending", lambda: 0)
+    with selectors.DefaultSelector() as selector:
+        while not (client_done and not to_up) and not (up_done and not to_client):
+            read_client = not client_done and len(to_up) < _CHUNK
+            read_up = not up_done and len(to_client) < _CHUNK
+            for sock, reading, writing in ((client, read_client, to_client),
+                                           (upstream, read_up, to_up)):  # fmt: skip
+                mask = (selectors.EVENT_READ if reading else 0) | (
+                    selectors.EVENT_WRITE if writing else 0
+                )
+                if mask:
+                    selector.register(sock, mask)
+            try:
+                # Bytes TLS already decrypted are not seen by select: do not wait then.
+                selector.select(0 if read_up and pending() else None)
+            finally:
+                for sock in (client, upstream):
+                    with contextlib.suppress(KeyError, ValueError):
+                        selector.unregister(sock)
+            try:
+                if read_client:
+                    with contextlib.suppress(*again):
+                        data = client.recv(_CHUNK)
+                        to_up += data
+                        client_done = not data
+                if to_up:
+                    with contextlib.suppress(*again):
+                        del to_up[: upstream.send(to_up)]
+                if read_up:
+                    with contextlib.suppress(*again):
+                        data = upstream.recv(_CHUNK)
+                        to_client += data
+                        up_done = not data
+                if to_client:
+                    with contextlib.suppress(*again):
+                        del to_client[: client.send(to_client)]
+            except OSError:  # ssl.SSLError too: either side failed, the connection ends
+                return
 
 
 if __name__ == "__main__":

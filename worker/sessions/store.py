@@ -36,6 +36,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from worker.events.models import Notice
 from worker.jobs.spec import SESSION_ID as SESSION_ID_PATTERN
 from worker.packs.manifest import SESSION_SLOT, SessionFiles
 from worker.packs.names import check_pack_name
-from worker.safetree import Bounds, CopyReport, OverBound, copy_tree, remove_tree
+from worker.safetree import Bounds, CopyReport, Kind, OverBound, copy_tree, remove_tree
 from worker.sandbox.base import HOME, WritableMount
 from worker.sessions.files import Selection
 from worker.settings import Settings
@@ -369,16 +370,8 @@ class JobSessions:
             source, selection = self.host_dir, self.selection(session_id)
         try:
             report = self.store.save(self.pack, session_id, source, selection)
-        except OverBound as exc:
-            return [
-                notices.session_not_saved(session_id, reason="too_large", why=f"it holds {exc}")
-            ]
-        except OSError as exc:
-            return [
-                notices.session_not_saved(
-                    session_id, reason="unreadable", why=exc.strerror or str(exc)
-                )
-            ]
+        except (OverBound, OSError) as exc:
+            return [_not_saved(session_id, exc)]
         # Nothing kept (selection.matched 0): the agent recorded nothing of it (e.g. no turn
         # was taken), or only what a copy skips.
         if answered and selection is not None and not selection.matched:
@@ -393,46 +386,67 @@ class JobSessions:
         """Whether a file of ``session_id`` in the per-job directory was modified at or
         after ``since`` (``time.time()``): the agent wrote to its recording since then.
 
-        The directory is the agent's: entries are ``lstat``-ed, never followed, and the
-        walk stops after the store's entry bound (False: nothing is known to be written).
         Only a directory the worker can see while the agent runs (a mount of it, as on
         local and docker) says anything: otherwise False.
         """
         if self.host_dir is None or not SESSION_ID.fullmatch(session_id):
             return False
-        selection = self.selection(session_id)
-        budget = self.store.bounds.max_entries
-        pending: list[tuple[Path, str, int]] = [(self.host_dir, "", 0)]
+        return any(
+            stat.S_ISREG(info.st_mode) and info.st_mtime >= since
+            for info in self._recorded(self.host_dir, self.selection(session_id))
+        )
+
+    def _recorded(self, root: Path, selection: Selection) -> Iterator[os.stat_result]:
+        """The ``lstat`` of each directory and regular file of ``selection`` below
+        ``root``, the agent's directory: nothing is followed, and the walk stops after
+        the store's entry bound."""
+        bound = self.store.bounds.max_entries
+        budget = float("inf") if bound is None else bound
+        pending: list[tuple[Path, str, int]] = [(root, "", 0)]
         while pending:
             folder, rel, depth = pending.pop()
-            try:
-                entries = list(os.scandir(folder))
-            except OSError:
-                continue
-            for entry in entries:
+            for entry in _scan(folder):
                 budget -= 1
                 if budget < 0:
-                    return False
-                path = f"{rel}{entry.name}"
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
+                    return
+                info = _lstat(entry)
+                kind: Kind | None = None
+                if info is not None and stat.S_ISDIR(info.st_mode):
+                    kind = "dir"
+                elif info is not None and stat.S_ISREG(info.st_mode):
+                    kind = "file"
+                if info is None or kind is None or not selection(f"{rel}{entry.name}", kind):
                     continue
-                kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
-                if not stat.S_ISDIR(info.st_mode) and not stat.S_ISREG(info.st_mode):
-                    continue
-                if not selection(path, kind):
-                    continue
-                if kind == "file" and info.st_mtime >= since:
-                    return True
+                yield info
                 if kind == "dir" and depth < MAX_DEPTH:
-                    pending.append((Path(entry.path), f"{path}/", depth + 1))
-        return False
+                    pending.append((Path(entry.path), f"{rel}{entry.name}/", depth + 1))
 
     def remove(self) -> None:
         """Delete the per-job directory (whatever the agent left in it)."""
         if self.host_dir is not None:
             remove_staged(self.host_dir)
+
+
+def _not_saved(session_id: str, exc: OverBound | OSError) -> Notice:
+    if isinstance(exc, OverBound):
+        return notices.session_not_saved(session_id, reason="too_large", why=f"it holds {exc}")
+    why = exc.strerror or str(exc)
+    return notices.session_not_saved(session_id, reason="unreadable", why=why)
+
+
+def _scan(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def _skipped(session_id: str, report: CopyReport) -> list[Notice]:

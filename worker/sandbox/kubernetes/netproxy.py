@@ -9,6 +9,10 @@ connection to the proxy of the job whose identity it starts with:
 
     ACPW-TOKEN <token>\\r\\n
 
+Each connection is TLS (1.3) first: the front's key and self-signed certificate are made
+when it starts listening (``tls.front_tls``), and the forwarder trusts that certificate
+alone, given to it with the token. The identity line is the first thing sent inside it.
+
 The token is random per sandbox (:data:`TOKEN_BYTES` bytes) and only its SHA-256 is kept
 here. A connection with no line, or a token no running sandbox holds (another job's that
 ended, a guess), is answered ``407`` and closed: it reaches no job's proxy and is
@@ -18,11 +22,12 @@ and logged. So one job's pod cannot use another job's allowlist without its toke
 In the pod the agent sees what it sees elsewhere: ``HTTP(S)_PROXY`` at
 ``127.0.0.1:3128``, served by the forwarder (``worker.network.forward``, run from its
 source with ``python3 -c``: there is no host file to bind) with ``--upstream`` set to the
-front; the token reaches the forwarder in ``ACPW_PROXY_TOKEN``, which it removes before
-it execs the agent. The agent runs as the forwarder's uid, so it could read the token
-from the forwarder's process; that only gives it its own job's allowlist. The token
-crosses the pod network in clear: the NetworkPolicies (``manifests.network_policies``)
-let sandbox pods reach the front alone and nothing reach them.
+front (``--upstream-tls``); the token reaches the forwarder in ``ACPW_PROXY_TOKEN`` and
+the certificate in ``ACPW_PROXY_CA``, which it removes before it execs the agent. The
+agent runs as the forwarder's uid, so it could read the token from the forwarder's
+process; that only gives it its own job's allowlist. Nothing crosses the pod network in
+clear, and the NetworkPolicies (``manifests.network_policies``) let sandbox pods reach the
+front alone and nothing reach them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,6 +52,7 @@ from worker.network import (
     proxy_env,
 )
 from worker.sandbox.kubernetes.manifests import ProxyPeer
+from worker.sandbox.kubernetes.tls import front_tls
 
 if TYPE_CHECKING:
     from worker.sandbox.base import SandboxSpec
@@ -95,6 +102,9 @@ class ProxyFront:
         self._proxies: dict[bytes, AllowlistProxy] = {}
         self._server: asyncio.Server | None = None
         self._unidentified = 0
+        self._tls: ssl.SSLContext | None = None
+        #: The certificate the forwarders pin (PEM; a new one each time it listens).
+        self.certificate = ""
 
     @property
     def port(self) -> int:
@@ -138,6 +148,7 @@ class ProxyFront:
             await server.wait_closed()
 
     async def _listen(self) -> None:
+        self._tls, self.certificate = await asyncio.to_thread(front_tls)
         try:
             self._server = await asyncio.start_server(
                 self._accept, self.host, self._port, limit=self.limits.max_head_bytes
@@ -150,11 +161,11 @@ class ProxyFront:
             ) from exc
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        proxy = await self._identify(reader)
+        proxy = await self._identify(reader, writer)
         if proxy is None:
             self.stats.refused += 1
             log.warning("allowlist proxy: a connection without a known identity was refused")
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: TLS failed
                 writer.write(_REFUSAL)
                 await writer.drain()
             writer.close()
@@ -164,14 +175,21 @@ class ProxyFront:
         self.stats.accepted += 1
         await proxy.serve(reader, writer)
 
-    async def _identify(self, reader: asyncio.StreamReader) -> AllowlistProxy | None:
-        if self._unidentified >= MAX_UNIDENTIFIED:
+    async def _identify(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> AllowlistProxy | None:
+        """The proxy the connection's identity names, after its TLS handshake; both
+        within ``LINE_TIMEOUT_S`` and within the ``MAX_UNIDENTIFIED`` slots (a handshake
+        never started holds a slot as a line never sent does)."""
+        if self._unidentified >= MAX_UNIDENTIFIED or self._tls is None:
             return None
         self._unidentified += 1
         try:
-            line = await asyncio.wait_for(reader.readuntil(b"\r\n"), LINE_TIMEOUT_S)
+            async with asyncio.timeout(LINE_TIMEOUT_S):
+                await writer.start_tls(self._tls)
+                line = await reader.readuntil(b"\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
-            return None
+            return None  # ssl.SSLError is an OSError: a client that is not the forwarder
         finally:
             self._unidentified -= 1
         if len(line) > MAX_LINE or not line.startswith(forward.TOKEN_PREFIX):
@@ -245,8 +263,9 @@ class PodNetwork:
         self._forwarding.add(pod)
         address = str(self.config.k8s_proxy_address)
         host = f"[{address}]" if ":" in address else address
-        opts = [f"--upstream={host}:{self.front.port}"]
+        opts = [f"--upstream={host}:{self.front.port}", "--upstream-tls"]
         opts += [f"--tunnel={port}={target}" for port, target in tunnels]
         source = FORWARDER_SOURCE.read_text()
         wrapped = [FORWARDER_PYTHON, "-I", "-S", "-c", source, *opts, "--", *argv]
-        return wrapped, {**env, **proxy_env(), forward.TOKEN_ENV: token}
+        secret = {forward.TOKEN_ENV: token, forward.CA_ENV: self.front.certificate}
+        return wrapped, {**env, **proxy_env(), **secret}
