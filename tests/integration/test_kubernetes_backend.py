@@ -318,10 +318,19 @@ def test_a_served_job_runs_in_a_pod(
         ) as client:
             client.submit(_service_job(job_id))
             events = [dict(e.event) for e in client.events(job_id, follow=True, timeout=90)]
+        # The task returns once its job settled; only then is the worker stopped, so the
+        # stop never lands between the job's last event and its task's return.
+        wait_for(lambda: "succeeded in" in log.read_text(), "the task's return", 60)
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(60)
-        _flush(BROKER_URL)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)  # nothing of it outlives the test
+            worker.wait()
+            pytest.fail(f"serve outlived SIGTERM by 60 s:\n{log.read_text()[-3000:]}")
+        finally:
+            _flush(BROKER_URL)
     assert [e["data"]["status"] for e in completed(events)] == ["succeeded"], log.read_text()[
         -3000:
     ]
