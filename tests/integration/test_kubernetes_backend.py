@@ -78,18 +78,21 @@ def _settings(tmp_path: Path) -> Settings:
     )
 
 
-def _backend(tmp_path: Path, cluster: Cluster, engine: EngineConfig) -> KubernetesBackend:
-    config = KubernetesConfig(
+def _backend(
+    tmp_path: Path, cluster: Cluster, engine: EngineConfig, **config: Any
+) -> KubernetesBackend:
+    settings = KubernetesConfig(
         worker_id="w-k8s",
         cache_dir=tmp_path / "cache",
         k8s_namespace=cluster.namespace,
         k8s_kubeconfig=cluster.kubeconfig,
         k8s_start_timeout_s=90,
+        **config,
     )
-    return KubernetesBackend(config, engine_config=engine)
+    return KubernetesBackend(settings, engine_config=engine)
 
 
-def _job(tmp_path: Path, prompt: str) -> Any:
+def _job(tmp_path: Path, prompt: str, *, timeout_s: int = 60) -> Any:
     (tmp_path / "ws").mkdir(exist_ok=True)
     (tmp_path / "ws" / "README.md").write_text("# hello\n")
     (tmp_path / "secrets").mkdir(exist_ok=True)
@@ -102,7 +105,7 @@ def _job(tmp_path: Path, prompt: str) -> Any:
             "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
             "prompt": prompt,
             "credentials": {"CURSOR_API_KEY": "file:key"},
-            "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+            "limits": {"timeout_s": timeout_s, "memory_mb": 512, "pids": 128},
         }
     )
 

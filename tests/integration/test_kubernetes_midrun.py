@@ -21,72 +21,25 @@ from typing import Any
 
 import pytest
 
-from tests.integration.docker_engine import REPO, base_image, docker_host, engine_config
+from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.integration.test_kubernetes_backend import _backend, _job, _settings
 from tests.k8s_double.fixtures import Cluster, cluster, images
 from worker.events.sinks import MemorySink
 from worker.images.engine import EngineConfig
 from worker.job import JobOutcome, run_job
-from worker.jobs.spec import parse_job
 from worker.sandbox.base import LABEL_JOB
-from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.backend import KubernetesBackend
-from worker.settings import Settings
 
 __all__ = ["base_image", "cluster", "docker_host", "engine_config", "images"]
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("base_image")]
 
-SECRET = "emulator-k8s-midrun-7c2e"
 #: The emulator's scenario that keeps its turn open until cancelled: it says this first.
 HANG = "scenario: hang"
 WORKING = "Working on it..."
 #: The pod's ``activeDeadlineSeconds`` in the deadline test: long enough for the pod to
 #: start and the agent's turn to open on a loaded machine, short enough to wait for.
 DEADLINE_S = 30
-
-
-def _settings(tmp_path: Path) -> Settings:
-    return Settings(
-        cache_dir=tmp_path / "cache",
-        work_dir=tmp_path / "work",
-        secrets_dir=tmp_path / "secrets",
-        packs_dir=REPO / "provider_packs",
-        worker_id="w-k8s-mid",
-        shutdown_eof_grace=1.0,
-        cancel_grace=3.0,
-    )
-
-
-def _backend(
-    tmp_path: Path, cluster: Cluster, engine: EngineConfig, **config: Any
-) -> KubernetesBackend:
-    settings = KubernetesConfig(
-        worker_id="w-k8s-mid",
-        cache_dir=tmp_path / "cache",
-        k8s_namespace=cluster.namespace,
-        k8s_kubeconfig=cluster.kubeconfig,
-        k8s_start_timeout_s=90,
-        **config,
-    )
-    return KubernetesBackend(settings, engine_config=engine)
-
-
-def _job(tmp_path: Path, prompt: str) -> Any:
-    (tmp_path / "ws").mkdir(exist_ok=True)
-    (tmp_path / "ws" / "README.md").write_text("# hello\n")
-    (tmp_path / "secrets").mkdir(exist_ok=True)
-    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
-    return parse_job(
-        {
-            "v": 1,
-            "job_id": f"k8s-mid-{tmp_path.name[-12:]}".replace("_", "-"),
-            "pack": {"name": "cursor-emulator"},
-            "workspace": {"kind": "local", "path": str(tmp_path / "ws")},
-            "prompt": prompt,
-            "credentials": {"CURSOR_API_KEY": "file:key"},
-            "limits": {"timeout_s": 120, "memory_mb": 512, "pids": 128},
-        }
-    )
 
 
 class Job:
@@ -96,7 +49,7 @@ class Job:
         self.sink = MemorySink()
         self.task = asyncio.ensure_future(
             run_job(
-                _job(tmp_path, prompt),
+                _job(tmp_path, prompt, timeout_s=120),
                 settings=_settings(tmp_path),
                 backend=backend,
                 sinks=[self.sink],

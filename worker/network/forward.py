@@ -263,24 +263,28 @@ def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
                     with contextlib.suppress(KeyError, ValueError):
                         selector.unregister(sock)
             try:
-                if read_client:
-                    with contextlib.suppress(*again):
-                        data = client.recv(_CHUNK)
-                        to_up += data
-                        client_done = not data
-                if to_up:
-                    with contextlib.suppress(*again):
-                        del to_up[: upstream.send(to_up)]
-                if read_up:
-                    with contextlib.suppress(*again):
-                        data = upstream.recv(_CHUNK)
-                        to_client += data
-                        up_done = not data
-                if to_client:
-                    with contextlib.suppress(*again):
-                        del to_client[: client.send(to_client)]
+                client_done = client_done or (read_client and _pull(client, to_up, again))
+                _push(upstream, to_up, again)
+                up_done = up_done or (read_up and _pull(upstream, to_client, again))
+                _push(client, to_client, again)
             except OSError:  # ssl.SSLError too: either side failed, the connection ends
                 return
+
+
+def _pull(sock: socket.socket, into: bytearray, again: tuple[type[OSError], ...]) -> bool:
+    """Read what ``sock`` has into ``into``: True at its end (False: nothing yet)."""
+    with contextlib.suppress(*again):
+        data = sock.recv(_CHUNK)
+        into += data
+        return not data
+    return False
+
+
+def _push(sock: socket.socket, out: bytearray, again: tuple[type[OSError], ...]) -> None:
+    """Send what ``sock`` takes of ``out`` now, and drop it from ``out``."""
+    if out:
+        with contextlib.suppress(*again):
+            del out[: sock.send(out)]
 
 
 if __name__ == "__main__":
