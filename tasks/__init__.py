@@ -28,6 +28,7 @@ from celery.signals import (
     task_received,
     worker_init,
     worker_process_init,
+    worker_shutdown,
     worker_shutting_down,
 )
 from celery.worker.state import revoked as revoked_tasks
@@ -93,6 +94,12 @@ def _serve_metrics(**_: object) -> None:
             lambda: metrics.readiness_of(settings),
             backlog_read=lambda: metrics.backlog_of(settings),
         )
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _remove_metrics_dir(**_: object) -> None:
+    """In the main process, its pool stopped: the metrics directory ``serve`` made goes."""
+    metrics.remove_made_dir()
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -154,6 +155,19 @@ def backlog_of(settings: Settings) -> Backlog | None:
     if not settings.redis_url:
         return None
     return backlog(settings.broker_url or settings.redis_url, settings.redis_url, settings.queue)
+
+
+#: Set by ``serve`` to the multiprocess directory it made for the worker: the worker's
+#: main process removes that directory when it shuts down (``remove_made_dir``).
+MADE_DIR_ENV = "ACPW_METRICS_DIR_MADE"
+
+
+def remove_made_dir() -> None:
+    """Remove the multiprocess directory ``serve`` made for this worker, if it did (a
+    directory given by the operator in ``PROMETHEUS_MULTIPROC_DIR`` is theirs)."""
+    made = os.environ.get(MADE_DIR_ENV)
+    if made and made == os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def registry() -> CollectorRegistry | None:

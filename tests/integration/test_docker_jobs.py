@@ -269,7 +269,8 @@ def _derive(images: PackImages, image_id: str, tag: str) -> str:
             tar.addfile(info, io.BytesIO(data.encode()))
     context.seek(0)
     result = images.client.api.build(
-        fileobj=context, custom_context=True, dockerfile="Containerfile", tag=tag, decode=True
-    )
+        fileobj=context, custom_context=True, dockerfile="Containerfile", tag=tag, decode=True,
+        rm=True, forcerm=True,  # no build container left in the engine's store
+    )  # fmt: skip
     ids = [c["aux"]["ID"] for c in result if "aux" in c]
     return str(ids[-1])

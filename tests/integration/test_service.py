@@ -56,6 +56,8 @@ def _remove_work_dir() -> None:
     with contextlib.suppress(OSError):
         unmount_below(WORK_DIR)
     shutil.rmtree(WORK_DIR, ignore_errors=True)
+    # The reapers' host lock, next to the work dir (worker.service.reaper).
+    WORK_DIR.with_name(f".{WORK_DIR.name}.reaper.lock").unlink(missing_ok=True)
 
 
 FAST = {
@@ -441,6 +443,21 @@ def test_malformed_payloads_settle_once_without_retry(client: Client, redis_url:
     assert [(e["type"], e["data"]["error"]["code"]) for e in events] == [
         ("job.completed", "invalid_job_spec")
     ]
+
+
+def test_the_metrics_dir_serve_made_goes_with_the_worker(logs: Path) -> None:
+    """``serve --metrics-port`` makes prometheus' multiprocess directory in the temp dir;
+    its worker removes it when it stops (every restart left one behind before)."""
+    running = Worker(logs / "metrics-dir.log", worker_id="it-metrics", metrics_port=_free_port())
+    try:
+        environ = Path(f"/proc/{running.proc.pid}/environ").read_bytes().split(b"\0")
+        [made] = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"ACPW_METRICS_DIR_MADE=")]
+        folder = Path(made.decode())
+        assert folder.is_dir()
+        assert folder.name.startswith("acpw-metrics-")
+    finally:
+        running.stop()
+    assert not folder.exists()
 
 
 def test_metrics_and_readiness(worker: Worker, client: Client) -> None:

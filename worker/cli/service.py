@@ -169,7 +169,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     env = dict(os.environ, ACPW_REDIS_URL=settings.redis_url or "")
     if args.metrics_port is not None:
         env["ACPW_METRICS_PORT"] = str(args.metrics_port)
-        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="acpw-metrics-")
+        made = tempfile.mkdtemp(prefix="acpw-metrics-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = env[metrics.MADE_DIR_ENV] = made  # removed at exit
     argv = serve_argv(args, settings)
     if args.reaper:  # kept referenced until the exec, so nothing collects it meanwhile
         _reaper = subprocess.Popen(
