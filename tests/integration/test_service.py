@@ -80,6 +80,8 @@ def _env(worker_id: str) -> dict[str, str]:
         ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
         ACPW_WORKER_ID=worker_id,
         ACPW_WORK_DIR=str(WORK_DIR),
+        # Not the default, next to the work dir: that is the temp dir itself here.
+        ACPW_SESSION_DIR=str(WORK_DIR / "sessions"),
     )
     return env
 
