@@ -287,6 +287,47 @@ class StdioProcess:
         return self._stderr
 
 
+class SignalledByCall(StdioProcess):
+    """A process signalled through a call to its sandbox's service (docker: the engine,
+    kubernetes: an exec in the pod): ``terminate``/``kill`` schedule that call, never once
+    the process has ended, and remember that we signalled it (``signalled``: its end is
+    then ours, not the kernel's or the platform's). Subclasses set ``_returncode`` when it
+    ends and say how a signal is delivered (``_deliver``)."""
+
+    def __init__(
+        self,
+        *,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+    ) -> None:
+        super().__init__(stdin=stdin, stdout=stdout, stderr=stderr)
+        self._returncode: int | None = None
+        self.signalled = False
+        self._signals: set[asyncio.Future[None]] = set()  # held until delivered
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def terminate(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send(signal.SIGKILL)
+
+    def _send(self, sig: signal.Signals) -> None:
+        if self._returncode is not None:
+            return
+        self.signalled = True
+        future = asyncio.ensure_future(self._deliver(sig))
+        self._signals.add(future)
+        future.add_done_callback(self._signals.discard)
+
+    async def _deliver(self, sig: signal.Signals) -> None:
+        raise NotImplementedError
+
+
 class PipedProcess(StdioProcess):
     """The stdio and exit status of a host subprocess, shared by backends whose
     ``SandboxProcess`` is one (local, fake); each adds its own ``terminate``/``kill``."""

@@ -58,8 +58,9 @@ process) and removes its directory (label ``acpw.proxy_dir``, from any process).
 """
 
 from worker.sandbox.docker.backend import DockerBackend, DockerSandbox
-from worker.sandbox.docker.containers import LABEL_SANDBOX, launch_header
-from worker.sandbox.docker.process import DockerProcess, exit_status
+from worker.sandbox.docker.containers import LABEL_SANDBOX
+from worker.sandbox.docker.process import DockerProcess
+from worker.sandbox.launcher import exit_status, launch_header
 
 __all__ = [
     "LABEL_SANDBOX",

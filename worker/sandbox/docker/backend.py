@@ -34,7 +34,6 @@ from worker.sandbox.docker.containers import (
     LABEL_WORKSPACE,
     ImagePlan,
     ensure_mask_points,
-    launch_header,
     own_workspace,
     remove_mask_points,
     sandbox_labels,
@@ -42,6 +41,7 @@ from worker.sandbox.docker.containers import (
 from worker.sandbox.docker.engine import ContainerEngine, list_sandboxes, sandbox_status
 from worker.sandbox.docker.process import DockerProcess
 from worker.sandbox.hostfiles import HostWorkspaceFiles
+from worker.sandbox.launcher import launch_header
 from worker.sandbox.shared import (
     ProxyRegistry,
     check_command,

@@ -33,6 +33,7 @@ from worker.sandbox.base import (
     SandboxSpec,
     home_relative,
 )
+from worker.sandbox.launcher import launcher_argv
 
 BACKEND_NAME = "docker"
 LABEL_SANDBOX = "acpw.sandbox"
@@ -50,24 +51,6 @@ SANDBOX_TMP = "/tmp"  # noqa: S108 - the container's private tmpfs
 TMPFS_BYTES = 256 * 1024 * 1024
 # Labels a container inherits from its image; not part of what the sandbox was given.
 _IMAGE_LABEL_PREFIXES = ("acpw.image.", "acpw.base.", "acpw.pack.", "io.buildah.", "org.")
-# Reads "<10-digit length><JSON>" from fd 0 byte-exactly (the rest of stdin stays for
-# the program), then execs argv with exactly the given environment.
-LAUNCHER = (
-    "import os,json,sys\n"
-    "def rd(n):\n"
-    " b=b''\n"
-    " while len(b)<n:\n"
-    "  c=os.read(0,n-len(b))\n"
-    "  if not c: os._exit(125)\n"
-    "  b+=c\n"
-    " return b\n"
-    "m=json.loads(rd(int(rd(10))))\n"
-    "os.chdir(m['cwd'])\n"
-    "try: os.execvpe(m['argv'][0],m['argv'],m['env'])\n"
-    "except OSError as e:\n"
-    " sys.stderr.write('acpw: cannot exec %s: %s\\n'%(m['argv'][0],e)); os._exit(127)\n"
-)
-LAUNCHER_ARGV = ("/usr/bin/python3", "-I", "-S", "-c", LAUNCHER)
 
 
 def sandbox_labels(spec: SandboxSpec, worker_id: str, sandbox_id: str) -> dict[str, str]:
@@ -78,12 +61,6 @@ def sandbox_labels(spec: SandboxSpec, worker_id: str, sandbox_id: str) -> dict[s
     labels[LABEL_SANDBOX] = sandbox_id
     labels[LABEL_BACKEND] = BACKEND_NAME
     return labels
-
-
-def launch_header(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
-    """What the launcher reads from stdin before exec."""
-    body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
-    return b"%010d" % len(body) + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +111,7 @@ def container_config(
     )
     config: dict[str, Any] = api.create_container_config(
         plan.image_id,
-        command=list(LAUNCHER_ARGV),
+        command=launcher_argv(),
         user=f"{SANDBOX_UID}:{SANDBOX_GID}",
         stdin_open=True,
         tty=False,

@@ -11,9 +11,10 @@ from typing import Protocol
 
 from worker.sandbox.base import (
     ExitDiagnosis,
-    StdioProcess,
+    SignalledByCall,
     ended,
 )
+from worker.sandbox.launcher import exit_status
 
 
 class ContainerControl(Protocol):
@@ -27,13 +28,6 @@ class ContainerControl(Protocol):
 
 
 STDOUT, STDERR = 1, 2
-
-
-def exit_status(status: int) -> int:
-    """A container exit status as asyncio reports a process's: 128+N → -N (signal N)."""
-    if 128 < status < 128 + signal.NSIG:
-        return -(status - 128)
-    return status
 
 
 class StdinWriter(asyncio.StreamWriter):
@@ -73,7 +67,7 @@ async def demultiplex(
         err.feed_eof()
 
 
-class DockerProcess(StdioProcess):
+class DockerProcess(SignalledByCall):
     """A started container's program. ``pid`` is the container init's host pid (0 if
     the engine does not say); signals go to the container (the init forwards them)."""
 
@@ -93,19 +87,12 @@ class DockerProcess(StdioProcess):
         self.container_id = container_id
         self._pump = pump
         self._pid = pid
-        self._returncode: int | None = None
         self._status: int | None = None
         self._waiter: asyncio.Task[int] = asyncio.create_task(self._watch())
-        self._signals: set[asyncio.Future[None]] = set()
-        self.signalled = False
 
     @property
     def pid(self) -> int:
         return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     @property
     def oom_killed(self) -> bool:
@@ -135,18 +122,7 @@ class DockerProcess(StdioProcess):
         self._returncode = exit_status(status)
         return self._returncode
 
-    def terminate(self) -> None:
-        """SIGTERM to the program (the container's init forwards it); idempotent."""
-        self._send(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL to the container: every process in it dies; idempotent."""
-        self._send(signal.SIGKILL)
-
-    def _send(self, sig: signal.Signals) -> None:
-        if self._returncode is not None:
-            return
-        self.signalled = True
-        future = asyncio.ensure_future(self._engine.signal(self.container_id, sig))
-        self._signals.add(future)
-        future.add_done_callback(self._signals.discard)
+    async def _deliver(self, sig: signal.Signals) -> None:
+        """To the container: SIGTERM reaches the program through the container's init,
+        SIGKILL ends every process in it."""
+        await self._engine.signal(self.container_id, sig)

@@ -22,7 +22,7 @@ from worker.sandbox.base import (
     ExitDiagnosis,
     SandboxInfo,
     SandboxSpec,
-    StdioProcess,
+    SignalledByCall,
     ended,
     home_relative,
 )
@@ -33,6 +33,7 @@ from worker.sandbox.kubernetes.names import pod_labels
 from worker.sandbox.kubernetes.netproxy import PodNetwork
 from worker.sandbox.kubernetes.stream import KILLED, ExecStream
 from worker.sandbox.kubernetes.view import pod_admission
+from worker.sandbox.launcher import exit_status, launch_header, launcher_argv
 from worker.sandbox.shared import check_command, check_id, check_spec
 
 if TYPE_CHECKING:
@@ -55,32 +56,7 @@ KEEPER = (
     " time.sleep(1)\n"
 )
 KEEPER_ARGV = ("/usr/bin/python3", "-I", "-S", "-c", KEEPER)
-#: Reads "<10-digit length><JSON>" from stdin byte-exactly, leads its own process group
-#: (a new session; where exec made it a session leader already, as Podman's does, both
-#: setsid and setpgid are refused and its group is its own), writes that group's id as
-#: 10 digits on stdout (what terminate/kill signal), then execs argv with exactly the
-#: given environment.
-LAUNCHER = (
-    "import os,json,sys\n"
-    "def rd(n):\n"
-    " b=b''\n"
-    " while len(b)<n:\n"
-    "  c=os.read(0,n-len(b))\n"
-    "  if not c: os._exit(125)\n"
-    "  b+=c\n"
-    " return b\n"
-    "m=json.loads(rd(int(rd(10))))\n"
-    "try: os.setsid()\n"
-    "except OSError:\n"
-    " try: os.setpgid(0,0)\n"
-    " except OSError: pass\n"
-    "os.write(1,b'%010d'%os.getpgrp())\n"
-    "os.chdir(m['cwd'])\n"
-    "try: os.execvpe(m['argv'][0],m['argv'],m['env'])\n"
-    "except OSError as e:\n"
-    " sys.stderr.write('acpw: cannot exec %s: %s\\n'%(m['argv'][0],e)); os._exit(127)\n"
-)
-LAUNCHER_ARGV = ["/usr/bin/python3", "-I", "-S", "-c", LAUNCHER]
+LAUNCHER_ARGV = launcher_argv(lead_group=True)
 SIGNALLER = (
     "import os,sys\n"
     "try: os.killpg(int(sys.argv[1]),int(sys.argv[2]))\n"
@@ -93,39 +69,19 @@ _PID_WAIT_S = 60.0
 DIAGNOSIS_READ_S = 10.0
 
 
-def launch_header(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
-    """What the launcher reads from stdin before exec."""
-    body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
-    return b"%010d" % len(body) + body
-
-
-def exit_status(status: int) -> int:
-    """An exec's exit status as asyncio reports a process's: 128+N → -N (signal N)."""
-    if 128 < status < 128 + signal.NSIG:
-        return -(status - 128)
-    return status
-
-
-class KubernetesProcess(StdioProcess):
+class KubernetesProcess(SignalledByCall):
     """A program exec'd in the sandbox pod. ``pid`` is its pid in the pod (its process
     group); signals are sent by a short exec of ``os.killpg``."""
 
     def __init__(self, sandbox: KubernetesSandbox, stream: ExecStream, pid: int) -> None:
         super().__init__(stdin=stream.stdin, stdout=stream.stdout, stderr=stream.stderr)
         self._sandbox, self._stream, self._pid = sandbox, stream, pid
-        self._returncode: int | None = None
         self._status: int | None = None
         self._waiter = asyncio.ensure_future(self._watch())
-        self._signals: set[asyncio.Future[None]] = set()
-        self.signalled = False
 
     @property
     def pid(self) -> int:
         return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
 
     @property
     def oom_killed(self) -> bool:
@@ -156,19 +112,8 @@ class KubernetesProcess(StdioProcess):
         self._returncode = exit_status(self._status)
         return self._returncode
 
-    def terminate(self) -> None:
-        self._send(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._send(signal.SIGKILL)
-
-    def _send(self, sig: signal.Signals) -> None:
-        if self._returncode is not None:
-            return
-        self.signalled = True
-        future = asyncio.ensure_future(self._sandbox.signal(self._pid, sig))
-        self._signals.add(future)
-        future.add_done_callback(self._signals.discard)
+    async def _deliver(self, sig: signal.Signals) -> None:
+        await self._sandbox.signal(self._pid, sig)
 
 
 class KubernetesSandbox:
