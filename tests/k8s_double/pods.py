@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import secrets
 import subprocess
 import tempfile
 import threading
@@ -48,6 +49,9 @@ class PodmanPod:
         self.host = host
         self.obj = obj
         self.name: str = obj["metadata"]["name"]
+        #: The pod's name on the engine: its own name and a suffix of its own, so two
+        #: doubles (two test sessions on one Podman) never play pods of one name.
+        self.engine_name = f"{self.name}-{secrets.token_hex(3)}"
         self.containers = [c["name"] for c in obj["spec"]["containers"]]
         self._played = threading.Event()
         self.volumes: list[str] = []
@@ -59,7 +63,7 @@ class PodmanPod:
 
     def container_name(self, container: str) -> str:
         """The engine's name of one container of the pod (``podman kube play``'s)."""
-        return f"{self.name}-{container}"
+        return f"{self.engine_name}-{container}"
 
     def start(self) -> None:
         """Play the pod in the background (the API answers before it runs)."""
@@ -71,6 +75,9 @@ class PodmanPod:
         for key in [k for k, v in annotations.items() if len(v) > MAX_ANNOTATION]:
             del annotations[key]
         played.pop("status", None)
+        played["metadata"]["name"] = self.engine_name
+        # The pod's hostname stays its API name, as a kubelet sets it.
+        played.setdefault("spec", {}).setdefault("hostname", self.name)
         self._own_volumes(played)
         with tempfile.TemporaryDirectory(prefix="k8s-double-") as tmp:
             path = Path(tmp) / "pod.json"
@@ -90,7 +97,7 @@ class PodmanPod:
         renamed = {}
         for volume in spec.get("volumes") or []:
             if "emptyDir" in volume:
-                renamed[volume["name"]] = f"{self.name}-{volume['name']}"
+                renamed[volume["name"]] = f"{self.engine_name}-{volume['name']}"
                 volume["name"] = renamed[volume["name"]]
         self.volumes = list(renamed.values())
         for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
@@ -103,7 +110,7 @@ class PodmanPod:
     def kill(self) -> None:
         """SIGKILL every process of the pod (its removal takes seconds on Podman)."""
         if self._played.wait(60):
-            podman(self.host, "pod", "kill", self.name)
+            podman(self.host, "pod", "kill", self.engine_name)
 
     def end(self, reason: str, message: str, *, grace_s: int) -> None:
         """End the pod as the kubelet does (evicted, past its deadline): its status says
@@ -114,13 +121,13 @@ class PodmanPod:
                 return
             self.ended = (reason, message)
         if self._played.wait(60):
-            podman(self.host, "pod", "stop", "--time", str(grace_s), self.name)
+            podman(self.host, "pod", "stop", "--time", str(grace_s), self.engine_name)
 
     def remove(self) -> None:
         """Remove the pod and its containers from the engine (idempotent)."""
         with self._lock:
             self._removed = True
-            podman(self.host, "pod", "rm", "--force", "--time", "0", self.name)
+            podman(self.host, "pod", "rm", "--force", "--time", "0", self.engine_name)
             for volume in self.volumes:  # removed with the pod on 4.3; made sure of here
                 podman(self.host, "volume", "rm", "--force", volume)
 
