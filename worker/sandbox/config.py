@@ -379,8 +379,9 @@ class KubernetesConfig(_BackendSettings):
         return self
 
 
-BackendConfig = Annotated[
-    LocalConfig | DockerConfig | KubernetesConfig | DaytonaConfig | FakeConfig,
-    Field(discriminator="type"),
-]
+#: Every backend's config class: the one list of them (the registry's entries and the
+#: discriminated union below are typed from it).
+AnyBackendConfig = LocalConfig | DockerConfig | KubernetesConfig | DaytonaConfig | FakeConfig
+
+BackendConfig = Annotated[AnyBackendConfig, Field(discriminator="type")]
 """Any backend's config; pydantic picks the class from ``type``."""

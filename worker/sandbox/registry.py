@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from worker.errors import InvalidInput, SandboxError
 from worker.sandbox.config import (
+    AnyBackendConfig,
     DaytonaConfig,
     DockerConfig,
     FakeConfig,
@@ -31,7 +32,7 @@ class BackendEntry:
     """One backend: its config class and where its backend class lives
     (``module:Class``, constructed as ``Class(config)``)."""
 
-    config: type[LocalConfig | DockerConfig | KubernetesConfig | DaytonaConfig | FakeConfig]
+    config: type[AnyBackendConfig]
     backend: str
     selectable: bool = True
 
