@@ -25,8 +25,12 @@ lock-packs: emulator-pack
 qualify-cursor: bootstrap
 	@./scripts/qualify-cursor.sh
 
+# Progress on the terminal; the canonical events (JSON lines) into DEMO_EVENTS, named at the end.
+DEMO_EVENTS ?= examples/out/hello.events.jsonl
 demo: emulator-pack
-	@$(VENV)/bin/acp-worker run examples/hello.json --json
+	@mkdir -p "$(dir $(DEMO_EVENTS))"
+	@$(VENV)/bin/acp-worker run examples/hello.json --events-out "$(DEMO_EVENTS)"
+	@echo "demo: $$(wc -l < "$(DEMO_EVENTS)") canonical events in $(DEMO_EVENTS)"
 
 # `acp-worker serve` for the example jobs (the README's tour): it runs from examples/, so the
 # jobs' relative workspace paths resolve there as they do for `acp-worker run`; `file:`

@@ -190,6 +190,11 @@ def test_every_command_the_readme_shows_exists() -> None:
     assert sorted(shown_cli - commands) == []
 
 
+def test_the_readme_is_first_contact_not_the_manual() -> None:
+    """Detail belongs in docs/: the README stays short enough to read at once."""
+    assert len((REPO / "README.md").read_text()) <= 12_000
+
+
 @pytest.mark.parametrize("page", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_user_facing_docs_name_no_issue_numbers(page: Path) -> None:
     found = re.findall(r"\b[Ii]ssues? #?\d+\b", page.read_text())

@@ -65,7 +65,11 @@ _MODULES = (
 
 
 def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="acp-worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="acp-worker",
+        description="Runs coding agents in sandboxes for a control plane: one job here "
+        "(run), or a worker of the job service (serve) and its client commands.",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _registrars(_command(sys.argv[1:] if argv is None else argv)):
