@@ -30,6 +30,7 @@ from worker.acp.client import AcpClient, ClientCapabilities
 from worker.events.emitter import EventEmitter
 from worker.events.normalizer import Normalizer
 from worker.events.sinks import JsonlSink
+from worker.job.state import Made
 from worker.job.turn import Turn
 from worker.sandbox.fake import FakeProcess
 from worker.settings import Settings
@@ -105,7 +106,7 @@ async def _peer(
     agent is: what those handlers emit lands in the returned stream as JSON lines."""
     stream = io.StringIO()
     emitter = EventEmitter(job_id="j", attempt=1, sinks=[JsonlSink(stream)])
-    turn = Turn(SimpleNamespace(emitter=emitter), SimpleNamespace(normalizer=normalizer))  # type: ignore[arg-type]
+    turn = Turn(SimpleNamespace(emitter=emitter), SimpleNamespace(normalizer=normalizer), Made())  # type: ignore[arg-type]
     script = tmp_path / "peer.py"
     script.write_text(source)
     proc = await asyncio.create_subprocess_exec(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,15 @@ from worker.job.outcome import (
 )
 from worker.job.prepare import Preparation
 from worker.job.spend import BudgetGuard, tenant_of
-from worker.job.state import JobContext, JobState, handing_back, lease_gone, new_state
+from worker.job.state import (
+    JobContext,
+    JobTools,
+    Made,
+    TornDown,
+    handing_back,
+    lease_gone,
+    new_tools,
+)
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
@@ -103,15 +112,24 @@ async def run_job(
 
 
 class Job:
-    """One run of a job: its phases in order, then exactly one ``job.completed``."""
+    """One run of a job: its phases in order, then exactly one ``job.completed``.
+
+    Each phase returns what it made; the run records it in ``_made`` (replaced, never
+    changed in place), passes on what the next phase needs, and hands the teardown
+    whatever was made by then."""
 
     def __init__(self, ctx: JobContext) -> None:
         self._ctx = ctx
-        self._state: JobState = new_state(ctx)
+        self._tools: JobTools = new_tools(ctx)
+        self._made = Made()
+        #: The tenant budget it runs under (a served or ``--redis`` job whose tenant has one).
+        self._budget: BudgetGuard | None = None
+        #: time.monotonic() by which the job must settle (set when it starts executing).
+        self._deadline = float("inf")
+        self._turn: Turn | None = None
 
     async def run(self, cancel: asyncio.Event) -> JobOutcome:
         """accepted → prepare → launch → session → turn, then teardown and completion."""
-        state = self._state
         await self._accepted()
         try:
             stop_reason = await self._execute(cancel)
@@ -121,15 +139,17 @@ class Job:
         except WorkerError as exc:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
-            await Teardown(self._ctx, state).run()
+            answered_at = None if self._turn is None else self._turn.answered_at
+            made = self._made = replace(self._made, answered_at=answered_at)
+            torn = await Teardown(self._ctx, self._tools, made).run()
         memory_mb = self._ctx.spec.limits.memory_mb
-        outcome = after_agent_exit(outcome, state.agent_exit, memory_mb=memory_mb)
-        outcome = after_upload(outcome, state.upload_error)
-        outcome = after_teardown(outcome, state.teardown_error)
-        tool_calls = state.normalizer.tool_calls
-        expected = unmet(self._ctx.spec.expect, tool_calls=tool_calls, changes=state.changes)
+        outcome = after_agent_exit(outcome, torn.agent_exit, memory_mb=memory_mb)
+        outcome = after_upload(outcome, torn.upload_error)
+        outcome = after_teardown(outcome, torn.error)
+        tool_calls = self._tools.normalizer.tool_calls
+        expected = unmet(self._ctx.spec.expect, tool_calls=tool_calls, changes=torn.changes)
         outcome = after_expectations(outcome, expected)
-        await self._complete(outcome)
+        await self._complete(outcome, torn)
         return outcome
 
     async def _interrupted(self, stop: Stopped) -> JobOutcome:
@@ -178,14 +198,16 @@ class Job:
         # limits.timeout_s bounds the whole job from here: preparation is checked at each
         # phase boundary, opening the session is cut at the deadline, the turn gets what
         # is left. Teardown, change capture and the bundle upload come after it.
-        deadline = self._state.deadline = time.monotonic() + self._ctx.spec.limits.timeout_s
+        deadline = self._deadline = time.monotonic() + self._ctx.spec.limits.timeout_s
         self._model_policy()
-        await self._budget()
+        await self._load_budget()
         plan = await self._prepare(cancel)
-        turn = Turn(self._ctx, self._state)
+        turn = self._turn = Turn(self._ctx, self._tools, self._made, self._budget)
         await self._boundary(cancel, "agent_spawn")
-        client = await turn.launch(plan)
-        session_id = await turn.open(cancel, deadline)
+        launched = await turn.launch(plan)
+        self._made = replace(self._made, launched=launched)
+        client = turn.start(launched)
+        session_id = await turn.open(launched, cancel, deadline)
         await self._boundary(cancel, "turn")  # no prompt once cancelled
         return await turn.prompt(client, session_id, cancel, deadline)
 
@@ -201,7 +223,7 @@ class Job:
                 reason="model_required",
             )
 
-    async def _budget(self) -> None:
+    async def _load_budget(self) -> None:
         """The tenant budget the job runs under, if its operator set one: a spent budget
         refuses the job before anything is prepared (``budget_exceeded``)."""
         ctx = self._ctx
@@ -209,22 +231,29 @@ class Job:
         guard = await BudgetGuard.load(ctx.control, tenant)
         if guard is not None:
             guard.check_start()
-            self._state.budget = guard
+            self._budget = guard
 
     async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
         """Everything before the launch, checking for a cancel between phases."""
-        prepare = Preparation(self._ctx, self._state)
+        prepare = Preparation(self._ctx, self._tools)
         await self._boundary(cancel, "credentials")
-        declaration = await prepare.declaration()
-        credentials = await prepare.credentials(declaration.credentials)
+        declared = await prepare.declaration()
+        self._made = replace(self._made, declared=declared)
+        names = declared.pack.credentials
+        credentials = await prepare.credentials(names)
         await self._boundary(cancel, "pack_verify")
-        pack = await prepare.pack(declaration)
+        pack, hold = await prepare.pack(declared)
+        self._made = replace(self._made, pack_hold=hold)
+        await prepare.pack_ready(pack)
         await self._boundary(cancel, "workspace")
-        workspace = await prepare.workspace(credentials)
+        staged = await prepare.workspace(declared, credentials, self._made.workspace)
+        self._made = replace(self._made, staged=staged)
         await self._boundary(cancel, "sandbox_create")
-        await prepare.sandbox(pack, workspace)
-        agent_credentials = {k: v for k, v in credentials.items() if k in declaration.credentials}
-        endpoint = None if self._state.network is None else self._state.network.endpoint
+        created = await prepare.sandbox(declared, pack, staged)
+        self._made = replace(self._made, created=created)
+        await prepare.sandbox_ready(created)
+        agent_credentials = {k: v for k, v in credentials.items() if k in names}
+        endpoint = declared.network.endpoint
         url = None if endpoint is None else endpoint.agent_url
         return pack.launch_plan(agent_credentials, endpoint_url=url)
 
@@ -235,44 +264,44 @@ class Job:
         status: StopStatus
         if cancel.is_set():
             status = "cancelled"
-        elif time.monotonic() >= self._state.deadline:
+        elif time.monotonic() >= self._deadline:
             status = "timed_out"
         else:
             return
-        if self._state.agent is None:
+        if self._made.launched is None:
             await self._ctx.emitter.emit(notices.not_launched(status, next_phase))
         raise Stopped(status, None)
 
     def _with_stderr(self, exc: WorkerError) -> WorkerError:
-        agent = self._state.agent
-        if isinstance(exc, AgentError) and agent is not None:
-            exc.details.setdefault("stderr_preview", agent.stderr.preview())
+        launched = self._made.launched
+        if isinstance(exc, AgentError) and launched is not None:
+            exc.details.setdefault("stderr_preview", launched.agent.stderr.preview())
         return exc
 
-    async def _complete(self, outcome: JobOutcome) -> None:
+    async def _complete(self, outcome: JobOutcome, torn: TornDown) -> None:
         """Delegations still running closed (``job_ended``), ``usage.reported``
         unavailable if the agent never reported usage, then
         ``job.completed``: with ``timings_ms`` and ``result`` (``null`` when no bundle was
         uploaded) always, ``result_error`` / ``teardown_error`` when that step failed."""
-        state, emitter = self._state, self._ctx.emitter
+        tools, emitter = self._tools, self._ctx.emitter
         # The agent is gone: a subagent task it left running ends with the job, said so.
-        for event in state.normalizer.close_delegations():
+        for event in tools.normalizer.close_delegations():
             await emitter.emit(event)
-        if not state.normalizer.usage_seen:
+        if not tools.normalizer.usage_seen:
             await emitter.emit(UsageReported(available=False))
-        if state.budget is not None:
-            notice = await state.budget.settle(state.spend)
+        if self._budget is not None:
+            notice = await self._budget.settle(tools.spend)
             if notice is not None:
                 await emitter.emit(notice)
         completed = job_completed(
             status=outcome.status,
             stop_reason=outcome.stop_reason,
             error=outcome.error,
-            duration_ms=state.timings.total_ms(),
-            timings_ms=state.timings.marks,
-            result=state.result,
-            result_error=state.upload_error,
-            teardown_error=state.teardown_error,
-            usage=state.spend.summary(),
+            duration_ms=tools.timings.total_ms(),
+            timings_ms=tools.timings.marks,
+            result=torn.result,
+            result_error=torn.upload_error,
+            teardown_error=torn.error,
+            usage=tools.spend.summary(),
         )
         await emitter.emit(completed)

@@ -21,8 +21,8 @@ from worker.errors import SandboxError
 from worker.events import notices
 from worker.events.models import SandboxReady
 from worker.job.home import home_files, stage_home_files
-from worker.job.network import NetworkPlan, network_plan
-from worker.job.state import JobContext, JobState
+from worker.job.network import network_plan
+from worker.job.state import Created, Declared, JobContext, JobTools, Staged
 from worker.jobs.spec import JobSpec
 from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
@@ -33,7 +33,7 @@ from worker.sandbox.base import SandboxBackend, SandboxSpec
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
-from worker.workspace.prepare import prepare_workspace, write_labels
+from worker.workspace.prepare import Prepared, prepare_workspace, write_labels
 
 #: How often a pack is prepared again when a pack-cache gc removed its closure between
 #: the preparation and the hold.
@@ -100,28 +100,28 @@ def workspace_credential(spec: JobSpec) -> list[str]:
 
 
 class Preparation:
-    """One job's phases before the launch; what they make goes into the job's state."""
+    """One job's phases before the launch; each returns what it made."""
 
-    def __init__(self, ctx: JobContext, state: JobState) -> None:
+    def __init__(self, ctx: JobContext, tools: JobTools) -> None:
         self._ctx = ctx
-        self._state = state
+        self._tools = tools
 
-    async def declaration(self) -> Pack:
-        """The job's pack declaration, its runtime checked against the backend, and its
-        session store (a resume it cannot serve is refused here, before anything
-        launches)."""
+    async def declaration(self) -> Declared:
+        """The job's pack declaration, its runtime checked against the backend, its
+        network plan and its session store (a resume it cannot serve is refused here,
+        before anything launches)."""
         ctx = self._ctx
         declaration = load_declaration(ctx.settings, ctx.spec.pack.name)
         await asyncio.to_thread(
             check_runtime, declaration, host_usr=ctx.backend.capabilities.runs_host_usr
         )
-        self._sessions(declaration.manifest.launch.session_files)
-        plan = self._state.network = network_plan(ctx.settings, ctx.spec, declaration)
+        sessions = self._sessions(declaration.manifest.launch.session_files)
+        plan = network_plan(ctx.settings, ctx.spec, declaration)
         if plan.endpoint is not None:
             endpoint = plan.endpoint
             notice = notices.model_endpoint(endpoint.name, endpoint.agent_url, source=plan.source)
             await ctx.emitter.emit(notice)
-        return declaration
+        return Declared(pack=declaration, network=plan, sessions=sessions)
 
     async def credentials(self, agent_credentials: Sequence[str]) -> dict[str, str]:
         """The job's credentials resolved (each registered with the redactor)."""
@@ -133,65 +133,67 @@ class Preparation:
             sources=secret_sources(ctx.settings, ctx.environ),
             redactor=ctx.emitter.redactor,
         )
-        self._state.timings.mark("credentials")
+        self._tools.timings.mark("credentials")
         return credentials
 
-    async def pack(self, declaration: Pack) -> PreparedPack:
-        """The pack prepared and its closure held (``pack.ready``)."""
-        ctx, state = self._ctx, self._state
-        pack, state.pack_hold = await hold_pack(
-            ctx.settings, declaration, platform=ctx.spec.pack.platform, backend=ctx.backend
+    async def pack(self, declared: Declared) -> tuple[PreparedPack, int]:
+        """The pack prepared and a hold on its closure (release it after the sandbox is
+        destroyed); ``pack_ready`` says so."""
+        ctx = self._ctx
+        pack, hold = await hold_pack(
+            ctx.settings, declared.pack, platform=ctx.spec.pack.platform, backend=ctx.backend
         )
-        state.timings.mark("pack_verify")
-        await ctx.emitter.emit(pack.event_data())
-        state.provider = declaration.manifest.provider
-        return pack
+        self._tools.timings.mark("pack_verify")
+        return pack, hold
 
-    async def workspace(self, secrets: Mapping[str, str]) -> Path:
-        """The job's directory (labelled for the reaper) and the workspace staged in it."""
-        ctx, state = self._ctx, self._state
+    async def pack_ready(self, pack: PreparedPack) -> None:
+        await self._ctx.emitter.emit(pack.event_data())
+
+    async def workspace(
+        self, declared: Declared, secrets: Mapping[str, str], prepared: Prepared
+    ) -> Staged:
+        """The job's directory (labelled for the reaper) and the workspace staged in it;
+        what it creates is registered in ``prepared`` as it goes (removed at teardown)."""
+        ctx = self._ctx
         settings, spec = ctx.settings, ctx.spec
         settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         job_dir = settings.work_dir / f"{spec.job_id}-{ctx.attempt}-{token_hex(4)}"
         job_dir.mkdir(mode=0o711)
-        state.prepared.cleanup.append(job_dir)
-        state.job_dir = job_dir
+        prepared.cleanup.append(job_dir)
         labels = {**self._labels(), "pid": str(os.getpid())}
         await asyncio.to_thread(write_labels, job_dir, labels)
         staged = await prepare_workspace(
             spec.workspace,
-            state.prepared,
+            prepared,
             settings=settings,
             job_dir=job_dir,
             base_dir=ctx.base_dir,
-            provider=state.provider,
+            provider=declared.provider,
             owner=ctx.backend.stage_owner(),
             secrets=secrets,
             disk_mb=spec.limits.disk_mb,
         )
-        state.timings.mark("workspace")
-        if state.prepared.admission_notes:
-            notes = [n.to_dict() for n in state.prepared.admission_notes]
+        self._tools.timings.mark("workspace")
+        if prepared.admission_notes:
+            notes = [n.to_dict() for n in prepared.admission_notes]
             await ctx.emitter.emit(notices.admission_notes(notes))
         if staged.skipped:
             await ctx.emitter.emit(notices.workspace_special_files_skipped(staged.skipped))
-        if state.prepared.disk is None:
+        if prepared.disk is None:
             await ctx.emitter.emit(notices.workspace_disk_unbounded(spec.limits.disk_mb))
-        return staged.path
+        return Staged(job_dir=job_dir, path=staged.path)
 
-    async def sandbox(self, pack: PreparedPack, workspace: Path) -> None:
-        """The job's sandbox (``sandbox.ready``), and its workspace files: artifacts,
-        links and ``fs/*`` go through them once the sandbox made the workspace its own
-        (masks, ownership)."""
-        ctx, state = self._ctx, self._state
+    async def sandbox(self, declared: Declared, pack: PreparedPack, staged: Staged) -> Created:
+        """The job's sandbox and its workspace files: artifacts, links and ``fs/*`` go
+        through them once the sandbox made the workspace its own (masks, ownership);
+        ``sandbox_ready`` says so."""
+        ctx = self._ctx
         limits = ctx.spec.limits
-        net = state.network or NetworkPlan(
-            mode=ctx.spec.network.mode, allow=tuple(ctx.spec.network.allow)
-        )
+        net = declared.network
         spec = SandboxSpec(
             job_id=ctx.spec.job_id,
             attempt=ctx.attempt,
-            workspace=workspace,
+            workspace=staged.path,
             pack_closure=pack.closure,
             limits=base.ResourceLimits(
                 memory_bytes=limits.memory_mb * 1024 * 1024, cpus=limits.cpus, pids=limits.pids
@@ -202,34 +204,39 @@ class Preparation:
             network_private=net.private,
             network_tunnels=net.tunnels,
             on_network_denial=self._network_denied,
-            state_mounts=await self._state_mounts(pack),
+            state_mounts=await self._state_mounts(declared, pack, staged.job_dir),
             lease_deadline=ctx.lease_deadline,
             deadline_s=base.sandbox_deadline(limits.timeout_s),
         )
-        state.sandbox = await ctx.backend.create(spec)
-        state.files = state.sandbox.workspace_files()
-        if state.files is not None:
-            state.normalizer.artifacts = state.files.artifact
-        state.timings.mark("sandbox_create")
-        ready = SandboxReady(backend=ctx.backend.name, sandbox_id=state.sandbox.sandbox_id)
+        sandbox = await ctx.backend.create(spec)
+        return Created(sandbox=sandbox, files=sandbox.workspace_files())
+
+    async def sandbox_ready(self, created: Created) -> None:
+        """Artifacts judged through the sandbox's files from now on; ``sandbox.ready``."""
+        ctx, tools = self._ctx, self._tools
+        if created.files is not None:
+            tools.normalizer.artifacts = created.files.artifact
+        tools.timings.mark("sandbox_create")
+        ready = SandboxReady(backend=ctx.backend.name, sandbox_id=created.sandbox.sandbox_id)
         await ctx.emitter.emit(ready)
 
-    def _sessions(self, files: SessionFiles | None) -> None:
+    def _sessions(self, files: SessionFiles | None) -> JobSessions | None:
         spec = self._ctx.spec
         resume = spec.session.resume if spec.session is not None else None
-        self._state.sessions = JobSessions.for_job(
+        sessions = JobSessions.for_job(
             self._ctx.settings, pack=spec.pack.name, files=files, resume=resume
         )
-        if self._state.sessions is not None:
-            self._state.sessions.check()
+        if sessions is not None:
+            sessions.check()
+        return sessions
 
-    async def _state_mounts(self, pack: PreparedPack) -> tuple[base.WritableMount, ...]:
+    async def _state_mounts(
+        self, declared: Declared, pack: PreparedPack, job_dir: Path
+    ) -> tuple[base.WritableMount, ...]:
         """The pack's files in HOME, then the session store (which may lie inside them)."""
-        sessions, job_dir = self._state.sessions, self._state.job_dir
-        if job_dir is None:
-            return ()
+        sessions = declared.sessions
         owner = self._ctx.backend.stage_owner()
-        endpoint = None if self._state.network is None else self._state.network.endpoint
+        endpoint = declared.network.endpoint
         files = home_files(
             pack.pack.manifest.launch, None if endpoint is None else endpoint.agent_url
         )

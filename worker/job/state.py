@@ -1,8 +1,11 @@
-"""What one job runs with (``JobContext``, fixed) and what its phases made (``JobState``).
+"""What one job runs with (``JobContext``, fixed), the instruments its phases share
+(``JobTools``), and what each phase made, as the phase returned it.
 
-The phases are separate classes (preparation, turn, teardown); they share these two
-objects instead of one class's attributes, so each phase can be read alone and the
-teardown sees exactly what the earlier phases got as far as making.
+Each phase returns its result as a small frozen record (``Declared``, ``Staged``,
+``Created``, ``Launched``, and the teardown's ``TornDown``); the pipeline keeps them in a
+``Made`` and passes on what the next phase needs, so no phase writes another's fields and
+which phase depends on which is in the signatures. The teardown gets exactly what the
+earlier phases got as far as making.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from worker.events.normalizer import Normalizer
 from worker.interactions import InteractionBroker, InteractionStore
 from worker.job.network import NetworkPlan
 from worker.job.outcome import Timings
-from worker.job.spend import BudgetGuard, Spend
+from worker.job.spend import Spend
 from worker.jobs.spec import JobSpec
+from worker.packs.manifest import Pack
 from worker.sandbox import base
 from worker.sandbox.base import ExitDiagnosis, Sandbox, SandboxBackend
 from worker.sandbox.files import WorkspaceFiles
@@ -82,51 +86,108 @@ async def tell_results_skipped(ctx: JobContext, skipped: list[str]) -> None:
         await ctx.emitter.emit(notices.results_skipped_lease_lost(skipped))
 
 
-@dataclass(slots=True, kw_only=True)
-class JobState:
-    """What the phases made so far; the teardown dismantles what is set here."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTools:
+    """The job's instruments, made before its first phase and shared by every phase: each
+    is an object with its own rules (the normalizer's state, the broker's interactions,
+    the clock's marks, what the agent spent); none of these fields is ever reassigned."""
 
     normalizer: Normalizer
     broker: InteractionBroker
     timings: Timings = field(default_factory=Timings)
-    #: time.monotonic() by which the job must settle (set when it starts executing).
-    deadline: float = float("inf")
-    provider: str = "cursor"
-    sessions: JobSessions | None = None
-    #: The job's network and model endpoint (set with the declaration).
-    network: NetworkPlan | None = None
+    #: What the attempt spent, as its agent reported it.
+    spend: Spend = field(default_factory=Spend)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Declared:
+    """The pack's declaration phase: the declaration (its runtime checked), the job's
+    network and model endpoint, and its session store (None: the pack keeps none)."""
+
+    pack: Pack
+    network: NetworkPlan
+    sessions: JobSessions | None
+
+    @property
+    def provider(self) -> str:
+        """Whose ambient config the admission looks for: the pack's provider."""
+        return self.pack.manifest.provider
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Staged:
+    """The workspace phase: the job's labelled directory and the staged workspace in it."""
+
+    job_dir: Path
+    path: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Created:
+    """The sandbox phase: the sandbox, and its workspace files (artifacts, links,
+    ``fs/*``) when its backend gives them (``Sandbox.workspace_files``)."""
+
+    sandbox: Sandbox
+    files: WorkspaceFiles | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launched:
+    """The launch: the agent process, its ACP session, and how the teardown stops it
+    (the launch's ``exits_on_eof``, see ``LaunchPlan``)."""
+
+    agent: AgentProcess
+    acp: AcpSession
+    exits_on_eof: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Made:
+    """What the job made so far, one field per phase, recorded by the pipeline as each
+    phase returns (None: that phase has not returned). ``workspace`` exists from the
+    start: the workspace phase registers what it creates there as it goes, so a staging
+    that fails half-way is still removed."""
+
+    workspace: Prepared = field(default_factory=Prepared)
+    declared: Declared | None = None
     #: A shared lock on the pack closure's digest (``hold_closure``): a pack-cache gc
     #: keeps the closure while the job runs. Released after the sandbox is destroyed.
     pack_hold: int | None = None
-    prepared: Prepared = field(default_factory=Prepared)
-    job_dir: Path | None = None
-    sandbox: Sandbox | None = None
-    #: The sandbox's workspace files (artifacts, links, ``fs/*``), when its backend
-    #: gives them (``Sandbox.workspace_files``).
-    files: WorkspaceFiles | None = None
-    agent: AgentProcess | None = None
-    #: The launch's ``exits_on_eof`` (see ``LaunchPlan``): how the teardown stops it.
-    agent_exits_on_eof: bool = True
-    #: Why the agent ended, when it ended on its own (the teardown did not signal it).
-    agent_exit: ExitDiagnosis | None = None
-    acp: AcpSession | None = None
+    staged: Staged | None = None
+    created: Created | None = None
+    launched: Launched | None = None
     #: ``time.time()`` when the agent last answered a prompt (None: it never did).
     answered_at: float | None = None
-    #: What the attempt spent, as its agent reported it.
-    spend: Spend = field(default_factory=Spend)
-    #: The tenant budget it runs under (a served or ``--redis`` job whose tenant has one).
-    budget: BudgetGuard | None = None
-    #: What the capture found (None: no capture ran, or it failed).
+
+    @property
+    def sessions(self) -> JobSessions | None:
+        return None if self.declared is None else self.declared.sessions
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return None if self.created is None else self.created.sandbox
+
+    @property
+    def files(self) -> WorkspaceFiles | None:
+        return None if self.created is None else self.created.files
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TornDown:
+    """What the teardown found: why the agent ended when it ended on its own, what the
+    capture found (None: no capture ran, or it failed), the uploaded bundle, and the
+    first failures of the upload and of a teardown step."""
+
+    agent_exit: ExitDiagnosis | None = None
     changes: tuple[Change, ...] | None = None
     result: dict[str, Any] | None = None
     upload_error: ResultUploadFailed | None = None
-    #: The first teardown step that failed (the teardown does not raise).
-    teardown_error: WorkerError | None = None
+    error: WorkerError | None = None
 
 
-def new_state(ctx: JobContext) -> JobState:
-    """The state of a job that has not started: its normalizer and interaction broker
-    (durable through ``ctx.control`` when there is one), and its clock started."""
+def new_tools(ctx: JobContext) -> JobTools:
+    """The instruments of a job that has not started: its normalizer and interaction
+    broker (durable through ``ctx.control`` when there is one), and its clock started."""
     spec, settings = ctx.spec, ctx.settings
     store = None
     if ctx.control is not None:
@@ -142,4 +203,4 @@ def new_state(ctx: JobContext) -> JobState:
         max_event_bytes=settings.event_max_bytes,
     )
     normalizer = Normalizer(workspace_root=base.WORKSPACE, text_limit=settings.tool_output_bytes)
-    return JobState(normalizer=normalizer, broker=broker)
+    return JobTools(normalizer=normalizer, broker=broker)

@@ -1,8 +1,8 @@
 """Dismantling what a job made: stop the agent, destroy the sandbox, then (only once it
 is gone) save the session, capture the changes and remove or keep the workspace.
 
-The teardown never raises: a step that fails is logged and the first such error kept in
-``JobState.teardown_error``, so the job still settles with exactly one ``job.completed``,
+The teardown never raises: a step that fails is logged and the first such error kept
+(``TornDown.error``), so the job still settles with exactly one ``job.completed``,
 and the later steps still run: the sandbox is destroyed whatever happened to the agent.
 A sandbox that could not be destroyed may still run processes writing to the workspace
 and hold mounts on it, though: then no session is saved, no change captured and nothing
@@ -27,12 +27,21 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from worker.acp.agent import AgentProcess
-from worker.errors import OomKilled
+from worker.errors import OomKilled, WorkerError
 from worker.events import notices
 from worker.events.emitter import utc_timestamp
 from worker.job.outcome import teardown_error
-from worker.job.results import capture_changes
-from worker.job.state import JobContext, JobState, lease_gone, tell_results_skipped
+from worker.job.results import Capture
+from worker.job.state import (
+    JobContext,
+    JobTools,
+    Launched,
+    Made,
+    TornDown,
+    lease_gone,
+    tell_results_skipped,
+)
+from worker.sandbox.base import ExitDiagnosis
 
 #: A file's mtime comes from the kernel's coarse clock (one tick, 4 ms at HZ=250, behind
 #: ``time.time()``): a write right after the answer may carry a time just before it.
@@ -43,23 +52,33 @@ log = logging.getLogger(__name__)
 
 
 class Teardown:
-    """One job's teardown, over what its state says was made."""
+    """One job's teardown, over what its phases made; ``run`` returns what it found."""
 
-    def __init__(self, ctx: JobContext, state: JobState) -> None:
+    def __init__(self, ctx: JobContext, tools: JobTools, made: Made) -> None:
         self._ctx = ctx
-        self._state = state
+        self._tools = tools
+        self._made = made
+        self._agent_exit: ExitDiagnosis | None = None
+        self._error: WorkerError | None = None
+        self._capture = Capture(ctx, tools, made)
 
-    async def run(self) -> None:
+    async def run(self) -> TornDown:
         """Every step, in order; the closure hold is released last, whatever happened."""
-        state = self._state
         try:
             await self._step("agent_shutdown", self._stop_agent)
             destroyed = await self._step("sandbox_destroy", self._destroy)
             await self._step("cleanup", self._dismantle if destroyed else self._abandon)
         finally:
-            if state.pack_hold is not None:
-                os.close(state.pack_hold)
-                state.pack_hold = None
+            if self._made.pack_hold is not None:
+                os.close(self._made.pack_hold)
+        results = self._capture.results
+        return TornDown(
+            agent_exit=self._agent_exit,
+            changes=results.changes,
+            result=results.result,
+            upload_error=results.upload_error,
+            error=self._error,
+        )
 
     async def _step(self, step: str, work: Callable[[], Awaitable[None]]) -> bool:
         """Run one teardown step: whether it completed; a failure is logged and kept."""
@@ -67,41 +86,39 @@ class Teardown:
             await work()
         except Exception as exc:  # any failure (a sink, a bug too): the job must still settle
             log.exception("teardown step %s failed for job %s", step, self._ctx.spec.job_id)
-            if self._state.teardown_error is None:
-                self._state.teardown_error = teardown_error(step, exc)
+            if self._error is None:
+                self._error = teardown_error(step, exc)
             return False
         return True
 
     async def _stop_agent(self) -> None:
-        state, settings = self._state, self._ctx.settings
+        launched, settings = self._made.launched, self._ctx.settings
+        if launched is None:
+            return
         try:
-            if state.acp is not None:
-                await state.acp.terminals.close_all()
+            await launched.acp.terminals.close_all()
         finally:
-            if state.agent is not None:
-                await self._await_recording()
-                await state.agent.shutdown(
-                    eof_grace=settings.shutdown_eof_grace if state.agent_exits_on_eof else 0.0,
-                    term_grace=settings.shutdown_term_grace,
-                )
-                await self._diagnose(state.agent)
+            await self._await_recording(launched)
+            await launched.agent.shutdown(
+                eof_grace=settings.shutdown_eof_grace if launched.exits_on_eof else 0.0,
+                term_grace=settings.shutdown_term_grace,
+            )
+            await self._diagnose(launched.agent)
 
-    async def _await_recording(self) -> None:
+    async def _await_recording(self, launched: Launched) -> None:
         """Give an agent that records a turn after answering it (its pack's
         ``launch.sessions.recorded_after_answer``) the time to write the last one, at most
         ``ACPW_SESSION_SETTLE_S``, before its stdin closes: it exits on EOF without waiting
         for that write, and nothing of it outlives the sandbox."""
-        state = self._state
-        sessions, answered = state.sessions, state.answered_at
-        session_id = state.acp.session_id if state.acp is not None else None
+        sessions, answered = self._made.sessions, self._made.answered_at
+        session_id = launched.acp.session_id
         if (
             sessions is None
             or answered is None
             or session_id is None
             or not sessions.files.recorded_after_answer
             or sessions.host_dir is None
-            or state.agent is None
-            or state.agent.process.returncode is not None
+            or launched.agent.process.returncode is not None
         ):
             return
         since = answered - _MTIME_TICK_S
@@ -123,7 +140,7 @@ class Teardown:
         if agent.signalled:
             return
         diagnosis = await agent.process.exit_diagnosis()
-        self._state.agent_exit = diagnosis
+        self._agent_exit = diagnosis
         ended_by = diagnosis.sandbox_error
         # A sandbox OOM-killed as a whole (a pod's container) hit the same bound.
         if diagnosis.oom_killed or (ended_by is not None and ended_by.code == OomKilled.code):
@@ -131,38 +148,38 @@ class Teardown:
             await self._ctx.emitter.emit(notices.oom_killed(memory_mb))
 
     async def _destroy(self) -> None:
-        if self._state.sandbox is not None:
-            await self._ctx.backend.destroy(self._state.sandbox.sandbox_id)
+        if self._made.sandbox is not None:
+            await self._ctx.backend.destroy(self._made.sandbox.sandbox_id)
 
     async def _abandon(self) -> None:
         """The sandbox survived its destroy: say what was left undone."""
-        state = self._state
-        state.timings.mark("teardown")
-        sandbox_id = state.sandbox.sandbox_id if state.sandbox is not None else None
+        self._tools.timings.mark("teardown")
+        sandbox = self._made.sandbox
+        sandbox_id = sandbox.sandbox_id if sandbox is not None else None
         await self._ctx.emitter.emit(notices.sandbox_not_destroyed(sandbox_id))
 
     async def _dismantle(self) -> None:
         """Everything after the sandbox is destroyed."""
-        ctx, state = self._ctx, self._state
+        ctx, made = self._ctx, self._made
         if await lease_gone(ctx):
             await self._lease_lost()
             return
         await self._step("session_save", self._save_session)
-        state.timings.mark("teardown")
+        self._tools.timings.mark("teardown")
         try:
-            if state.prepared.staged is not None and state.sandbox is not None:
-                await capture_changes(ctx, state, state.prepared.staged)
+            if made.workspace.staged is not None and made.sandbox is not None:
+                await self._capture.run(made.workspace.staged)
         finally:  # a sink that failed on workspace.changed must not leave the workspace
-            if ctx.spec.keep_workspace and state.job_dir is not None:
-                await self._keep(state.job_dir)
+            if ctx.spec.keep_workspace and made.staged is not None:
+                await self._keep(made.staged.job_dir)
             else:
-                await state.prepared.remove()
+                await made.workspace.remove()
 
     async def _lease_lost(self) -> None:
         """The lease went before the results were written: write none, say so, and
         remove the workspace (it is no longer this attempt's)."""
-        ctx, state = self._ctx, self._state
-        state.timings.mark("teardown")
+        ctx = self._ctx
+        self._tools.timings.mark("teardown")
         skipped = ["session_save", "capture", "bundle_upload"]
         if ctx.spec.keep_workspace:
             skipped.append("keep_workspace")
@@ -175,25 +192,25 @@ class Teardown:
         try:
             await tell_results_skipped(ctx, skipped)
         finally:
-            await state.prepared.remove()
+            await self._made.workspace.remove()
 
     async def _save_session(self) -> None:
         """Keep the session the agent recorded (once ``session.started`` went out), then
         drop the per-job directory. Runs only after the sandbox is destroyed."""
-        state = self._state
-        if state.sessions is None:
+        made = self._made
+        if made.sessions is None:
             return
-        session_id = state.acp.session_id if state.acp is not None else None
-        answered = state.answered_at is not None
-        saved = await asyncio.to_thread(state.sessions.save, session_id, answered=answered)
+        session_id = made.launched.acp.session_id if made.launched is not None else None
+        answered = made.answered_at is not None
+        saved = await asyncio.to_thread(made.sessions.save, session_id, answered=answered)
         with contextlib.suppress(OSError):  # the job dir's removal retries it
-            await asyncio.to_thread(state.sessions.remove)
+            await asyncio.to_thread(made.sessions.remove)
         for notice in saved:
             await self._ctx.emitter.emit(notice)
 
     async def _keep(self, job_dir: Path) -> None:
         until = time.time() + self._ctx.settings.keep_workspace_s
-        kept = await self._state.prepared.keep(job_dir, until=until)
+        kept = await self._made.workspace.keep(job_dir, until=until)
         if kept is not None:
             notice = notices.workspace_kept(str(kept), utc_timestamp(until))
             await self._ctx.emitter.emit(notice)

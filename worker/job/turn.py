@@ -23,7 +23,8 @@ from worker.errors import WorkerError
 from worker.events import artifacts, notices
 from worker.events.models import EventData, UsageReported
 from worker.job.outcome import Stopped, StopStatus
-from worker.job.state import JobContext, JobState
+from worker.job.spend import BudgetGuard
+from worker.job.state import JobContext, JobTools, Launched, Made
 from worker.jobs.prompt import workspace_path
 from worker.packs.runtime import LaunchPlan
 from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
@@ -80,65 +81,77 @@ async def launch_agent(
 
 
 class Turn:
-    """One job's agent: launched, its session opened, prompted once."""
+    """One job's agent: launched, its session opened, prompted once, in what the
+    preparation made (``made``: its declaration, workspace and sandbox)."""
 
-    def __init__(self, ctx: JobContext, state: JobState) -> None:
+    def __init__(
+        self, ctx: JobContext, tools: JobTools, made: Made, budget: BudgetGuard | None = None
+    ) -> None:
         self._ctx = ctx
-        self._state = state
+        self._tools = tools
+        self._made = made
+        self._budget = budget
+        #: ``time.time()`` when the agent last answered a prompt (None: it never did).
+        self.answered_at: float | None = None
 
-    async def launch(self, plan: LaunchPlan) -> AcpClient:
-        """The agent started in the job's sandbox, its session wired (``agent_spawn``)."""
-        ctx, state = self._ctx, self._state
-        assert state.sandbox is not None
-        state.agent_exits_on_eof = plan.exits_on_eof
-        state.agent = await launch_agent(
-            state.sandbox,
+    async def launch(self, plan: LaunchPlan) -> Launched:
+        """The agent spawned in the job's sandbox, its session wired; not started yet
+        (``start``), so that the caller records it before a line is read."""
+        ctx, tools, made = self._ctx, self._tools, self._made
+        assert made.created is not None
+        assert made.declared is not None
+        sandbox, files = made.created.sandbox, made.created.files
+        agent = await launch_agent(
+            sandbox,
             plan,
             ctx.settings,
-            provider=state.provider,
+            provider=made.declared.provider,
             on_notification=self._notification,
             on_malformed=self._malformed,
             on_oversize=self._oversize,
             on_admission_notes=self._admission_notes,
         )
-        state.acp = AcpSession(
-            state.agent.connection,
+        acp = AcpSession(
+            agent.connection,
             SessionWiring(
                 spec=ctx.spec,
                 dialect=plan.dialect,
                 emit=ctx.emitter.emit,
-                normalizer=state.normalizer,
-                broker=state.broker,
-                sandbox=state.sandbox,
+                normalizer=tools.normalizer,
+                broker=tools.broker,
+                sandbox=sandbox,
                 # No fs methods for a pack that opts out: the agent uses its own.
-                files=state.files if plan.client_fs else None,
-                look_up=None if state.files is None else state.files.look_up,
+                files=files if plan.client_fs else None,
+                look_up=None if files is None else files.look_up,
                 terminal_output_bytes=ctx.settings.tool_output_bytes,
                 authenticate=plan.authenticate,
                 default_mode=plan.default_mode,
                 params_required=ctx.settings.model_params_required,
             ),
         )
-        state.agent.start()
-        state.timings.mark("agent_spawn")
-        return state.acp.client
+        return Launched(agent=agent, acp=acp, exits_on_eof=plan.exits_on_eof)
+
+    def start(self, launched: Launched) -> AcpClient:
+        """The launched agent's stdout read from now on (``agent_spawn``)."""
+        launched.agent.start()
+        self._tools.timings.mark("agent_spawn")
+        return launched.acp.client
 
     async def _admission_notes(self, notes: tuple[Note, ...]) -> None:
         """The sandbox view's notes that the staging admission did not already give."""
-        said = {(n.path, n.code) for n in self._state.prepared.admission_notes}
+        said = {(n.path, n.code) for n in self._made.workspace.admission_notes}
         new = [n.to_dict() for n in notes if (n.path, n.code) not in said]
         if new:
             await self._ctx.emitter.emit(notices.admission_notes(new))
 
-    async def open(self, cancel: asyncio.Event, deadline: float) -> str:
+    async def open(self, launched: Launched, cancel: asyncio.Event, deadline: float) -> str:
         """The session, opened unless a cancel (or a lost lease) or the deadline comes
         first: each of its requests may otherwise wait up to the ACP request timeout.
 
         Raises:
             Stopped: cancelled or out of time first.
         """
-        assert self._state.acp is not None
-        opening = asyncio.create_task(self._state.acp.open(self._state.timings.mark))
+        opening = asyncio.create_task(launched.acp.open(self._tools.timings.mark))
         try:
             if await _done_first(opening, cancel, deadline):
                 return opening.result()
@@ -155,7 +168,7 @@ class Turn:
             Stopped: cancelled or out of time (the agent was asked to stop).
             PromptRefused: a linked workspace file is missing or reached through a link.
         """
-        broker = self._state.broker
+        broker = self._tools.broker
         broker.begin_turn()
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -167,43 +180,44 @@ class Turn:
                 return await self._prompt(client, session_id, cancel, deadline)
         finally:
             await broker.end_turn("turn_ended")
-            self._state.normalizer.settled = True
+            self._tools.normalizer.settled = True
 
     async def _prompt(
         self, client: AcpClient, session_id: str, cancel: asyncio.Event, deadline: float
     ) -> str:
         blocks = self._ctx.spec.prompt_blocks()
         # Linked files checked against the workspace as the agent will find them.
-        if self._state.files is not None:
+        files = self._made.files
+        if files is not None:
             links = [b for b in blocks if b.get("type") == "resource_link"]
-            await self._state.files.look_up([workspace_path(str(b["uri"])) for b in links])
-        check_links(blocks, self._state.normalizer.artifacts)
+            await files.look_up([workspace_path(str(b["uri"])) for b in links])
+        check_links(blocks, self._tools.normalizer.artifacts)
         prompt = asyncio.create_task(client.turn(session_id, blocks))
         prompt.add_done_callback(self._answered)
-        budget = self._state.budget
+        budget = self._budget
         over = budget.exceeded if budget is not None else None
         try:
             if await _done_first(prompt, cancel, deadline, over):
                 result = prompt.result()
-                self._state.timings.mark("turn")
+                self._tools.timings.mark("turn")
                 await self._ctx.emitter.flush_text()  # the turn's streamed text, held back
                 if result.usage is not None:
-                    await self._emit(self._state.normalizer.prompt_usage(result.usage))
+                    await self._emit(self._tools.normalizer.prompt_usage(result.usage))
                 return result.stop_reason
             if budget is not None and budget.error is not None and not cancel.is_set():
-                await self._state.broker.end_turn("cancelled")
+                await self._tools.broker.end_turn("cancelled")
                 await self._interrupt(client, session_id, prompt)
                 raise budget.error
             status: StopStatus = "cancelled" if cancel.is_set() else "timed_out"
             # Open questions are answered `cancelled` first, so nothing waits on them.
-            await self._state.broker.end_turn(status)
+            await self._tools.broker.end_turn(status)
             raise Stopped(status, await self._interrupt(client, session_id, prompt))
         finally:
             await _end(prompt)
 
     def _answered(self, prompt: asyncio.Task[PromptResult]) -> None:
         if not prompt.cancelled() and prompt.exception() is None:
-            self._state.answered_at = time.time()
+            self.answered_at = time.time()
 
     async def _interrupt(
         self, client: AcpClient, session_id: str, prompt: asyncio.Task[PromptResult]
@@ -220,26 +234,27 @@ class Turn:
     async def _emit(self, events: list[EventData]) -> None:
         """Emit ``events``; what a ``usage.reported`` among them adds is this attempt's
         spend, charged to its budget (if any) right after the event went out."""
-        state, emitter = self._state, self._ctx.emitter
+        tools, emitter, budget = self._tools, self._ctx.emitter, self._budget
         for event in events:
             await emitter.emit(event)
             if isinstance(event, UsageReported):
-                added = state.spend.observe(event, replay=state.normalizer.replay)
-                if state.budget is not None:
-                    notice = await state.budget.charge(added, state.spend)
+                added = tools.spend.observe(event, replay=tools.normalizer.replay)
+                if budget is not None:
+                    notice = await budget.charge(added, tools.spend)
                     if notice is not None:
                         await emitter.emit(notice)
 
     async def _notification(self, method: str, params: Any) -> None:
         """A ``session/update`` as its events; any other notification is kept as
         ``provider.unmapped`` (nothing the agent says is dropped)."""
-        emitter, normalizer = self._ctx.emitter, self._state.normalizer
+        emitter, normalizer = self._ctx.emitter, self._tools.normalizer
         if method != "session/update":
             await emitter.emit(normalizer.provider_unmapped(method, params))
             return
         paths = artifacts.named_paths(method, params)
-        if paths and self._state.files is not None:
-            await self._state.files.look_up(paths)
+        files = self._made.files
+        if paths and files is not None:
+            await files.look_up(paths)
         await self._emit(normalizer.session_update(params))
 
     async def _malformed(self, preview: str, reason: str) -> None:
@@ -248,7 +263,7 @@ class Turn:
     async def _oversize(self, line: OversizeLine) -> None:
         """A line over the bound, skipped: a tool update's event from its first bytes
         (output cut), then the notice saying what was lost."""
-        events = self._state.normalizer.oversize_update(line)
+        events = self._tools.normalizer.oversize_update(line)
         for event in events:
             await self._ctx.emitter.emit(event)
         await self._ctx.emitter.emit(notices.acp_line_skipped(line, tool_event=bool(events)))
