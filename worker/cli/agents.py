@@ -1,7 +1,7 @@
 """``acp-worker agents probe PACK``: what an agent advertises, from inside its sandbox.
 
 The tool an operator uses when qualifying a new agent version. It prepares as a job
-does, with the job's own phases (``worker.job``): the pack's runtime is checked, its
+does, with the job's own parts (``worker.job.standalone``): the pack's runtime is checked, its
 closure materialized, verified and held against a pack-cache gc until the sandbox is
 gone, the agent starts in a sandbox with an empty workspace once admission passed again
 in the sandbox's own view, and the worker runs ``initialize`` then ``session/new``.
@@ -25,13 +25,9 @@ import asyncio
 import json
 import os
 import re
-import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from worker.acp.agent import AgentProcess
@@ -41,17 +37,14 @@ from worker.cli.packs import resolve_pack
 from worker.credentials.redact import Redactor
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import InvalidInput, WorkerError
-from worker.job.home import home_files, stage_home_files
-from worker.job.prepare import hold_pack, sandbox_labels
-from worker.job.turn import launch_agent
+from worker.job.standalone import StandaloneAgent, standalone_agent
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
-from worker.packs.runtime import PreparedPack, check_runtime
+from worker.packs.runtime import check_runtime
 from worker.rpc.oversize import OversizeLine
 from worker.sandbox import backend_config, base, get_backend
-from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec, WritableMount
+from worker.sandbox.base import SandboxBackend
 from worker.settings import Settings
-from worker.workspace.stage import remove_staged, stage_local
 
 PROBE_LIMITS = base.ResourceLimits(memory_bytes=2 * 1024**3, cpus=1.0, pids=512)
 # Notifications are summarized by kind; a probe is not a transcript.
@@ -184,97 +177,46 @@ async def run_probe(
     session: bool,
     credentials: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The probe's report: *pack* prepared and its closure held as a job's is (a gc
-    keeps it until the sandbox is destroyed), then the agent in a sandbox."""
-    prepared, hold = await hold_pack(settings, pack, platform=platform, backend=backend)
-    try:
-        report: dict[str, Any] = {
-            "pack": prepared.event_data().wire(),
-            "credentials": sorted(credentials),
-        }
-        report.update(
-            await _in_sandbox(prepared, settings, backend, session=session, credentials=credentials)
-        )
-    finally:
-        os.close(hold)
-    return report
-
-
-async def _in_sandbox(
-    prepared: PreparedPack,
-    settings: Settings,
-    backend: SandboxBackend,
-    *,
-    session: bool,
-    credentials: Mapping[str, str],
-) -> dict[str, Any]:
-    job_id = f"probe-{secrets.token_hex(4)}"
-    settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-    workspace = settings.work_dir / job_id
-    home = settings.work_dir / f"{job_id}.home"  # the pack's files for HOME, as a job's
-    sandbox: Sandbox | None = None
-    try:
-        with tempfile.TemporaryDirectory(prefix="acpw-probe-") as empty:
-            staged = stage_local(Path(empty), workspace, owner=backend.stage_owner())
-        home.mkdir(mode=0o711)
-        files = home_files(prepared.pack.manifest.launch, None)
-        mounts = stage_home_files(home, files, backend.stage_owner())
-        spec = _spec(job_id, prepared, staged.path, settings, mounts)
-        sandbox = await backend.create(spec)
-        return await _run_agent(
-            sandbox, prepared, settings, session=session, credentials=credentials
-        )
-    finally:
-        if sandbox is not None:
-            await backend.destroy(sandbox.sandbox_id)
-        remove_staged(workspace)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def _spec(
-    job_id: str,
-    prepared: PreparedPack,
-    workspace: Path,
-    settings: Settings,
-    state_mounts: tuple[WritableMount, ...] = (),
-) -> SandboxSpec:
-    return SandboxSpec(
-        job_id=job_id,
-        attempt=1,
-        workspace=workspace,
-        pack_closure=prepared.closure,
-        limits=PROBE_LIMITS,
-        state_mounts=state_mounts,
-        # A job's labels without a lease: the reaper can tell when a probe's owner is gone.
-        labels=sandbox_labels(settings, job_id=job_id, attempt=1, labels={}),
-    )
-
-
-async def _run_agent(
-    sandbox: Sandbox,
-    prepared: PreparedPack,
-    settings: Settings,
-    *,
-    session: bool,
-    credentials: Mapping[str, str],
-) -> dict[str, Any]:
-    plan = prepared.launch_plan(credentials)
+    """The probe's report: *pack*'s agent in a sandbox of its own, prepared with the
+    job's parts (``worker.job.standalone``): initialize, then authenticate and a session
+    as asked, then its shutdown."""
     seen = _Seen()
-    agent = await launch_agent(
-        sandbox,
-        plan,
+    async with standalone_agent(
+        pack,
         settings,
-        provider=prepared.pack.manifest.provider,
+        backend,
+        platform=platform,
+        credentials=credentials,
+        limits=PROBE_LIMITS,
         on_notification=seen.notification,
         on_malformed=seen.malformed,
         on_oversize=seen.oversize,
-    )
+    ) as standalone:
+        report: dict[str, Any] = {
+            "pack": standalone.pack.event_data().wire(),
+            "credentials": sorted(credentials),
+        }
+        report.update(
+            await _talk(standalone, settings, seen, session=session, bound=bool(credentials))
+        )
+    return report
+
+
+async def _talk(
+    standalone: StandaloneAgent,
+    settings: Settings,
+    seen: _Seen,
+    *,
+    session: bool,
+    bound: bool,
+) -> dict[str, Any]:
+    agent, plan = standalone.agent, standalone.plan
     client = AcpClient(agent.connection)
     agent.start()
     report: dict[str, Any] = {}
     try:
         report.update(await _initialize(client))
-        if credentials and plan.authenticate is not None:
+        if bound and plan.authenticate is not None:
             # As a job does; without credentials the probe shows the unauthenticated view.
             report["authenticate"] = await _authenticate(
                 client, plan.authenticate, report["auth_methods"]

@@ -11,7 +11,9 @@ the agent are torn down whatever happened. The modules, one per part:
 - ``prepare``: credentials, the pack and its closure hold, workspace, sandbox.
 - ``turn``: launch (after admission in the sandbox's view), session, prompt, interrupt.
 - ``teardown`` and ``results``: stop, destroy, save the session, capture and upload.
-- ``outcome``: how a job settled; ``state``: what the phases share; ``notices``.
+- ``outcome``: how a job settled; ``state``: the context, the shared instruments and
+  each phase's result; ``standalone``: a pack's agent in a sandbox outside any job
+  (``acp-worker agents probe``).
 """
 
 from worker.job.outcome import JobOutcome
