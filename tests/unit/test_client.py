@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -120,8 +122,9 @@ async def test_an_error_while_rendering_ends_the_streamed_line_first(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     def items() -> Iterator[StreamEvent]:
-        event = {"type": "message.delta", "data": {"role": "assistant", "text": "half a"}}
-        yield StreamEvent("1-0", event, "{}")
+        event = {**ENVELOPE, "type": "message.delta"}
+        event["data"] = {"role": "assistant", "text": "half a"}
+        yield StreamEvent.from_line("1-0", json.dumps(event))
         raise EventsTrimmed("trimmed", job_id="j")
 
     with pytest.raises(EventsTrimmed):
@@ -193,6 +196,11 @@ def test_an_invalid_job_is_left_to_the_worker(settings: Settings) -> None:
 # --- one job id, one spec; one attempt's completion ----------------------------------------
 
 
+ENVELOPE: dict[str, Any] = {"v": 1, "job_id": "j", "attempt": 1, "seq": 1, "ts": "t"}
+COMPLETED = {"status": "succeeded", "stop_reason": "end_turn", "error": None, "duration_ms": 1}
+NOTICE = {"level": "info", "code": "c", "message": "m"}
+
+
 def test_the_spec_digest_ignores_spelling_not_meaning() -> None:
     spelled_out = {**JOB, "limits": {"timeout_s": 60.0, "memory_mb": 2048}}
     reordered = dict(reversed(list(JOB.items())))
@@ -205,7 +213,9 @@ def test_the_spec_digest_ignores_spelling_not_meaning() -> None:
 
 def test_only_the_completion_of_the_followed_attempt_or_a_later_one_ends_a_follow() -> None:
     def event(type_: str, attempt: int) -> StreamEvent:
-        return StreamEvent("1-0", {"type": type_, "attempt": attempt}, "{}")
+        data = COMPLETED if type_ == "job.completed" else NOTICE
+        line = json.dumps({**ENVELOPE, "type": type_, "attempt": attempt, "data": data})
+        return StreamEvent.from_line("1-0", line)
 
     assert not _completes(event("job.completed", 1), 2)
     assert _completes(event("job.completed", 2), 2)

@@ -44,6 +44,7 @@ from worker.errors import (
     ServiceUnavailable,
     WorkerError,
 )
+from worker.events.models import JobCompleted
 from worker.events.progress import ProgressSink
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
@@ -351,8 +352,8 @@ async def _render(items: Iterable[StreamEvent], *, as_json: bool) -> str | None:
                 print(json.dumps({"id": item.id, "event": item.event}), flush=True)
             else:
                 await view.write(item.event, item.line)
-            if item.event.get("type") == "job.completed":
-                status = str(item.event["data"].get("status"))
+            if isinstance(item.envelope.data, JobCompleted):
+                status = item.envelope.data.status
     finally:
         await view.close()
     return status

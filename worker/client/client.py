@@ -38,7 +38,7 @@ from worker.errors import (
     JobNotFound,
     ServiceUnavailable,
 )
-from worker.events.models import TERMINAL_TYPE
+from worker.events.models import Event, JobCompleted
 from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
@@ -76,11 +76,19 @@ class Requeue:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One canonical event with the stream id to resume after."""
+    """One canonical event with the stream id to resume after: ``envelope`` typed (its
+    ``data`` one of ``worker.events.models``' classes), ``event`` the stored JSON as a
+    mapping, ``line`` that JSON's text."""
 
     id: str
     event: Mapping[str, Any]
     line: str
+    envelope: Event
+
+    @classmethod
+    def from_line(cls, entry_id: str, line: str) -> StreamEvent:
+        event = json.loads(line)
+        return cls(entry_id, event, line, Event.model_validate(event))
 
 
 class Client:
@@ -319,7 +327,7 @@ class _EventReader:
             batch = self._read(job_id, last)
             for item in batch:
                 last = item.id
-                if attempt is not None and item.event.get("attempt") != attempt:
+                if attempt is not None and item.envelope.attempt != attempt:
                     continue
                 yield item
                 if follow and _completes(item, until):
@@ -358,7 +366,7 @@ class _EventReader:
         """
         with _translated():
             page = store.events_page(self._redis, job_id, after=last, count=_PAGE)
-        batch = [StreamEvent(entry_id, json.loads(line), line) for entry_id, line in page.entries]
+        batch = [StreamEvent.from_line(entry_id, line) for entry_id, line in page.entries]
         trimmed = page.trimmed_until
         if trimmed is not None and _stream_id(trimmed) > _stream_id(last):
             raise _trimmed(job_id, last, trimmed, batch[0].id if batch else None)
@@ -421,21 +429,20 @@ def _attempt_start(state: JobState | None, attempt: int | None) -> str:
 def _completes(item: StreamEvent, attempt: int | None) -> bool:
     """Whether ``item`` is the ``job.completed`` of ``attempt`` (of any, if None) or of a
     later one (which can only follow it: a resumed cursor may have passed it)."""
-    if item.event.get("type") != TERMINAL_TYPE:
+    if not isinstance(item.envelope.data, JobCompleted):
         return False
-    seen = item.event.get("attempt")
-    return attempt is None or (isinstance(seen, int) and seen >= attempt)
+    return attempt is None or item.envelope.attempt >= attempt
 
 
 def _handed_back_to(item: StreamEvent) -> int | None:
     """The next attempt, when ``item`` is the ``job.completed`` of an attempt a draining
     worker handed back (``cancelled``, error ``handed_back``); None otherwise."""
-    data = item.event.get("data") or {}
-    error = data.get("error") or {}
-    seen = item.event.get("attempt")
-    if error.get("code") != HandedBack.code or not isinstance(seen, int):
+    data = item.envelope.data
+    if not isinstance(data, JobCompleted) or data.error is None:
         return None
-    return seen + 1
+    if data.error.code != HandedBack.code:
+        return None
+    return item.envelope.attempt + 1
 
 
 def _stream_id(text: str) -> tuple[int, int]:

@@ -12,9 +12,10 @@ stays ``null``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 EVENT_VERSION = 1
 
@@ -644,3 +645,51 @@ class Envelope(BaseModel):
     ts: str = Field(description="RFC 3339 UTC with milliseconds.")
     type: str
     data: dict[str, Any]
+
+
+class UnknownData(EventData):
+    """The ``data`` of an event this version cannot type (a newer worker's type, or a
+    shape its model refuses), kept as it was sent: reading never drops an event."""
+
+    TYPE = ""
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+
+def typed_data(event_type: object, data: Mapping[str, Any]) -> EventData:
+    """``data`` as its type's model (``EVENT_TYPES``). A field this version does not
+    know (a newer worker's, which v1 may add: extend, never rename) is left out rather
+    than failing the event; what still does not fit is ``UnknownData``."""
+    model = EVENT_TYPES.get(event_type) if isinstance(event_type, str) else None
+    if model is None:
+        return UnknownData.model_validate(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        known = {key: value for key, value in data.items() if key in model.model_fields}
+        try:
+            return model.model_validate(known)
+        except ValidationError:
+            return UnknownData.model_validate(data)
+
+
+class Event(BaseModel):
+    """An event as the control plane reads it back: the envelope, its ``data`` typed by
+    ``type`` (``isinstance(event.data, JobCompleted)``; ``UnknownData`` for what this
+    version cannot type). Built from the stored JSON by ``Event.model_validate``."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    v: int
+    job_id: str
+    attempt: int
+    seq: int
+    ts: str
+    type: str
+    data: EventData
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) and isinstance(value.get("data"), Mapping):
+            return {**value, "data": typed_data(value.get("type"), value["data"])}
+        return value
