@@ -84,7 +84,7 @@ class WorkerError(Exception):
     code: ClassVar[str] = "worker_error"
     exit_code: ClassVar[int] = EXIT_FAILED
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details

@@ -214,7 +214,7 @@ def _handler(ready: ReadyCheck, backlog_read: BacklogRead | None) -> type[BaseHT
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, fmt: str, *args: Any) -> None:
+        def log_message(self, fmt: str, *args: object) -> None:
             log.debug("metrics http: %s", fmt % args)
 
     return Handler

@@ -8,7 +8,6 @@ was refused (``prompt_refused``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from worker.errors import PromptRefused, Unsupported
 from worker.events.artifacts import ArtifactCheck
@@ -19,7 +18,7 @@ from worker.jobs.prompt import workspace_path
 CAPABILITIES = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
 
 
-def check_capabilities(init: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]]) -> None:
+def check_capabilities(init: Mapping[str, object], blocks: Sequence[Mapping[str, object]]) -> None:
     """Every block's type is one the agent's ``initialize`` result advertised.
 
     Raises:
@@ -39,7 +38,7 @@ def check_capabilities(init: Mapping[str, Any], blocks: Sequence[Mapping[str, An
             )
 
 
-def check_links(blocks: Sequence[Mapping[str, Any]], check: ArtifactCheck) -> None:
+def check_links(blocks: Sequence[Mapping[str, object]], check: ArtifactCheck) -> None:
     """Every ``resource_link`` names a regular file of the staged workspace, reached
     through no link (``check`` is the workspace's artifact check).
 

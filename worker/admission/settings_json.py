@@ -22,7 +22,7 @@ def parse_settings(data: bytes) -> dict[str, Any]:
     return value
 
 
-def declared(settings: Mapping[str, Any], keys: Mapping[str, str]) -> list[tuple[str, str]]:
+def declared(settings: Mapping[str, object], keys: Mapping[str, str]) -> list[tuple[str, str]]:
     """``(key, rule)`` for each watched key whose value configures something (is truthy)."""
     return [(key, rule) for key, rule in keys.items() if settings.get(key)]
 

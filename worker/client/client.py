@@ -110,7 +110,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(self, job: JobSpec | Mapping[str, Any], *, new_attempt: bool = False) -> Submission:
+    def submit(
+        self, job: JobSpec | Mapping[str, object], *, new_attempt: bool = False
+    ) -> Submission:
         """Submit ``job``; the same ``job_id`` and spec again returns the existing job
         unchanged (``exists``).
 
@@ -224,7 +226,7 @@ class Client:
                 append_control(self._redis, job_id, control_fields(CANCEL, state.attempt))
         return state
 
-    def answer(self, job_id: str, interaction_id: str, answer: Mapping[str, Any]) -> str:
+    def answer(self, job_id: str, interaction_id: str, answer: Mapping[str, object]) -> str:
         """Answer an open interaction (question, plan, permission); returns the control
         stream entry id. The worker validates again and reports the outcome as
         ``interaction.resolved`` or ``interaction.answer_rejected``.

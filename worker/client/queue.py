@@ -121,7 +121,7 @@ def send_run(
     )
 
 
-def fill_time_limits(headers: MutableMapping[str, Any], body: Any, settings: Settings) -> None:
+def fill_time_limits(headers: MutableMapping[str, Any], body: object, settings: Settings) -> None:
     """Give a ``tasks.run_job`` message that lacks them the time limits of its job.
 
     ``headers`` and ``body`` are a protocol-2 message as ``before_task_publish`` sees it
@@ -151,7 +151,7 @@ def fill_time_limits(headers: MutableMapping[str, Any], body: Any, settings: Set
     headers["timelimit"] = (hard, soft)
 
 
-def _timeout_of(body: Any) -> float | None:
+def _timeout_of(body: object) -> float | None:
     if not (isinstance(body, list | tuple) and len(body) >= 2):
         return None
     args, kwargs = body[0], body[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from worker.events import notices
 from worker.events.bounded import bounded
@@ -38,7 +38,7 @@ def refuse_all(path: str) -> Verdict:
 
 def referenced(
     check: ArtifactCheck,
-    path: Any,
+    path: object,
     kind: Kind,
     *,
     tool_call_id: str | None,
@@ -62,7 +62,7 @@ def referenced(
     return [event]
 
 
-def image_events(check: ArtifactCheck, params: Mapping[str, Any]) -> Out:
+def image_events(check: ArtifactCheck, params: Mapping[str, object]) -> Out:
     """``cursor/generate_image``: the generated file and every reference image."""
     tool_call_id = params.get("toolCallId")
     tcid = tool_call_id if isinstance(tool_call_id, str) else None
@@ -77,7 +77,7 @@ def image_events(check: ArtifactCheck, params: Mapping[str, Any]) -> Out:
     return out
 
 
-def named_paths(method: str, params: Any) -> list[str]:
+def named_paths(method: str, params: object) -> list[str]:
     """The paths in a notification that the normalizer will check as artifacts: the
     ``resource_link`` blocks of a tool's content (``session/update``) and the files of
     ``cursor/generate_image``. A backend whose check answers from lookups (Daytona's

@@ -17,7 +17,7 @@ def bounded(text: str, limit: int) -> dict[str, Any]:
     return {"text": cut, "truncated": True, "bytes": len(raw)}
 
 
-def bounded_json(value: Any, limit: int) -> dict[str, Any]:
+def bounded_json(value: object, limit: int) -> dict[str, Any]:
     """A JSON value serialized, then bounded like :func:`bounded`.
 
     A value nested too deeply to serialize again (the agent's JSON can sit just under
@@ -37,6 +37,6 @@ def bound(text: str, limit: int) -> Bounded:
     return Bounded(**bounded(text, limit))
 
 
-def bound_json(value: Any, limit: int) -> Bounded:
+def bound_json(value: object, limit: int) -> Bounded:
     """:func:`bounded_json` as the event field it fills."""
     return Bounded(**bounded_json(value, limit))

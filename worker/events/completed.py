@@ -35,10 +35,10 @@ def job_completed(
     error: WorkerError | None,
     stop_reason: str | None = None,
     timings_ms: Mapping[str, float] | None = None,
-    result: Mapping[str, Any] | _Absent | None = ABSENT,
+    result: Mapping[str, object] | _Absent | None = ABSENT,
     result_error: WorkerError | None = None,
     teardown_error: WorkerError | None = None,
-    usage: Mapping[str, Any] | None = None,
+    usage: Mapping[str, object] | None = None,
 ) -> JobCompleted:
     """The ``job.completed`` data; ``timings_ms=None`` and ``result=ABSENT`` leave those
     keys out, a ``None`` ``result_error`` / ``teardown_error`` leaves its key out."""

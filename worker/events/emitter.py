@@ -67,7 +67,7 @@ def envelope_head(job_id: str, attempt: int) -> str:
     return f'{{"v":{EVENT_VERSION},"job_id":{_ENCODE(job_id)},"attempt":{_ENCODE(attempt)},"seq":'
 
 
-def event_line(head: str, *, seq: int, ts: str, type_: str, data: Mapping[str, Any]) -> str:
+def event_line(head: str, *, seq: int, ts: str, type_: str, data: Mapping[str, object]) -> str:
     """One event as its JSON line: what ``json.dumps`` of the envelope dict gives (compact,
     non-ASCII kept), assembled from ``head`` (:func:`envelope_head`). ``ts`` comes from
     :func:`utc_timestamp`, which never needs escaping."""
@@ -153,7 +153,7 @@ class EventEmitter:
         for kind, data in self._channels.flush():
             await self._emit(kind, data)
 
-    async def _emit(self, type_: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def _emit(self, type_: str, data: Mapping[str, object]) -> Mapping[str, Any]:
         if self.completed is not None:
             raise RuntimeError(f"event {type_!r} after job.completed")
         event, line = self._serialize(type_, data, self._seq + 1)
@@ -178,7 +178,7 @@ class EventEmitter:
             raise failure
         return event
 
-    async def _fan_out(self, event: Mapping[str, Any], line: str) -> WorkerError | None:
+    async def _fan_out(self, event: Mapping[str, object], line: str) -> WorkerError | None:
         """Write to every live sink; a failing one is dropped and its error returned."""
         failure = None
         for sink in tuple(self._live):
@@ -192,7 +192,7 @@ class EventEmitter:
         return failure
 
     def _serialize(
-        self, type_: str, data: Mapping[str, Any], seq: int
+        self, type_: str, data: Mapping[str, object], seq: int
     ) -> tuple[dict[str, Any], str]:
         ts = utc_timestamp(self._clock())
         event = {

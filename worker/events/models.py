@@ -655,7 +655,7 @@ class UnknownData(EventData):
     model_config = ConfigDict(extra="allow", defer_build=True)
 
 
-def typed_data(event_type: object, data: Mapping[str, Any]) -> EventData:
+def typed_data(event_type: object, data: Mapping[str, object]) -> EventData:
     """``data`` as its type's model (``EVENT_TYPES``). A field this version does not
     know (a newer worker's, which v1 may add: extend, never rename) is left out rather
     than failing the event; what still does not fit is ``UnknownData``."""
@@ -689,7 +689,7 @@ class Event(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _typed(cls, value: Any) -> Any:
+    def _typed(cls, value: object) -> Any:
         if isinstance(value, Mapping) and isinstance(value.get("data"), Mapping):
             return {**value, "data": typed_data(value.get("type"), value["data"])}
         return value

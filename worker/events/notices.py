@@ -30,7 +30,7 @@ def event_too_large(type_: str, size: int, limit: int) -> Notice:
     )
 
 
-def subagent_update_refused(session_id: Any, kind: str, reason: str) -> Notice:
+def subagent_update_refused(session_id: object, kind: str, reason: str) -> Notice:
     """An update from a session that is not a live subagent of this turn."""
     return Notice(
         level="warning",
@@ -94,7 +94,7 @@ def interaction_refused(method: str, reason: str, code: str) -> Notice:
     )
 
 
-def permission_refused(session_id: Any, tool_call_id: str | None, reason: str) -> Notice:
+def permission_refused(session_id: object, tool_call_id: str | None, reason: str) -> Notice:
     """A permission request from outside the session and its live subagents."""
     return Notice(
         level="warning",
@@ -288,7 +288,7 @@ def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
     )
 
 
-def _opt_text(value: Any) -> str | None:
+def _opt_text(value: object) -> str | None:
     return None if value is None else bounded(str(value), 256)["text"]
 
 

@@ -14,7 +14,7 @@ from typing import IO, Any, Protocol
 
 
 class EventSink(Protocol):
-    async def write(self, event: Mapping[str, Any], line: str) -> None:
+    async def write(self, event: Mapping[str, object], line: str) -> None:
         """Accept one event; may buffer. Order of calls is the order of events.
 
         A sink that raises gets nothing more from the emitter (the other sinks do); the
@@ -38,7 +38,7 @@ class MemorySink:
         self.events: list[Mapping[str, Any]] = []
         self.lines: list[str] = []
 
-    async def write(self, event: Mapping[str, Any], line: str) -> None:
+    async def write(self, event: Mapping[str, object], line: str) -> None:
         self.events.append(event)
         self.lines.append(line)
 
@@ -53,7 +53,7 @@ class JsonlSink:
         self._stream = stream
         self._flush_each = flush_each
 
-    async def write(self, event: Mapping[str, Any], line: str) -> None:
+    async def write(self, event: Mapping[str, object], line: str) -> None:
         self._stream.write(line + "\n")
         if self._flush_each:
             self._stream.flush()

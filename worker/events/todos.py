@@ -21,7 +21,7 @@ class TodoList:
         self.revision = 0
         self._items: dict[str, dict[str, Any]] = {}
 
-    def apply(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def apply(self, params: Mapping[str, object]) -> dict[str, Any]:
         """The ``todos.updated`` data after applying one update.
 
         Raises:
@@ -44,7 +44,7 @@ class TodoList:
             "tool_call_id": tool_call_id if isinstance(tool_call_id, str) else None,
         }
 
-    def _merge(self, todo: Mapping[str, Any]) -> None:
+    def _merge(self, todo: Mapping[str, object]) -> None:
         todo_id = str(todo["id"])
         known = self._items.get(todo_id)
         content = todo.get("content", known["content"] if known else "")

@@ -68,7 +68,7 @@ class ToolCalls:
         # the normalizer's partial report of that same update.
         self._started_leftovers: tuple[Any, list[dict[str, Any]]] | None = None
 
-    def content_leftovers(self, content: Any) -> list[dict[str, Any]] | None:
+    def content_leftovers(self, content: object) -> list[dict[str, Any]] | None:
         """What of the ``content`` of the tool call just started no ``tool.started``
         field holds; None when it kept no media (the content is then unmapped whole,
         as sent)."""
@@ -83,7 +83,7 @@ class ToolCalls:
         if denied:
             _remember(self._denied, tool_call_id)
 
-    def started(self, update: Mapping[str, Any], child: str | None, *, root: str | None) -> Out:
+    def started(self, update: Mapping[str, object], child: str | None, *, root: str | None) -> Out:
         """A ``tool_call``; a ``task`` tool also starts a delegation under its parent."""
         refused: Out = []
         tool_call_id = str(update["toolCallId"])
@@ -107,7 +107,7 @@ class ToolCalls:
             out += self._delegations.task_tool(tool_call_id, raw_input, child or root)
         return out + refused
 
-    def updated(self, update: Mapping[str, Any], child: str | None) -> Out:
+    def updated(self, update: Mapping[str, object], child: str | None) -> Out:
         """A ``tool_call_update``: ``tool.completed`` when its status is terminal."""
         refused: Out = []
         tool_call_id = str(update["toolCallId"])
@@ -136,7 +136,7 @@ class ToolCalls:
             out += self._delegations.task_output(tool_call_id, status, update.get("rawOutput"))
         return out + self._resources(content, tool_call_id) + refused
 
-    def _completed(self, fields: dict[str, Any], raw_output: Any) -> ToolCompleted:
+    def _completed(self, fields: dict[str, Any], raw_output: object) -> ToolCompleted:
         """``tool.completed``: ``failed`` when ``rawOutput`` reports a failure, or when a
         tool whose permission ask was denied ends without any output."""
         tool_call_id = fields["tool_call_id"]
@@ -153,7 +153,7 @@ class ToolCalls:
             fields["failure"] = failure
         return ToolCompleted(**fields)
 
-    def _fields(self, update: Mapping[str, Any], fields: dict[str, Any]) -> None:
+    def _fields(self, update: Mapping[str, object], fields: dict[str, Any]) -> None:
         """``title``, ``output``, ``exit_code``, ``raw_input`` as the update has them.
 
         The output is the command output chunk of the terminal ``_meta``
@@ -185,7 +185,7 @@ class ToolCalls:
     def _remember_terminal(self, tool_call_id: str) -> None:
         _remember(self._terminal, tool_call_id)
 
-    def _resources(self, content: Any, tool_call_id: str) -> Out:
+    def _resources(self, content: object, tool_call_id: str) -> Out:
         """``resource_link`` blocks of a tool's content that name workspace files."""
         out: Out = []
         for block in content if isinstance(content, list) else []:
@@ -209,7 +209,7 @@ def _remember(tools: dict[str, None], tool_call_id: str) -> None:
     tools[tool_call_id] = None
 
 
-def tool_failure(raw_output: Any) -> ToolFailure | None:
+def tool_failure(raw_output: object) -> ToolFailure | None:
     """What a tool's ``rawOutput`` says went wrong, in Cursor's shapes (FACTS §7):
     ``{error}``, ``{rejected}``, ``{permissionDenied}`` (a value that is not false,
     null or empty), or an exit code other than 0. None: it reports no failure."""
@@ -225,7 +225,7 @@ def tool_failure(raw_output: Any) -> ToolFailure | None:
     return None
 
 
-def _reason(key: str, value: Any) -> str:
+def _reason(key: str, value: object) -> str:
     """The agent's own words for a failure (bounded), or its key when it gave none."""
     if value is True:
         return key
@@ -234,7 +234,7 @@ def _reason(key: str, value: Any) -> str:
     return bound_json(value, _REASON_LIMIT).text
 
 
-def _exit_code(raw_output: Any) -> int | None:
+def _exit_code(raw_output: object) -> int | None:
     """A tool's exit status in its ``rawOutput``: ``exitCode`` (Cursor, ACP's terminal
     shape) or ``exit_code`` (codex-acp's command without a terminal); a JSON ``true``
     is none."""

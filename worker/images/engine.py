@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.errors import SandboxError, WorkerError
 
@@ -93,7 +93,7 @@ def connect(config: EngineConfig) -> docker.DockerClient:
 
 
 @contextlib.contextmanager
-def translate(action: str, **context: Any) -> Iterator[None]:
+def translate(action: str, **context: object) -> Iterator[None]:
     """docker SDK, HTTP and socket errors become SandboxError naming ``action``."""
     import docker.errors
     import requests

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -21,7 +20,7 @@ from worker.store.control import ControlStream
 ANSWER = "answer"
 
 
-def answer_fields(job_id: str, attempt: int, interaction_id: str, answer: Any) -> dict[str, str]:
+def answer_fields(job_id: str, attempt: int, interaction_id: str, answer: object) -> dict[str, str]:
     """The fields of one ``answer`` entry (what ``Client.answer`` writes)."""
     return {
         "type": ANSWER,

@@ -44,7 +44,7 @@ def send_answer(
     client: redis.Redis,
     job_id: str,
     interaction_id: str,
-    answer: Mapping[str, Any],
+    answer: Mapping[str, object],
     *,
     current_attempt: int | None = None,
 ) -> str:

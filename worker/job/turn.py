@@ -244,7 +244,7 @@ class Turn:
                     if notice is not None:
                         await emitter.emit(notice)
 
-    async def _notification(self, method: str, params: Any) -> None:
+    async def _notification(self, method: str, params: object) -> None:
         """A ``session/update`` as its events; any other notification is kept as
         ``provider.unmapped`` (nothing the agent says is dropped)."""
         emitter, normalizer = self._ctx.emitter, self._tools.normalizer

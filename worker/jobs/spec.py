@@ -130,7 +130,7 @@ class TextBlock(_Strict):
 PromptBlock = Annotated[TextBlock | ImageBlock | ResourceLinkBlock, Field(discriminator="type")]
 
 
-def _prompt_form(value: Any) -> str:
+def _prompt_form(value: object) -> str:
     return "text" if isinstance(value, str) else "blocks"
 
 
@@ -352,7 +352,7 @@ class JobSpec(_Strict):
 
     @field_validator("prompt")
     @classmethod
-    def _bounded_prompt(cls, value: str | list[Any]) -> str | list[Any]:
+    def _bounded_prompt(cls, value: str | list[object]) -> str | list[Any]:
         if isinstance(value, list):
             check_prompt(value)
         return value
@@ -380,7 +380,7 @@ def _describe(exc: ValidationError) -> str:
     return f"{loc}: {first['msg']}{suffix}"
 
 
-def parse_job(raw: str | bytes | dict[str, Any]) -> JobSpec:
+def parse_job(raw: str | bytes | dict[str, object]) -> JobSpec:
     """Validate a job from JSON text or a decoded mapping.
 
     Raises:

@@ -27,7 +27,7 @@ def read_json(path: Path) -> Any:
         ) from exc
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: object) -> None:
     """Write *data* to *path* atomically (temp file in the same folder, then rename)."""
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

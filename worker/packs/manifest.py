@@ -107,7 +107,7 @@ class LocalSource(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_string(cls, data: Any) -> Any:
+    def _from_string(cls, data: object) -> Any:
         return {"kind": "local", "path": data} if isinstance(data, str) else data
 
     @field_validator("path")

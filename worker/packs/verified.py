@@ -40,7 +40,7 @@ from array import array
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 #: Entries whose ctime or mtime is this close to the scan (or later) make the scan
 #: "racy": a change within the same timestamp tick would keep them. Coarse kernel
@@ -228,7 +228,7 @@ def _own_bytes(recheck: Recheck, closure_digest: str) -> bytes | None:
         os.close(fd)
 
 
-def _well_formed(record: Any) -> bool:
+def _well_formed(record: object) -> bool:
     if not isinstance(record, dict) or record.get("v") != _VERSION:
         return False
     types = {

@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from worker.errors import SandboxError, SessionNotFound
 from worker.events import notices
@@ -297,7 +296,7 @@ class JobSessions:
         if self.resume is not None and not self.store.recorded(self.pack, self.resume):
             raise self._not_found("is not recorded", "not_recorded")
 
-    def _not_found(self, why: str, reason: str, **details: Any) -> SessionNotFound:
+    def _not_found(self, why: str, reason: str, **details: object) -> SessionNotFound:
         where = self.store.root / self.pack
         return SessionNotFound(
             f"session {self.resume!r} {why} in the session store {where} of this worker "

@@ -75,7 +75,7 @@ def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
 
 def event_data(
     captured: Captured,
-    patch_ref: dict[str, Any] | None,
+    patch_ref: dict[str, object] | None,
     *,
     max_paths: int,
     max_bytes: int = EVENT_DATA_BYTES,
@@ -144,7 +144,7 @@ def _fitting(sizes: list[int], room: int) -> int:
     return sum(1 for total in accumulate(sizes) if total <= room)
 
 
-def _size(value: Any) -> int:
+def _size(value: object) -> int:
     """Bytes of ``value`` serialized as the event emitter does (UTF-8, compact)."""
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 

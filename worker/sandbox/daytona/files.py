@@ -64,7 +64,7 @@ class DaytonaWorkspaceFiles(LookedUp):
         self.remember(rel, verdict)
 
     @staticmethod
-    def _file_verdict(rel: str, info: Any) -> Verdict:
+    def _file_verdict(rel: str, info: object) -> Verdict:
         if remote.kind_of(info) is not Kind.FILE:
             return Verdict(reason="not_regular_file")
         return Verdict(relative=rel, size=remote.size_of(info))

@@ -97,7 +97,7 @@ class InputTransport(asyncio.WriteTransport):
         self._buffer.clear()
         self._pump.cancel()
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
+    def get_extra_info(self, name: str, default: object = None) -> Any:
         return default
 
     async def flushed(self) -> None:

@@ -35,7 +35,7 @@ _REGULAR = frozenset("-ugt")
 _OTHERS = (("p", Kind.FIFO), ("S", Kind.SOCKET), ("c", Kind.CHAR_DEVICE), ("D", Kind.BLOCK_DEVICE))
 
 
-def kind_of(info: Any) -> Kind:
+def kind_of(info: object) -> Kind:
     """The kind of a ``FileInfo`` from the toolbox (never trusted to be well formed)."""
     mode = str(getattr(info, "mode", "") or "")
     if not _MODE.fullmatch(mode):
@@ -51,7 +51,7 @@ def kind_of(info: Any) -> Kind:
     return next((kind for letter, kind in _OTHERS if letter in prefix), Kind.OTHER)
 
 
-def size_of(info: Any) -> int:
+def size_of(info: object) -> int:
     size = getattr(info, "size", 0)
     return size if isinstance(size, int) and size >= 0 else 0
 
