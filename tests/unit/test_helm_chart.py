@@ -361,6 +361,7 @@ def test_the_settings_the_chart_sets_are_the_workers(
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("ACPW_K8S_OWNER_POD_NAME", "acpw-acp-worker-0")
     monkeypatch.setenv("ACPW_K8S_OWNER_POD_UID", "0f6c1e0a-3b3e-4a59-9d7e-2a1c0de1f00d")
+    monkeypatch.setenv("ACPW_K8S_OWNER_POD_NAMESPACE", NAMESPACE)
     settings = Settings()
     assert (settings.backend, settings.reap_backends, settings.queue) == (
         "kubernetes",
@@ -373,6 +374,7 @@ def test_the_settings_the_chart_sets_are_the_workers(
     assert config.images_dir == Path("/etc/acp-worker/images")
     assert config.k8s_ephemeral_storage_bytes == 10 * 1024**3
     assert env["ACPW_K8S_OWNER_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["ACPW_K8S_OWNER_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     # allowlist: the pods reach the worker's proxy at its pod IP, on the policy's port.
     assert env["ACPW_K8S_PROXY_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     policies = by_kind(rendered["sandbox-namespace"], "NetworkPolicy")
