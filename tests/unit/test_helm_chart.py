@@ -423,8 +423,8 @@ def test_the_worker_runs_serve_from_the_digest_hardened(
     # Liveness is the process alone; readiness its dependencies (both on the metrics port,
     # served by serve itself: tests/integration/test_service.py runs them through a Redis
     # outage).
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9464}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 9464}
     (port,) = container["ports"]
     assert (port["name"], port["containerPort"]) == ("metrics", 9464)
     assert "--metrics-port" in container["args"]
