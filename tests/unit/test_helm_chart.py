@@ -124,7 +124,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         },
     ),
-    "hpa": _merge(BASE, {"autoscaling": {"hpa": {"enabled": True}}}),
+    "hpa": _merge(
+        BASE, {"autoscaling": {"hpa": {"enabled": True}}, "workerNetworkPolicy": {"enabled": False}}
+    ),
     "single-node": _single_node(),
     "dev-redis": {
         "image": {"ref": IMAGE},
@@ -141,6 +143,9 @@ PROFILES: dict[str, dict[str, Any]] = {
                     "runtimeClassName": "kata",
                     "pods": PLACEMENT,
                     "networkPolicies": {"enabled": False},
+                    # A namespace of the operator's, their policy enforcing restricted.
+                    "createNamespace": False,
+                    "podSecurity": {"external": True},
                 }
             },
             "workerNetworkPolicy": {
@@ -148,6 +153,12 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "redis": {"ports": [6380], "to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
                 "external": {"ports": [443, 8443], "to": []},
                 "extraEgress": [{"ports": [{"protocol": "TCP", "port": 22}]}],
+                "apiServer": {"ports": [443], "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]},
+                "dns": {
+                    "ports": [53],
+                    "to": [{"namespaceSelector": {"matchLabels": NAMESPACE_LABELS}}],
+                },
+                "extraIngress": [{"ports": [{"protocol": "TCP", "port": 8080}]}],
             },
             "autoscaling": {"keda": {"enabled": True, "fallback": {"replicas": 4, "behavior": ""}}},
             "metrics": {"prometheusRule": {"enabled": True, "sandboxPendingFor": "5m"}},
@@ -1031,6 +1042,16 @@ def test_the_workers_policy_follows_its_values(rendered: dict[str, list[dict[str
     assert {"ports": [{"protocol": "TCP", "port": 22}]} in egress
     dns = [r for r in egress if {"protocol": "UDP", "port": 53} in r["ports"]]
     assert {"protocol": "TCP", "port": 53} in dns[0]["ports"]
+    assert {"ports": [{"protocol": "TCP", "port": 8080}]} in ingress
+    api = [r for r in egress if r.get("to") == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]]
+    assert api[0]["ports"] == [{"protocol": "TCP", "port": 443}]
+    assert dns[0]["to"] == [{"namespaceSelector": {"matchLabels": NAMESPACE_LABELS}}]
+    assert not by_kind(rendered["placement"], "Namespace")  # the operator's, external
+    hpa_policies = by_kind(rendered["hpa"], "NetworkPolicy")  # the worker's own turned off
+    assert [p["metadata"]["name"] for p in hpa_policies] == [
+        "acpw-sandbox-deny-all",
+        "acpw-sandbox-proxy-only",
+    ]
     single = list(by_kind(rendered["single-node"], "NetworkPolicy"))
     (only,) = single  # the docker backend: the worker's own, no sandbox policies
     assert not [
