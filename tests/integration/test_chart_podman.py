@@ -38,7 +38,7 @@ Changed in the rendered manifests to suit Podman, and only this (``_for_podman``
 4. The liveness probe's ``httpGet`` as an ``exec`` of the image's Python fetching the same
    path and port: Podman 4.3 runs an ``httpGet`` probe as ``curl`` inside the container
    (containers/podman#15958), and the worker image has no curl; a kubelet makes the
-   request itself.
+   request itself. (Podman runs an exec probe as one shell command, its words joined.)
 
 Slow on a fresh clone (the wheels from PyPI, the sandbox base image, the worker image
 build: about 3 minutes, most of it once per machine), so not part of ``make test``:
@@ -269,7 +269,9 @@ def _liveness_without_curl(worker: dict[str, Any]) -> None:
     probe = container["livenessProbe"]
     get = probe.pop("httpGet")
     url = f"http://127.0.0.1:{get['port']}{get['path']}"
-    fetch = f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"
+    # Podman joins an exec probe's words with spaces into a shell command (`… || exit 1`),
+    # so the script is one single-quoted shell word.
+    fetch = f"""'__import__("urllib.request").request.urlopen("{url}",timeout=5)'"""
     probe["exec"] = {"command": ["python3", "-c", fetch]}
 
 
