@@ -54,21 +54,14 @@ test: packs lint chart
 	@$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit/test_helm_chart.py \
 	  --ignore=tests/integration/test_chart_podman.py $(PYTEST_ARGS)
 
-# The kubernetes backend's suite against a real cluster (kind, k3s, a cloud cluster):
-# KUBECONFIG names it, ACPW_TEST_K8S_REGISTRY a registry its nodes pull from (the tests
-# push the pack and base images there), ACPW_TEST_K8S_NAMESPACE (default
-# acpw-test-sandboxes) an existing namespace with the backend's Role bound to the
-# kubeconfig's user (docs/kubernetes.md). Without KUBECONFIG it says so and skips; `make
-# test` runs the same suite against the API double (tests/k8s_double).
-test-k8s: bootstrap
-	@if [ -z "$$KUBECONFIG" ]; then \
-	  echo "test-k8s: SKIPPED: KUBECONFIG is not set, so there is no cluster to test against (see docs/kubernetes.md; make test runs this suite against the API double)"; \
-	  exit 0; \
-	fi; \
-	ACPW_TEST_KUBECONFIG="$$KUBECONFIG" $(PY) -m pytest -q -p no:cacheprovider \
-	  tests/integration/test_kubernetes_backend.py tests/integration/test_kubernetes_masks.py \
-	  tests/integration/test_kubernetes_files.py tests/integration/test_kubernetes_midrun.py \
-	  $(PYTEST_ARGS)
+# The kubernetes backend and the chart qualified on a real cluster (kind, k3s, a cloud
+# cluster), in one command: scripts/test-k8s.sh installs the chart with `helm`, runs a job
+# through it, then the backend's modules as the chart's ServiceAccount. KUBECONFIG names
+# the cluster; ACPW_TEST_K8S_REGISTRY, ACPW_TEST_K8S_WORKER_IMAGE, ACPW_TEST_K8S_REDIS_URL
+# are required (docs/kubernetes.md). Without KUBECONFIG it fails (exit 2) saying so: `make
+# test` runs the backend's suite against the API double (tests/k8s_double), not a cluster.
+test-k8s:
+	@PY="$(PY)" ./scripts/test-k8s.sh $(PYTEST_ARGS)
 
 # helm/acp-worker rendered by Helm's own engine (helm-python-sdk, no helm binary) for every
 # value profile, linted, each manifest validated (Kubernetes 1.29/1.37 schemas, the CRD

@@ -5,8 +5,9 @@ Helm v4's own engine (``helm-python-sdk``) renders ``helm/acp-worker`` with
 ``values-single-node.yaml``, the dev Redis on and the worker image built here from the
 Dockerfile (``scripts/worker-image.sh``) named by digest, and ``podman kube play`` stands
 in for the kubelet, on the shared Podman service of the docker tests. Then the worker
-container starts, its readiness probe's command (as the chart renders it) passes when run
-in it, so does the health check Podman makes of its liveness probe, and a job submitted
+container starts, its readiness probe (as the chart renders it: GET /ready on the metrics
+port) answers 200 through the published port, so does the health check Podman makes of its
+liveness probe (GET /healthz), and a job submitted
 from the host (``acp-worker submit`` against the dev Redis's published port) with the
 emulator pack settles ``succeeded`` with ``job.completed``, having run in a sandbox
 container of the docker backend, which the worker reached through the Podman socket
@@ -20,7 +21,8 @@ emulator's dummy key as an ``extraEnv``.
 
 What ``podman kube play`` (4.3) is given: the Deployments and the ConfigMap (and a Secret
 or PersistentVolumeClaim when the profile renders one). Left out, as kube play does not
-take them: the Services (the dev Redis's and the metrics one) and the ServiceAccount.
+take them: the Services (the dev Redis's and the metrics one), the ServiceAccount and the
+worker's NetworkPolicy.
 Changed in the rendered manifests to suit Podman, and only this (``_for_podman``):
 
 1. ``hostPort`` on every ``containerPort``, each a free port: Podman 4.3 publishes a
@@ -33,6 +35,10 @@ Changed in the rendered manifests to suit Podman, and only this (``_for_podman``
    sees each sandbox's ``/proc/<pid>/root`` and cgroups as with the node's pid
    namespace. Not emulated: signals sent by pid stay in the pod's namespace, so the lease
    watchdog's kill (only when a lease lapses) is not exercised here.
+4. The liveness probe's ``httpGet`` as an ``exec`` of the image's Python fetching the same
+   path and port: Podman 4.3 runs an ``httpGet`` probe as ``curl`` inside the container
+   (containers/podman#15958), and the worker image has no curl; a kubelet makes the
+   request itself. (Podman runs an exec probe as one shell command, its words joined.)
 
 Slow on a fresh clone (the wheels from PyPI, the sandbox base image, the worker image
 build: about 3 minutes, most of it once per machine), so not part of ``make test``:
@@ -49,6 +55,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,7 +80,7 @@ RELEASE, NAMESPACE = "acpwct", "acp-system"
 WORKER_TAG = "localhost/acp-worker:chart-podman-test"
 REDIS_TAG = "localhost/acpw-chart-dev-redis:test"
 KUBE_PLAY_KINDS = frozenset({"Deployment", "ConfigMap", "Secret", "PersistentVolumeClaim"})
-LEFT_OUT = frozenset({"Service", "ServiceAccount"})
+LEFT_OUT = frozenset({"Service", "ServiceAccount", "NetworkPolicy"})
 EMULATOR_KEY = "emulator-demo-key-not-a-real-secret"  # what examples/secrets holds
 READY_WITHIN_S = 90.0
 # The job's own limit is 60 s; past this, it is stuck (e.g. lost: a lease TTL, then a reap).
@@ -255,6 +263,28 @@ def _host_proc(worker: dict[str, Any]) -> None:
     container["volumeMounts"].append({"name": "podman-host-proc", "mountPath": "/proc"})
 
 
+def _liveness_without_curl(worker: dict[str, Any]) -> None:
+    """Change 4: the liveness probe's GET made by the image's Python, not Podman's curl."""
+    (container,) = _pod_spec(worker)["containers"]
+    probe = container["livenessProbe"]
+    get = probe.pop("httpGet")
+    url = f"http://127.0.0.1:{get['port']}{get['path']}"
+    # Podman joins an exec probe's words with spaces into a shell command (`… || exit 1`),
+    # so the script is one single-quoted shell word.
+    fetch = f"""'__import__("urllib.request").request.urlopen("{url}",timeout=5)'"""
+    probe["exec"] = {"command": ["python3", "-c", fetch]}
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+    except OSError as exc:
+        return 0, repr(exc)
+
+
 # --- playing ------------------------------------------------------------------------------
 
 
@@ -293,13 +323,13 @@ def _pod_address(host: str, container: str) -> str:
     return str(network["IPAddress"])
 
 
-def _wait_ready(host: str, container: str, command: list[str]) -> subprocess.CompletedProcess[str]:
-    """Runs the readiness probe's command in ``container`` until it passes (or time's up)."""
+def _wait_ready(url: str) -> tuple[int, str]:
+    """GETs the readiness probe's URL until it answers 200 (or time's up)."""
     deadline = time.monotonic() + READY_WITHIN_S
     while True:
-        probe = _podman(host, "exec", container, *command, timeout=60)
-        if probe.returncode == 0 or time.monotonic() > deadline:
-            return probe
+        status, body = _get(url)
+        if status == 200 or time.monotonic() > deadline:
+            return status, body
         time.sleep(1)
 
 
@@ -359,19 +389,25 @@ def test_the_single_node_install_runs_a_job_under_kube_play(
     (worker,) = [d for d in played_docs if d["metadata"]["name"] == f"{RELEASE}-acp-worker"]
     rest = [d for d in played_docs if d is not redis]
     redis_port = _publish_on_free_ports(redis)["redis"]
-    _publish_on_free_ports(worker)
+    worker_ports = _publish_on_free_ports(worker)
     _host_proc(worker)
-    (probe,) = [c["readinessProbe"]["exec"]["command"] for c in _pod_spec(worker)["containers"]]
+    _liveness_without_curl(worker)
+    (ready_get,) = [c["readinessProbe"]["httpGet"] for c in _pod_spec(worker)["containers"]]
+    (metrics,) = [
+        p for c in _pod_spec(worker)["containers"] for p in c["ports"]
+        if p["containerPort"] == ready_get["port"]
+    ]  # fmt: skip
+    ready_url = f"http://127.0.0.1:{worker_ports[metrics['name']]}{ready_get['path']}"
     job_id = f"chart-podman-{uuid.uuid4().hex[:12]}"
     played = Played(docker_host, tmp_path)
     try:
         (redis_container,) = played.play("dev-redis", [redis])
         _resolve_service(worker, redis_name, _pod_address(docker_host, redis_container))
         (worker_container,) = played.play("worker", rest)
-        ready = _wait_ready(docker_host, worker_container, probe)
+        status, body = _wait_ready(ready_url)
         # Not ready, no job: a worker that cannot reach its backend would not settle it.
-        assert ready.returncode == 0, ready.stdout + ready.stderr
-        assert ready.stdout.strip() == "ready: redis ok, backend ok"
+        assert status == 200, body
+        assert json.loads(body) == {"redis": "ok", "backend": "ok", "ready": True}
         health = _podman(docker_host, "healthcheck", "run", worker_container)
         lines = _submit(f"redis://127.0.0.1:{redis_port}/0", _job(tmp_path, job_id))
         logs = _podman(docker_host, "logs", "--tail", "60", worker_container)

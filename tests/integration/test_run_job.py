@@ -47,7 +47,9 @@ def _job(tmp_path: Path, prompt: str, **overrides: Any) -> Path:
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_")}
+    # make test-k8s: the chart's NetworkPolicies are in place, its Role may not create any.
+    keep = {"ACPW_K8S_NETWORK_POLICIES"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_") or k in keep}
     env.update(
         {
             "ACPW_CACHE_DIR": str(tmp_path / "cache"),

@@ -72,6 +72,7 @@ FAST = {
 
 def _env(worker_id: str) -> dict[str, str]:
     keep = {"ACPW_PACKS_DIR", "ACPW_CACHE_DIR"}  # where a CI run put the built packs
+    keep.add("ACPW_K8S_NETWORK_POLICIES")  # make test-k8s: the chart's policies are in place
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACPW_") or k in keep}
     env.update(
         FAST,

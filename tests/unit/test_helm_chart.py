@@ -26,6 +26,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from worker import metrics
 from worker.images.build import PinStore
@@ -43,7 +44,55 @@ K8S_VERSIONS = ("1.29", "1.37")
 RELEASE, NAMESPACE = "acpw", "acp-system"
 IMAGE = "registry.example:5000/acp/worker@sha256:" + "ab" * 32
 REDIS_IMAGE = "docker.io/library/redis@sha256:" + "cd" * 32
-BASE: dict[str, Any] = {"image": {"ref": IMAGE}, "redis": {"url": "redis://redis.example:6379/0"}}
+BASE_IMAGE_ID = "sha256:" + "b" * 64
+#: What every kubernetes-backend install needs: the pack images' pins.
+PINS: dict[str, Any] = {
+    "sandbox": {"kubernetes": {"images": {"baseImageId": BASE_IMAGE_ID, "pinsConfigMap": "pins"}}}
+}
+BASE: dict[str, Any] = {
+    "image": {"ref": IMAGE},
+    "redis": {"url": "redis://redis.example:6379/0"},
+    **PINS,
+}
+#: The labels the API server sets on every namespace (NamespaceDefaultLabelName, 1.21+).
+NAMESPACE_LABELS = {"kubernetes.io/metadata.name": NAMESPACE}
+#: Every placement value of the sandbox pods.
+PLACEMENT: dict[str, Any] = {
+    "nodeSelector": {"acpw.example/sandbox": "true", "kubernetes.io/arch": "amd64"},
+    "tolerations": [
+        {"key": "acpw.example/sandbox", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 60,
+        },
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": ["eu-west-1a"],
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    },
+    "priorityClassName": "acpw-sandboxes",
+    "imagePullSecrets": ["registry-pull"],
+    "serviceAccountName": "acpw-sandbox",
+    "labels": {"team": "agents"},
+    "annotations": {"example.com/owner": "platform team"},
+    "disruptionAnnotations": False,
+}
 CRD_SCHEMAS = {
     "ScaledObject": "scaledobject",
     "ServiceMonitor": "servicemonitor",
@@ -75,9 +124,46 @@ PROFILES: dict[str, dict[str, Any]] = {
             "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         },
     ),
-    "hpa": _merge(BASE, {"autoscaling": {"hpa": {"enabled": True}}}),
+    "hpa": _merge(
+        BASE, {"autoscaling": {"hpa": {"enabled": True}}, "workerNetworkPolicy": {"enabled": False}}
+    ),
     "single-node": _single_node(),
-    "dev-redis": {"image": {"ref": IMAGE}, "devRedis": {"enabled": True, "image": REDIS_IMAGE}},
+    "dev-redis": {
+        "image": {"ref": IMAGE},
+        "devRedis": {"enabled": True, "image": REDIS_IMAGE},
+        **PINS,
+    },
+    # Every value of the sandbox pods' placement, the backend creating the policies
+    # itself, the worker's own policy narrowed, KEDA's fallback without behavior.
+    "placement": _merge(
+        BASE,
+        {
+            "sandbox": {
+                "kubernetes": {
+                    "runtimeClassName": "kata",
+                    "pods": PLACEMENT,
+                    "networkPolicies": {"enabled": False},
+                    # A namespace of the operator's, their policy enforcing restricted.
+                    "createNamespace": False,
+                    "podSecurity": {"external": True},
+                }
+            },
+            "workerNetworkPolicy": {
+                "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+                "redis": {"ports": [6380], "to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+                "external": {"ports": [443, 8443], "to": []},
+                "extraEgress": [{"ports": [{"protocol": "TCP", "port": 22}]}],
+                "apiServer": {"ports": [443], "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]},
+                "dns": {
+                    "ports": [53],
+                    "to": [{"namespaceSelector": {"matchLabels": NAMESPACE_LABELS}}],
+                },
+                "extraIngress": [{"ports": [{"protocol": "TCP", "port": 8080}]}],
+            },
+            "autoscaling": {"keda": {"enabled": True, "fallback": {"replicas": 4, "behavior": ""}}},
+            "metrics": {"prometheusRule": {"enabled": True, "sandboxPendingFor": "5m"}},
+        },
+    ),
     "sandbox-namespace": _merge(
         BASE,
         {
@@ -94,6 +180,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                     "runtimeClassName": "gvisor",
                     "images": {
                         "baseImageId": "sha256:" + "b" * 64,
+                        "pinsConfigMap": "",
                         "pins": {"c" * 64 + ".json": '{"image_id": "sha256:' + "e" * 64 + '"}'},
                     },
                     "networkPolicies": {
@@ -259,8 +346,24 @@ def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], messag
             "owner references cannot cross namespaces",
         ),
         (
-            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"pinsConfigMap": "pins"}}}}),
+            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"baseImageId": ""}}}}),
             "pins need .baseImageId",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"images": {"pinsConfigMap": ""}}}}),
+            "the kubernetes backend needs its pack images' pins, or no job can run",
+        ),
+        (
+            {"image": {"ref": IMAGE}, "redis": BASE["redis"]},
+            "set sandbox.kubernetes.images.baseImageId",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"createNamespace": False}}}),
+            "must enforce Pod Security `restricted`",
+        ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"podSecurity": {"level": "baseline"}}}}),
+            "podSecurity.external=true",
         ),
         (
             _merge(
@@ -278,12 +381,6 @@ def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], messag
                 },
             ),
             "are exclusive: give the pin files one way",
-        ),
-        (
-            _merge(
-                BASE, {"sandbox": {"kubernetes": {"networkPolicies": {"proxy": {"enabled": True}}}}}
-            ),
-            "podLabels must name the proxy's pods",
         ),
     ],
 )
@@ -334,13 +431,23 @@ def test_the_worker_runs_serve_from_the_digest_hardened(
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert container["readinessProbe"]["exec"]["command"] == ["acp-worker", "ready"]
-    assert container["livenessProbe"]["exec"]["command"] == ["acp-worker", "ready"]
+    # Liveness is the process alone; readiness its dependencies (both on the metrics port,
+    # served by serve itself: tests/integration/test_service.py runs them through a Redis
+    # outage).
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9464}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 9464}
+    (port,) = container["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", 9464)
+    assert "--metrics-port" in container["args"]
     assert {c["topologyKey"] for c in pod["topologySpreadConstraints"]} == {
         "topology.kubernetes.io/zone",
         "kubernetes.io/hostname",
     }
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/var/lib/acp-worker", "/tmp"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/var/lib/acp-worker",
+        "/tmp",
+        "/etc/acp-worker/images/pins",
+    }
 
 
 def test_drain_grace_is_set_from_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -361,6 +468,7 @@ def test_the_settings_the_chart_sets_are_the_workers(
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("ACPW_K8S_OWNER_POD_NAME", "acpw-acp-worker-0")
     monkeypatch.setenv("ACPW_K8S_OWNER_POD_UID", "0f6c1e0a-3b3e-4a59-9d7e-2a1c0de1f00d")
+    monkeypatch.setenv("ACPW_K8S_OWNER_POD_NAMESPACE", NAMESPACE)
     settings = Settings()
     assert (settings.backend, settings.reap_backends, settings.queue) == (
         "kubernetes",
@@ -373,6 +481,7 @@ def test_the_settings_the_chart_sets_are_the_workers(
     assert config.images_dir == Path("/etc/acp-worker/images")
     assert config.k8s_ephemeral_storage_bytes == 10 * 1024**3
     assert env["ACPW_K8S_OWNER_POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["ACPW_K8S_OWNER_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     # allowlist: the pods reach the worker's proxy at its pod IP, on the policy's port.
     assert env["ACPW_K8S_PROXY_ADDRESS"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     policies = by_kind(rendered["sandbox-namespace"], "NetworkPolicy")
@@ -391,7 +500,8 @@ def test_single_node_uses_the_nodes_engine(
     assert DockerConfig().docker_host == "unix:///var/run/docker.sock"
     assert (env["ACPW_BACKEND"], env["ACPW_REAP_BACKENDS"]) == ("docker", '["docker"]')
     kinds = {doc["kind"] for doc in docs}
-    assert not kinds & {"Role", "RoleBinding", "NetworkPolicy", "PodDisruptionBudget"}
+    assert not kinds & {"Role", "RoleBinding", "PodDisruptionBudget"}
+    assert not sandbox_policies(docs)
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["docker-socket"] == {
@@ -495,7 +605,11 @@ def test_the_charts_pins_are_what_the_backend_reads(
     mounts a ConfigMap, finds the pushed pack image with no engine (`pack_image`)."""
     identity, pin, closure = _pinned(tmp_path)
     (written,) = (tmp_path / "built" / "pins").iterdir()
-    images = {"baseImageId": identity.base_id, "pins": {written.name: written.read_text()}}
+    images = {
+        "baseImageId": identity.base_id,
+        "pins": {written.name: written.read_text()},
+        "pinsConfigMap": "",
+    }
     docs = render(_merge(BASE, {"sandbox": {"kubernetes": {"images": images}}}))
     env, container = env_of(docs), worker_container(docs)
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "image-pins"]
@@ -528,10 +642,8 @@ def test_an_existing_pins_config_map_is_mounted_not_made() -> None:
     assert not [d for d in by_kind(docs, "ConfigMap") if "pins" in d["metadata"]["name"]]
 
 
-def test_without_pins_the_worker_gets_no_pin_store(
-    rendered: dict[str, list[dict[str, Any]]],
-) -> None:
-    env = env_of(rendered["default"])
+def test_other_backends_need_no_pin_store(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    env = env_of(rendered["single-node"])
     assert "ACPW_K8S_BASE_IMAGE_ID" not in env
     assert "ACPW_IMAGES_DIR" not in env
 
@@ -539,15 +651,36 @@ def test_without_pins_the_worker_gets_no_pin_store(
 # --- RBAC and the sandbox namespace --------------------------------------------------------
 
 
-def test_the_role_has_exactly_the_backends_rules(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    role = one(rendered["default"], "Role")
-    expected = manifests.role(KubernetesConfig(k8s_namespace="acp-sandboxes"))
-    assert role["rules"] == expected["rules"]
+def config_of(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> KubernetesConfig:
+    """The backend's config from the worker's rendered environment (plain values)."""
+    for name, value in env_of(docs).items():
+        if isinstance(value, str) and name.startswith("ACPW_K8S_"):
+            monkeypatch.setenv(name, value)
+    return KubernetesConfig()
+
+
+@pytest.mark.parametrize("profile", ["default", "placement"])
+def test_the_role_has_exactly_the_backends_rules(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    """The Role is ``manifests.role`` of the worker's own config: without NetworkPolicy
+    create when the chart renders the policies (default), with it when the backend makes
+    them (``networkPolicies.enabled: false``)."""
+    docs = rendered[profile]
+    role = one(docs, "Role")
+    config = config_of(docs, monkeypatch)
+    assert role["rules"] == manifests.role(config)["rules"]
+    policy_verbs = [r for r in role["rules"] if r["resources"] == ["networkpolicies"]]
+    renders_policies = bool(sandbox_policies(docs))
+    assert config.k8s_network_policies == ("external" if renders_policies else "create")
+    assert bool(policy_verbs) is not renders_policies
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
-        ([rule.api_group], [rule.resource], list(rule.verbs)) for rule in RBAC_RULES
+        ([rule.api_group], [rule.resource], list(rule.verbs))
+        for rule in RBAC_RULES
+        if not (renders_policies and rule.resource == "networkpolicies")
     ]
     assert role["metadata"]["namespace"] == "acp-sandboxes"
-    assert not [d for d in rendered["default"] if d["kind"].startswith("Cluster")]
+    assert not [d for d in docs if d["kind"].startswith("Cluster")]
 
 
 def test_the_role_is_bound_to_the_workers_service_account(
@@ -566,6 +699,14 @@ def test_the_role_is_bound_to_the_workers_service_account(
     assert pod["serviceAccountName"] == account["name"]
 
 
+def sandbox_policies(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in by_kind(docs, "NetworkPolicy")
+        if d["metadata"]["name"].startswith("acpw-sandbox-")
+    ]
+
+
 def test_network_policies_are_the_backends(rendered: dict[str, list[dict[str, Any]]]) -> None:
     config = KubernetesConfig(k8s_namespace=NAMESPACE)
     proxy = ProxyPeer(
@@ -573,21 +714,43 @@ def test_network_policies_are_the_backends(rendered: dict[str, list[dict[str, An
         namespace_labels={"kubernetes.io/metadata.name": "acp-proxy"},
         port=3128,
     )
-    assert by_kind(rendered["sandbox-namespace"], "NetworkPolicy") == manifests.network_policies(
+    assert sandbox_policies(rendered["sandbox-namespace"]) == manifests.network_policies(
         config, proxy
     )
     default_config = KubernetesConfig(k8s_namespace="acp-sandboxes")
-    assert by_kind(rendered["default"], "NetworkPolicy") == manifests.network_policies(
-        default_config, None
+    workers = ProxyPeer(
+        pod_labels={
+            "app.kubernetes.io/name": "acp-worker",
+            "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": "worker",
+        },
+        namespace_labels=NAMESPACE_LABELS,
+        port=3128,
     )
+    assert sandbox_policies(rendered["default"]) == manifests.network_policies(
+        default_config, workers
+    )
+    assert not sandbox_policies(rendered["placement"])  # the backend makes them there
 
 
+@pytest.mark.parametrize("profile", ["default", "sandbox-namespace"])
 def test_the_sandbox_namespace_enforces_restricted(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, list[dict[str, Any]]], profile: str
 ) -> None:
-    labels = one(rendered["sandbox-namespace"], "Namespace")["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    assert not by_kind(rendered["default"], "Namespace")
+    namespace = one(rendered[profile], "Namespace")
+    labels = namespace["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+    assert namespace["metadata"]["name"] == one(rendered[profile], "Role")["metadata"]["namespace"]
+
+
+def test_an_external_pod_security_policy_is_the_operators_word() -> None:
+    """Without the chart's namespace the install goes on only when the operator says a
+    policy of theirs enforces ``restricted`` (the refusal: test_inconsistent_values…)."""
+    external = {"createNamespace": False, "podSecurity": {"external": True}}
+    docs = render(_merge(BASE, {"sandbox": {"kubernetes": external}}))
+    assert not by_kind(docs, "Namespace")
+    assert one(docs, "Role")["metadata"]["namespace"] == "acp-sandboxes"
 
 
 # --- scaling -------------------------------------------------------------------------------
@@ -603,6 +766,17 @@ def test_keda_scales_on_queued_plus_running_per_concurrency(
     assert "acpw_queue_depth" in query
     assert "acpw_jobs_running" in query
     assert trigger["metadata"]["threshold"] == "2"  # concurrency: jobs per replica
+    # A query with no sample is an error, never a zero backlog: KEDA holds the fallback,
+    # the current count when that is higher, so an outage never scales the pool in.
+    assert "ignoreNullValues" not in trigger["metadata"]
+    assert trigger["metricType"] == "AverageValue"  # what KEDA's fallback works with
+    assert scaled["spec"]["fallback"] == {
+        "failureThreshold": 3,
+        "replicas": 2,
+        "behavior": "currentReplicasIfHigher",
+    }
+    other = one(rendered["placement"], "ScaledObject")["spec"]["fallback"]
+    assert other == {"failureThreshold": 3, "replicas": 4}
     assert scaled["spec"]["minReplicaCount"] >= 1
     assert "replicas" not in one(docs, "Deployment")["spec"]  # the autoscaler owns it
 
@@ -645,6 +819,14 @@ def exported_series() -> set[str]:
     return names
 
 
+#: Metrics of other components the alerts name, and who exports them.
+EXTERNAL_SERIES = {
+    "keda_scaled_object_errors_total": "the KEDA operator (2.14+)",
+    "kube_pod_status_phase": "kube-state-metrics",
+}
+_EXTERNAL = re.compile(r"\b(?:keda|kube)_[a-z0-9_]+\b")
+
+
 def _queries(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     queries: dict[str, str] = {}
     for group in one(rendered["keda"], "PrometheusRule")["spec"]["groups"]:
@@ -667,8 +849,10 @@ def test_every_query_names_metrics_the_worker_exports(
     assert len(queries) > 15
     for where, expr in queries.items():
         named = set(_METRIC.findall(expr))
-        assert named, f"{where} names no acp-worker metric: {expr}"
+        external = set(_EXTERNAL.findall(expr))
+        assert named or external, f"{where} names no metric: {expr}"
         assert named <= exported, f"{where} names {named - exported}, not exported"
+        assert external <= set(EXTERNAL_SERIES), f"{where} names {external}"
 
 
 def test_phase_labels_in_queries_are_phases_the_worker_marks(
@@ -696,6 +880,9 @@ def test_the_alerts_and_the_dashboard_cover_the_issue(
         "ACPWorkerJobsLost",
         "ACPWorkerReaperFailing",
         "ACPWorkerSandboxStartSlow",
+        "ACPWorkerMetricsAbsent",
+        "ACPWorkerAutoscalerErrors",
+        "ACPWorkerSandboxPodsPending",
     } <= alerts
     configmap = one(rendered["default"], "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -720,3 +907,230 @@ def test_the_alerts_and_the_dashboard_cover_the_issue(
         service_monitor["spec"]["selector"]["matchLabels"].items()
         <= service["metadata"]["labels"].items()
     )
+
+
+# --- a default install that runs a model-talking job on a policy-enforcing CNI -------------
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector as the API evaluates it: matchLabels and matchExpressions ANDed;
+    an empty selector matches everything (apimachinery's LabelSelectorAsSelector)."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def peer_admits(
+    peer: dict[str, Any], policy_namespace: str, pod: dict[str, str], pod_namespace: str
+) -> bool:
+    """Whether a NetworkPolicyPeer covers a pod: a podSelector alone means pods of the
+    policy's namespace; with a namespaceSelector, pods of the namespaces it selects
+    (NetworkPolicy's documented semantics). No ipBlock peers here."""
+    assert "ipBlock" not in peer
+    if "namespaceSelector" in peer:
+        namespace_labels = {"kubernetes.io/metadata.name": pod_namespace}
+        if not selector_matches(peer["namespaceSelector"], namespace_labels):
+            return False
+    elif pod_namespace != policy_namespace:
+        return False
+    return selector_matches(peer.get("podSelector"), pod)
+
+
+def rule_allows(rule: dict[str, Any], key: str, port: int, pod: dict[str, str], ns: str) -> bool:
+    """One ingress/egress rule: its ports (none: all) and its peers (none: everyone)."""
+    ports = rule.get("ports")
+    if ports and not any(p.get("protocol", "TCP") == "TCP" and p["port"] == port for p in ports):
+        return False
+    peers = rule.get(key)
+    return not peers or any(peer_admits(p, rule["_namespace"], pod, ns) for p in peers)
+
+
+def allows(policy: dict[str, Any], direction: str, port: int, pod: dict[str, str], ns: str) -> bool:
+    key = "to" if direction == "egress" else "from"
+    rules = policy["spec"].get(direction, [])
+    namespace = policy["metadata"]["namespace"]
+    return any(rule_allows(r | {"_namespace": namespace}, key, port, pod, ns) for r in rules)
+
+
+def selected(policy: dict[str, Any], pod: dict[str, str], namespace: str) -> bool:
+    return policy["metadata"]["namespace"] == namespace and selector_matches(
+        policy["spec"]["podSelector"], pod
+    )
+
+
+def allowlist_pod(config: KubernetesConfig) -> dict[str, Any]:
+    """An allowlist job's sandbox pod as the backend builds it from the chart's config."""
+    from worker.sandbox.base import ResourceLimits, SandboxSpec
+
+    spec = SandboxSpec(
+        job_id="job-1",
+        attempt=1,
+        workspace=Path("/nonexistent"),
+        pack_closure=Path("/nonexistent"),
+        limits=ResourceLimits(memory_bytes=1 << 30, cpus=1, pids=256),
+        network="allowlist",
+        labels={},
+    )
+    image = "registry.example/acpw-pack@sha256:" + "ab" * 32
+    return manifests.sandbox_pod(
+        spec, image=image, config=config, command=["sleep", "1"], deadline_s=600
+    )
+
+
+@pytest.mark.parametrize("release_namespace", [NAMESPACE, "acp-sandboxes"])
+def test_the_default_policies_let_an_allowlist_pod_reach_its_worker_and_nothing_else(
+    release_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluated as a policy-enforcing CNI does: the sandbox pod of an allowlist job
+    (built by the backend from the worker's rendered settings) may send to the worker
+    pods (the Deployment's own template labels, in the release namespace) on the port
+    the worker listens on, and the worker's own policy lets it in; a `none` pod and every
+    other destination stay denied. The release in another namespace and in the sandbox
+    namespace itself."""
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(BASE, name=RELEASE, namespace=release_namespace, is_install=True)
+    docs = [d for path, text in rendered.items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]  # fmt: skip
+    config = config_of(docs, monkeypatch)
+    env = env_of(docs)
+    worker = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    sandbox = allowlist_pod(config)
+    sandbox_labels, sandbox_ns = sandbox["metadata"]["labels"], sandbox["metadata"]["namespace"]
+    listen = int(env["ACPW_K8S_PROXY_PORT"])
+    policies = {d["metadata"]["name"]: d for d in by_kind(docs, "NetworkPolicy")}
+    deny, proxy = policies["acpw-sandbox-deny-all"], policies["acpw-sandbox-proxy-only"]
+    own = policies[f"{RELEASE}-acp-worker"]
+
+    assert selected(deny, sandbox_labels, sandbox_ns)
+    assert selected(proxy, sandbox_labels, sandbox_ns)
+    assert allows(proxy, "egress", listen, worker, release_namespace)
+    assert not allows(proxy, "egress", listen + 1, worker, release_namespace)
+    assert not allows(proxy, "egress", listen, {"app": "other"}, release_namespace)
+    assert not allows(proxy, "egress", listen, worker, "elsewhere")
+    none_pod = sandbox_labels | {manifests.LABEL_NETWORK: "none"}
+    assert not selected(proxy, none_pod, sandbox_ns)  # deny-all alone: isolated
+    assert selected(own, worker, release_namespace)
+    assert allows(own, "ingress", listen, sandbox_labels, sandbox_ns)
+    assert not allows(own, "ingress", listen, none_pod, sandbox_ns)
+    assert allows(own, "ingress", 9464, {"app": "prometheus"}, "monitoring")  # /metrics
+    # The worker reaches Redis, the API server and DNS.
+    for port in (6379, 443, 53):
+        assert allows(own, "egress", port, {"any": "pod"}, "anywhere")
+
+
+def test_the_workers_policy_follows_its_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    own = next(
+        d
+        for d in by_kind(rendered["placement"], "NetworkPolicy")
+        if d["metadata"]["name"] == "acpw-acp-worker"
+    )
+    ingress, egress = own["spec"]["ingress"], own["spec"]["egress"]
+    assert ingress[0]["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    redis = [r for r in egress if r.get("to") == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]]
+    assert [p["port"] for p in redis[0]["ports"]] == [6380]
+    assert {"ports": [{"protocol": "TCP", "port": 22}]} in egress
+    dns = [r for r in egress if {"protocol": "UDP", "port": 53} in r["ports"]]
+    assert {"protocol": "TCP", "port": 53} in dns[0]["ports"]
+    assert {"ports": [{"protocol": "TCP", "port": 8080}]} in ingress
+    api = [r for r in egress if r.get("to") == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]]
+    assert api[0]["ports"] == [{"protocol": "TCP", "port": 443}]
+    assert dns[0]["to"] == [{"namespaceSelector": {"matchLabels": NAMESPACE_LABELS}}]
+    assert not by_kind(rendered["placement"], "Namespace")  # the operator's, external
+    hpa_policies = by_kind(rendered["hpa"], "NetworkPolicy")  # the worker's own turned off
+    assert [p["metadata"]["name"] for p in hpa_policies] == [
+        "acpw-sandbox-deny-all",
+        "acpw-sandbox-proxy-only",
+    ]
+    single = list(by_kind(rendered["single-node"], "NetworkPolicy"))
+    (only,) = single  # the docker backend: the worker's own, no sandbox policies
+    assert not [
+        r for r in only["spec"]["egress"] if {"protocol": "TCP", "port": 6443} in r["ports"]
+    ]
+
+
+def test_the_sandbox_pods_placement_is_the_charts(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every placement value reaches the backend's config, and the pod it builds carries
+    it and validates (1.29 and the newest schema)."""
+    config = config_of(rendered["placement"], monkeypatch)
+    pod = allowlist_pod(config)
+    spec, metadata = pod["spec"], pod["metadata"]
+    assert spec["nodeSelector"] == PLACEMENT["nodeSelector"]
+    assert spec["tolerations"] == PLACEMENT["tolerations"]
+    assert spec["affinity"] == PLACEMENT["affinity"]
+    assert spec["priorityClassName"] == "acpw-sandboxes"
+    assert spec["imagePullSecrets"] == [{"name": "registry-pull"}]
+    assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == (
+        "acpw-sandbox",
+        False,
+    )
+    assert spec["runtimeClassName"] == "kata"
+    assert metadata["labels"]["team"] == "agents"
+    assert metadata["annotations"]["example.com/owner"] == "platform team"
+    assert "karpenter.sh/do-not-disrupt" not in metadata["annotations"]  # turned off
+    # The backend makes the policies itself here, naming these workers as the proxy.
+    assert config.k8s_network_policies == "create"
+    worker = one(rendered["placement"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert config.k8s_proxy_pod_labels.items() <= worker.items()
+    assert config.k8s_proxy_namespace_labels == NAMESPACE_LABELS
+    for version in K8S_VERSIONS:
+        assert kubernetes_validate.validate(pod, version, strict=True) == version
+
+
+def test_by_default_sandbox_pods_are_kept_from_disruption(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    annotations = allowlist_pod(config_of(rendered["default"], monkeypatch))["metadata"][
+        "annotations"
+    ]
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("pods", "message"),
+    [
+        ({"labels": {"acpw.network": "allowlist"}}, "invalid propertyName 'acpw.network'"),
+        (
+            {"labels": {"node-role.kubernetes.io/x": ""}},
+            "invalid propertyName 'node-role.kubernetes.io/x'",
+        ),
+        ({"annotations": {"acpw.io/labels": "{}"}}, "invalid propertyName 'acpw.io/labels'"),
+        ({"nodeSelector": {"disk": "ssd only"}}, "/sandbox/kubernetes/pods/nodeSelector"),
+        ({"tolerations": [{"key": "a", "operator": "In"}]}, "/sandbox/kubernetes/pods/tolerations"),
+        ({"tolerations": [{"key": "a", "efect": "NoSchedule"}]}, "/sandbox/kubernetes/pods"),
+        ({"imagePullSecrets": ["Registry_Pull"]}, "/sandbox/kubernetes/pods/imagePullSecrets"),
+        ({"serviceAccountName": "Sandbox SA"}, "/sandbox/kubernetes/pods/serviceAccountName"),
+        ({"affinity": {"nodeAfinity": {}}}, "/sandbox/kubernetes/pods/affinity"),
+    ],
+)
+def test_bad_placement_values_fail_the_install(pods: dict[str, Any], message: str) -> None:
+    values = _merge(BASE, {"sandbox": {"kubernetes": {"pods": pods}}})
+    with (
+        helm.Chart.load(CHART) as chart,
+        pytest.raises(helm.HelmValuesError, match=re.escape(message)),
+    ):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_placement_the_schema_passes_the_worker_still_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What JSON schema cannot say (a toleration's Exists with a value, the disruption
+    annotations set by hand) the worker's config refuses when it starts."""
+    pods = {"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}
+    docs = render(_merge(BASE, {"sandbox": {"kubernetes": {"pods": pods}}}))
+    with pytest.raises(ValidationError, match="no value"):
+        config_of(docs, monkeypatch)

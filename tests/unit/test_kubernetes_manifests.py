@@ -81,7 +81,58 @@ def full_config() -> KubernetesConfig:
         k8s_image_pull_policy="Always",
         k8s_owner_pod_name="acp-worker-0",
         k8s_owner_pod_uid=OWNER_UID,
+        k8s_owner_pod_namespace="sandboxes",
     )
+
+
+#: Every placement setting, as the chart passes them: JSON in ``ACPW_K8S_*``.
+PLACEMENT_ENV = {
+    "ACPW_K8S_NODE_SELECTOR": '{"acpw.example/sandbox": "true", "kubernetes.io/arch": "amd64"}',
+    "ACPW_K8S_TOLERATIONS": json.dumps(
+        [
+            {"key": "acpw.example/sandbox", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 30,
+            },
+        ]
+    ),
+    "ACPW_K8S_AFFINITY": json.dumps(
+        {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "topology.kubernetes.io/zone",
+                                    "operator": "In",
+                                    "values": ["eu-west-1a"],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    ),
+    "ACPW_K8S_RUNTIME_CLASS_NAME": "gvisor",
+    "ACPW_K8S_PRIORITY_CLASS_NAME": "acpw-sandboxes",
+    "ACPW_K8S_IMAGE_PULL_SECRETS": '["registry-pull"]',
+    "ACPW_K8S_SERVICE_ACCOUNT_NAME": "acpw-sandbox",
+    "ACPW_K8S_POD_LABELS": '{"team": "agents", "example.com/cost-center": "ai-7"}',
+    "ACPW_K8S_POD_ANNOTATIONS": '{"example.com/owner": "platform team"}',
+}
+
+
+def placed_config(monkeypatch: pytest.MonkeyPatch | None = None) -> KubernetesConfig:
+    """A config with every placement setting, read from the environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in PLACEMENT_ENV.items():
+            (monkeypatch or patch).setenv(name, value)
+        return KubernetesConfig(k8s_namespace="sandboxes")
 
 
 def build_pod(
@@ -296,6 +347,8 @@ def test_a_spec_a_pod_cannot_carry_is_refused(overrides: dict[str, Any]) -> None
 def test_the_owner_pod_is_named_whole() -> None:
     with pytest.raises(ValidationError, match="together"):
         KubernetesConfig(k8s_owner_pod_name="acp-worker-0")
+    with pytest.raises(ValidationError, match="together"):  # its namespace is needed too
+        KubernetesConfig(k8s_owner_pod_name="acp-worker-0", k8s_owner_pod_uid=OWNER_UID)
     with pytest.raises(ValidationError):
         KubernetesConfig(k8s_namespace="Not_A_Namespace")
 
@@ -316,7 +369,115 @@ def test_the_config_reads_its_k8s_variables(monkeypatch: pytest.MonkeyPatch) -> 
     assert config.k8s_pids_limit_supported is True
 
 
+def test_an_owner_reference_across_namespaces_is_refused() -> None:
+    """The garbage collector takes an owner in another namespace for an absent one and
+    deletes the dependent at once: the config refuses it, and so does the pod builder
+    (for a config that skipped validation)."""
+    owner = {
+        "k8s_owner_pod_name": "acp-worker-0",
+        "k8s_owner_pod_uid": OWNER_UID,
+        "k8s_owner_pod_namespace": "acp-system",
+    }
+    with pytest.raises(ValidationError, match="cannot cross namespaces"):
+        KubernetesConfig(k8s_namespace="acp-sandboxes", **owner)
+    unchecked = KubernetesConfig.model_construct(
+        **(KubernetesConfig().model_dump() | owner | {"k8s_namespace": "acp-sandboxes"})
+    )
+    with pytest.raises(SandboxError, match="cannot cross namespaces"):
+        build_pod(config=unchecked)
+    same = KubernetesConfig(k8s_namespace="acp-system", **owner)
+    assert build_pod(config=same)["metadata"]["ownerReferences"][0]["name"] == "acp-worker-0"
+
+
+def test_placement_from_the_settings_lands_on_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = build_pod()["spec"]
+    pod = build_pod(make_spec(network="allowlist"), placed_config(monkeypatch))
+    spec, metadata = pod["spec"], pod["metadata"]
+    assert spec["nodeSelector"] == {"acpw.example/sandbox": "true", "kubernetes.io/arch": "amd64"}
+    assert spec["tolerations"] == json.loads(PLACEMENT_ENV["ACPW_K8S_TOLERATIONS"])
+    assert spec["affinity"] == json.loads(PLACEMENT_ENV["ACPW_K8S_AFFINITY"])
+    assert (spec["runtimeClassName"], spec["priorityClassName"]) == ("gvisor", "acpw-sandboxes")
+    assert spec["imagePullSecrets"] == [{"name": "registry-pull"}]
+    assert spec["serviceAccountName"] == "acpw-sandbox"
+    assert spec["automountServiceAccountToken"] is False  # a service account, no token
+    assert metadata["labels"]["team"] == "agents"
+    assert metadata["labels"]["example.com/cost-center"] == "ai-7"
+    assert metadata["annotations"]["example.com/owner"] == "platform team"
+    # What the NetworkPolicies select is still the backend's.
+    assert metadata["labels"][manifests.LABEL_BACKEND] == manifests.BACKEND_NAME
+    assert metadata["labels"][manifests.LABEL_NETWORK] == "allowlist"
+    placed = {"nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets"}
+    assert not placed & set(bare)
+    assert "serviceAccountName" not in bare
+
+
+def test_sandbox_pods_are_not_disrupted_by_autoscalers_by_default() -> None:
+    annotations = build_pod()["metadata"]["annotations"]
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    off = build_pod(config=KubernetesConfig(k8s_disruption_annotations=False))
+    assert "karpenter.sh/do-not-disrupt" not in off["metadata"]["annotations"]
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in off["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("k8s_node_selector", {"not a key": "x"}, "not a qualified name"),
+        ("k8s_node_selector", {"disk": "ssd only"}, "not a label value"),
+        ("k8s_pod_labels", {"acpw.job": "other"}, "backend's"),
+        ("k8s_pod_labels", {"acpw.backend": "none"}, "backend's"),
+        ("k8s_pod_labels", {"node-role.kubernetes.io/x": ""}, "Kubernetes' own"),
+        ("k8s_pod_labels", {"team": "-bad-"}, "not a label value"),
+        ("k8s_pod_labels", {"/x": "y"}, "not a qualified name"),
+        ("k8s_pod_annotations", {"acpw.io/labels": "{}"}, "backend's"),
+        ("k8s_pod_annotations", {"karpenter.sh/do-not-disrupt": "false"}, "disruption"),
+        (
+            "k8s_pod_annotations",
+            {"container.apparmor.security.beta.kubernetes.io/agent": "unconfined"},
+            "Kubernetes' own",
+        ),
+        ("k8s_pod_annotations", {"example.com/big": "x" * 70_000}, "bytes"),
+        ("k8s_image_pull_secrets", ["Registry_Pull"], "DNS subdomain"),
+        ("k8s_service_account_name", "Sandbox SA", "pattern"),
+        ("k8s_priority_class_name", "-high", "pattern"),
+        ("k8s_runtime_class_name", "gVisor", "pattern"),
+        ("k8s_tolerations", [{"key": "a", "operator": "Exists", "value": "b"}], "no value"),
+        ("k8s_tolerations", [{"operator": "Equal", "value": "b"}], "no key"),
+        ("k8s_tolerations", [{"key": "a", "tolerationSeconds": 5}], "NoExecute"),
+        ("k8s_tolerations", [{"key": "a", "effect": "NoRun"}], "effect"),
+        ("k8s_tolerations", [{"key": "a", "tolerationSecond": 5}], "tolerationSecond"),
+        ("k8s_tolerations", [{"key": "a b"}], "qualified name"),
+        ("k8s_affinity", {"nodeAfinity": {}}, "nodeAfinity"),
+        ("k8s_affinity", {"nodeAffinity": []}, "objects under"),
+    ],
+)
+def test_bad_placement_values_are_refused(setting: str, value: Any, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        KubernetesConfig(**{setting: value})
+
+
+def test_bad_placement_from_the_environment_stops_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chart's values arrive as JSON: the backend's config refuses a bad one when
+    the worker starts, naming the variable's setting."""
+    monkeypatch.setenv("ACPW_K8S_POD_LABELS", '{"acpw.network": "allowlist"}')
+    with pytest.raises(ValidationError, match="k8s_pod_labels"):
+        backend_config(Settings(), "kubernetes")
+
+
 # -- network policies ---------------------------------------------------------------------
+
+
+def test_policies_in_place_are_not_created_and_not_granted() -> None:
+    """``k8s_network_policies=external`` (the chart renders them): the backend creates
+    none, and its Role has no NetworkPolicy verb."""
+    external = KubernetesConfig(k8s_network_policies="external")
+    assert manifests.network_policies(external, PROXY) == []
+    rules = manifests.role(external)["rules"]
+    assert not [r for r in rules if "networkpolicies" in r["resources"]]
+    assert len(rules) == len(manifests.RBAC_RULES) - 1
 
 
 def test_none_pods_get_nothing_and_allowlist_pods_only_the_proxy() -> None:
@@ -497,11 +658,13 @@ def every_manifest() -> dict[str, dict[str, Any]]:
         "pod-full": build_pod(make_spec(network="allowlist"), full, disk_bytes=1 << 30),
         "pod-hostile-id": build_pod(make_spec(job_id="a" * 100 + ":$(x)", attempt=10**6)),
         "pod-masked": build_pod(masks=mask_plan(Path("/"))),
+        "pod-placed": build_pod(make_spec(network="allowlist"), placed_config()),
         "deny-all": manifests.network_policies(config, None)[0],
         "proxy-only": manifests.network_policies(full, PROXY)[1],
         "proxy-only-same-namespace": manifests.network_policies(config, sandbox_local)[1],
         "proxy-only-from-config": manifests.network_policies(full, proxy_from_config())[1],
         "role": manifests.role(full),
+        "role-external-policies": manifests.role(KubernetesConfig(k8s_network_policies="external")),
         "role-binding": manifests.role_binding(
             full, service_account="acp-worker", service_account_namespace="acp-system"
         ),

@@ -80,6 +80,16 @@ cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celer
 {{- if and (or $images.pins $images.pinsConfigMap) (not $images.baseImageId) -}}
 {{- fail "acp-worker: sandbox.kubernetes.images pins need .baseImageId (what `acp-worker image base` printed): the pins are found by it" -}}
 {{- end -}}
+{{- if eq .Values.sandbox.backend "kubernetes" -}}
+{{- if not (and $images.baseImageId (or $images.pins $images.pinsConfigMap)) -}}
+{{- fail "acp-worker: the kubernetes backend needs its pack images' pins, or no job can run (a worker pod has no container engine): set sandbox.kubernetes.images.baseImageId (what `acp-worker image base` prints) and .pins or .pinsConfigMap (the pins `acp-worker image build PACK` writes with ACPW_IMAGE_REGISTRY set; docs/helm.md, Pack images), or pick sandbox.backend docker/local for one node" -}}
+{{- end -}}
+{{- $k := .Values.sandbox.kubernetes -}}
+{{- $enforced := and $k.createNamespace (eq $k.podSecurity.level "restricted") -}}
+{{- if not (or $enforced $k.podSecurity.external) -}}
+{{- fail (printf "acp-worker: the sandbox namespace %q must enforce Pod Security `restricted` (untrusted code runs there): keep sandbox.kubernetes.createNamespace=true with podSecurity.level=restricted, or label the namespace yourself (kubectl label ns %s pod-security.kubernetes.io/enforce=restricted) or enforce it with your own policy, and set sandbox.kubernetes.podSecurity.external=true" $k.namespace $k.namespace) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.sandbox.kubernetes.ownerReferences (ne .Release.Namespace .Values.sandbox.kubernetes.namespace) -}}
 {{- fail (printf "acp-worker: sandbox.kubernetes.ownerReferences needs the release in the sandbox namespace %q (owner references cannot cross namespaces); it is in %q" .Values.sandbox.kubernetes.namespace .Release.Namespace) -}}
 {{- end -}}
@@ -98,4 +108,31 @@ cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celer
 {{/* ACPW_IMAGES_DIR of a worker given pins: read-only, apart from its state volume. */}}
 {{- define "acp-worker.imagesDir" -}}
 /etc/acp-worker/images
+{{- end -}}
+
+{{/* The labels of this release's worker pods (what the NetworkPolicies select them by). */}}
+{{- define "acp-worker.workerPodLabels" -}}
+{{- include "acp-worker.selectorLabels" . }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The proxy peer of acpw-sandbox-proxy-only, as YAML {podLabels, namespaceLabels}: the
+operator's, or this release's workers (selector labels; the release namespace by its
+kubernetes.io/metadata.name label, which the API server sets on every namespace, unless it
+is the sandbox namespace). */}}
+{{- define "acp-worker.proxyPeer" -}}
+{{- $proxy := .Values.sandbox.kubernetes.networkPolicies.proxy -}}
+{{- if $proxy.podLabels -}}
+podLabels: {{ toJson $proxy.podLabels }}
+namespaceLabels: {{ toJson ($proxy.namespaceLabels | default dict) }}
+{{- else -}}
+podLabels: {{ include "acp-worker.selectorLabels" . | fromYaml | toJson }}
+{{- if ne .Release.Namespace .Values.sandbox.kubernetes.namespace }}
+namespaceLabels: {{ dict "kubernetes.io/metadata.name" .Release.Namespace | toJson }}
+{{- else }}
+namespaceLabels: {}
+{{- end }}
+{{- end -}}
 {{- end -}}

@@ -6,8 +6,10 @@ functions, no API call (docs/kubernetes.md says why each field is there).
   read-only root, drop ALL, no privilege escalation, ``RuntimeDefault`` seccomp, stdin
   held open for the agent's stdio, emptyDirs for the workspace (on disk) and for HOME
   and /tmp (in memory), requests equal to limits, ``activeDeadlineSeconds`` as the
-  kubelet's backstop, the job's labels, and optionally an owner reference to the
-  worker's pod and a RuntimeClass.
+  kubelet's backstop, the job's labels, the annotations that keep autoscalers from
+  evicting it, and optionally an owner reference to the worker's pod (same namespace
+  only) and where it may run (RuntimeClass, node selector, tolerations, affinity,
+  priority, pull secrets, a service account whose token is not mounted).
 - ``network_policies``: ``none`` denies every sandbox pod all ingress and egress;
   ``allowlist`` pods may, in addition, reach the worker's proxy and nothing else.
 - ``role`` and ``role_binding``: exactly ``RBAC_RULES``, namespace-scoped, the data the
@@ -34,7 +36,7 @@ from worker.sandbox.base import (
     WORKSPACE,
     SandboxSpec,
 )
-from worker.sandbox.config import KubernetesConfig
+from worker.sandbox.config import DISRUPTION_ANNOTATIONS, KubernetesConfig
 from worker.sandbox.kubernetes.names import (
     check_key,
     exact_labels,
@@ -157,11 +159,17 @@ def sandbox_labels(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, str
 
 def _pod_metadata(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]:
     labels = sandbox_labels(spec, config)
+    # The operator's labels and annotations first: the backend's own always win (the
+    # config refuses their keys anyway).
+    annotations = dict(config.k8s_pod_annotations)
+    if config.k8s_disruption_annotations:
+        annotations |= DISRUPTION_ANNOTATIONS
     metadata: dict[str, Any] = {
         "name": pod_name(spec.job_id, spec.attempt),
         "namespace": config.k8s_namespace,
-        "labels": pod_labels(labels),
-        "annotations": {
+        "labels": dict(config.k8s_pod_labels) | pod_labels(labels),
+        "annotations": annotations
+        | {
             ANNOTATION_LABELS: exact_labels(labels),
             ANNOTATION_PIDS: str(spec.limits.pids),
         },
@@ -172,6 +180,19 @@ def _pod_metadata(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]
 
 
 def _owner_reference(config: KubernetesConfig) -> dict[str, Any]:
+    """The worker's pod as the sandbox pod's owner.
+
+    Raises:
+        SandboxError: the owner is in another namespace (or unknown): an owner reference
+            cannot cross namespaces, and the garbage collector would take one that does
+            as an absent owner and delete the sandbox pod at once.
+    """
+    if config.k8s_owner_pod_namespace != config.k8s_namespace:
+        raise SandboxError(
+            "an owner reference cannot cross namespaces",
+            owner_namespace=config.k8s_owner_pod_namespace,
+            namespace=config.k8s_namespace,
+        )
     # Not blockOwnerDeletion: that needs update on the owner's finalizers (more RBAC),
     # and the worker's pod going first is what this reference is for.
     return {
@@ -204,9 +225,28 @@ def _pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, deadline_s: int) -
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    return pod | _placement(config)
+
+
+def _placement(config: KubernetesConfig) -> dict[str, Any]:
+    """Where the pod may run and as whom, from the config (each only when set)."""
+    placement: dict[str, Any] = {}
     if config.k8s_runtime_class_name is not None:
-        pod["runtimeClassName"] = config.k8s_runtime_class_name
-    return pod
+        placement["runtimeClassName"] = config.k8s_runtime_class_name
+    if config.k8s_node_selector:
+        placement["nodeSelector"] = dict(config.k8s_node_selector)
+    if config.k8s_tolerations:
+        placement["tolerations"] = [t.manifest() for t in config.k8s_tolerations]
+    if config.k8s_affinity is not None:
+        placement["affinity"] = config.k8s_affinity
+    if config.k8s_priority_class_name is not None:
+        placement["priorityClassName"] = config.k8s_priority_class_name
+    if config.k8s_image_pull_secrets:
+        placement["imagePullSecrets"] = [{"name": n} for n in config.k8s_image_pull_secrets]
+    if config.k8s_service_account_name is not None:
+        # Its token stays unmounted (automountServiceAccountToken false above).
+        placement["serviceAccountName"] = config.k8s_service_account_name
+    return placement
 
 
 def _container(
@@ -327,14 +367,17 @@ class ProxyPeer:
 
 
 def network_policies(config: KubernetesConfig, proxy: ProxyPeer | None) -> list[dict[str, Any]]:
-    """The sandbox namespace's NetworkPolicies: deny-all for every sandbox pod, and,
-    with a ``proxy``, egress from ``allowlist`` pods to it alone (TCP, its port; no DNS:
-    the proxy resolves names).
+    """The sandbox namespace's NetworkPolicies the backend creates: deny-all for every
+    sandbox pod, and, with a ``proxy``, egress from ``allowlist`` pods to it alone (TCP,
+    its port; no DNS: the proxy resolves names). None when ``k8s_network_policies`` is
+    ``external`` (they are in place, e.g. the chart's).
 
     Raises:
         SandboxError: ``proxy`` has no pod labels, a label a selector cannot match, or
             a port outside 1-65535.
     """
+    if config.k8s_network_policies == "external":
+        return []  # in place already (the chart's): the backend creates none
     policies = [_deny_all(config)]
     if proxy is not None:
         policies.append(_proxy_only(config, proxy))
@@ -427,7 +470,9 @@ RBAC_RULES: tuple[RbacRule, ...] = (
 
 
 def role(config: KubernetesConfig, *, name: str = ROLE_NAME) -> dict[str, Any]:
-    """The namespace-scoped Role granting ``RBAC_RULES`` in the sandbox namespace."""
+    """The namespace-scoped Role granting ``RBAC_RULES`` in the sandbox namespace (less
+    NetworkPolicy ``create`` when ``k8s_network_policies`` is ``external``)."""
+    external = config.k8s_network_policies == "external"
     return {
         "apiVersion": _RBAC,
         "kind": "Role",
@@ -435,6 +480,7 @@ def role(config: KubernetesConfig, *, name: str = ROLE_NAME) -> dict[str, Any]:
         "rules": [
             {"apiGroups": [rule.api_group], "resources": [rule.resource], "verbs": list(rule.verbs)}
             for rule in RBAC_RULES
+            if not (external and rule.resource == "networkpolicies")
         ],
     }
 
