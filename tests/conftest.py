@@ -85,8 +85,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = ["worker processes this session left running:", *left]
     if reporter is not None:
-        reporter.write_line("\n".join(lines), red=True)
+        reporter.ensure_newline()
+        reporter.write_sep("=", "worker processes this session left running", red=True)
+        for line in left:
+            reporter.write_line(line, red=True)
     if session.exitstatus == 0:
         session.exitstatus = 1
