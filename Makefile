@@ -132,11 +132,26 @@ lock-deps: bootstrap
 	  --extra celery --extra daytona --extra docker --extra kubernetes --extra s3 \
 	  --output-file requirements.lock pyproject.toml requirements-image.in
 
-# Every benchmark needs the packs (and, through bootstrap, the local Redis: event_throughput
-# and job_overhead flush its databases 12 and 11); container_start and image_reuse need the
+# Every benchmark, each to its end, then one table of figure, target and verdict (each
+# script prints a BENCH-SUMMARY line; benchmarks/_run.py collects them; a target not met is
+# a verdict, a script that ends without its line fails the target). They need the packs
+# (and, through bootstrap, the local Redis: event_throughput, job_overhead, drain and
+# serve_start flush its databases 12 and 11); container_start and image_reuse need the
 # Podman service and the base image; workspace and workspace_disk need root (loop devices).
+# Not run: compare_revisions.py (a tool: two revisions, --base REV, see docs/figures.md)
+# and workloads.py (its callgrind workloads). ACPW_BENCH_QUICK=1 runs every one at a tiny
+# size (figures meaningless; `make test` does so for the fast ones, tests/integration/
+# test_bench_target.py), ACPW_BENCH_DRY=1 only checks that each starts.
+BENCH_SKIP := benchmarks/compare_revisions.py benchmarks/workloads.py
+BENCHES    := $(filter-out $(BENCH_SKIP) benchmarks/_%,$(sort $(wildcard benchmarks/*.py)))
+
 bench: packs base-image
-	@for b in benchmarks/*.py; do echo "== $$b"; DOCKER_HOST=$(DOCKER_HOST_SOCK) $(PY) $$b || exit 1; done
+	@DOCKER_HOST=$(DOCKER_HOST_SOCK) $(PY) benchmarks/_run.py $(BENCHES)
+
+# The scripts `make bench` runs, one line (tests/integration/test_bench_target.py reads it).
+.PHONY: bench-list
+bench-list:
+	@echo $(BENCHES)
 
 clean:
 	rm -rf $(VENV) build provider_packs/*/dist

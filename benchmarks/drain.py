@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from _bench import dry_run, size, summary
 
 from worker.client import Client
 from worker.settings import Settings
@@ -132,9 +133,10 @@ def hand_back_round(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=size(3, 1))
     parser.add_argument("--grace", type=float, default=1.0)
     args = parser.parse_args()
+    dry_run("exit within terminationGracePeriodSeconds (30 s)")
     for url in (URL, BROKER):
         redis.Redis.from_url(url).flushdb()
     logs = Path(tempfile.mkdtemp(prefix="acpw-bench-drain-"))
@@ -152,6 +154,12 @@ def main() -> None:
     print(f"busy SIGTERM → exit, handed back: median {median(exits):7.0f} ms  {exits}")
     print(f"  of which past the grace:        median {median(exits) - args.grace * 1000:7.0f} ms")
     print(f"hand-back → attempt 2 running:    median {median(handoffs):7.0f} ms  {handoffs}")
+    summary(
+        f"SIGTERM → exit idle {median(idle) / 1000:.1f} s, handed back "
+        f"{median(exits) / 1000:.1f} s; hand-back → attempt 2 {median(handoffs):.0f} ms",
+        "exit ≤ 30 s",
+        max(exits) <= 30_000,
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from _bench import dry_run, size, summary
+
 from worker.events.sinks import MemorySink
 from worker.job import run_job
 from worker.jobs.spec import parse_job
@@ -25,7 +27,7 @@ from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
-RUNS = int(os.environ.get("RUNS", "15"))
+RUNS = int(os.environ.get("RUNS", str(size(15, 1))))
 EMULATOR = REPO / "provider_packs" / "cursor-emulator" / "src" / "cursor_emulator.py"
 
 
@@ -91,6 +93,7 @@ async def bare_exchange() -> float:
 
 
 async def main() -> None:
+    dry_run("≤ 400 ms, pack re-verification ≤ 20 %")
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
             cache_dir=Path(tmp) / "cache",
@@ -116,6 +119,12 @@ async def main() -> None:
     print(
         f"hello job = {total / bare_med:.2f}x baseline (+{total - bare_med:.1f} ms for pack "
         "verify, staging, sandbox, events, teardown)"
+    )
+    summary(
+        f"hello job {total:.0f} ms ({total / bare_med:.2f}x the bare exchange), "
+        f"pack re-verification {share:.0%}",
+        "≤ 400 ms, ≤ 20 %",
+        total <= 400 and share <= 0.2,
     )
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from _bench import dry_run, size, summary
 
 from worker.client import Client
 from worker.events.sinks import MemorySink
@@ -110,9 +111,15 @@ def report(queue: list[tuple[float, float]], local: list[tuple[float, float]]) -
         f"queue path adds {q_done - p_done:.1f} ms at the median "
         f"(ratio {q_done / p_done:.2f}; target ≤ 100 ms)"
     )
+    summary(
+        f"queue path adds {q_done - p_done:.0f} ms ({q_done:.0f} vs {p_done:.0f} ms)",
+        "≤ 100 ms",
+        q_done - p_done <= 100,
+    )
 
 
 def main(n: int) -> None:
+    dry_run("≤ 100 ms added by the queue path")
     for url in (URL, BROKER):
         redis.Redis.from_url(url).flushdb()
     settings = Settings(redis_url=URL, secrets_dir=SECRETS)
@@ -136,5 +143,5 @@ def main(n: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=size(20, 1))
     main(parser.parse_args().jobs)

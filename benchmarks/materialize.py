@@ -28,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _bench import QUICK, dry_run, summary
+
 from worker.packs.closure import ClosureLock, FileEntry
 from worker.packs.verify import hash_file, verify_closure
 
@@ -80,8 +82,12 @@ def median_seconds(fn: Callable[[], object], runs: int = 3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="size multiplier")
+    parser.add_argument(
+        "--scale", type=float, default=0.01 if QUICK else 1.0, help="size multiplier"
+    )
     args = parser.parse_args()
+    dry_run("≥ 80 % single-thread, > 100 % on 2 cores")
+    ratios = {}
     with tempfile.TemporaryDirectory(prefix="acpw-bench-") as tmp:
         root = Path(tmp)
         lock = build(root, args.scale)
@@ -99,6 +105,13 @@ def main() -> None:
                 f"verify_closure {workers:2d} thr  : {total / secs:8.1f} MB/s  ({secs:.3f} s)"
                 f"  ratio {base / secs:6.1%}"
             )
+            ratios[workers] = base / secs
+    one, most = ratios[1], ratios[max(ratios)]
+    summary(
+        f"verification {one:.0%} of a raw sha256 stream (1 thread), {most:.0%} ({max(ratios)})",
+        "≥ 80 %, > 100 % on 2 cores",
+        one >= 0.8 and (max(ratios) < 2 or most > 1.0),
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _bench import dry_run, size, summary
+
 from worker.events.artifacts import Verdict
 from worker.events.normalizer import Normalizer
 
@@ -154,9 +156,10 @@ def best(repeat: int, run: Callable[[], Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=size(100_000, 2_000))
+    parser.add_argument("--repeat", type=int, default=size(3, 1))
     args = parser.parse_args()
+    dry_run("≥ 25 % of json.loads")
     recording = record()
     lines = (recording * (args.updates // len(recording) + 1))[: args.updates]
     root = next(
@@ -184,6 +187,8 @@ def main() -> None:
         ratio = t_parse / seconds
         print(f"{label:<19} {n / seconds:>12,.0f} updates/s  = {ratio:6.1%} of json.loads")
     print("target: normalize ≥ 25 % of json.loads")
+    ratio = t_parse / t_norm
+    summary(f"normalizer at {ratio:.0%} of json.loads", "≥ 25 %", ratio >= 0.25)
 
 
 if __name__ == "__main__":

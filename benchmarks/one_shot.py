@@ -34,10 +34,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _bench import dry_run, size, summary
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-ROUNDS = int(os.environ.get("ROUNDS", "9"))
-FULL_ROUNDS = int(os.environ.get("FULL_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("ROUNDS", str(size(9, 1))))
+FULL_ROUNDS = int(os.environ.get("FULL_ROUNDS", str(size(3, 1))))
+FIGURES: dict[str, float] = {}
 SANDBOX_UID = 61000  # a uid other than the worker's (the default sandbox_host_uid)
 
 
@@ -123,6 +126,7 @@ def cli_figures() -> None:
         first.append(job_first)
         exit_bare.append(line_exit)
         exit_job.append(job_exit)
+    FIGURES["first"], FIGURES["exit"] = _median(first), _median(exit_job)
     print(f"CLI start → first event   median {_median(first):7.1f} ms (n={ROUNDS})")
     print(f"  python -c pass start     median {_median(bare):7.1f} ms: ratio {_ratio(first, bare)}")
     print(f"  import pydantic_settings median {_median(settings):7.1f} ms: ratio "
@@ -170,6 +174,7 @@ def closure_figures() -> None:
         fast.append(seconds)
         hashed += hashed_bytes
     full = _timed(lambda: verify_closure(closure, lock).seconds * 1e3, FULL_ROUNDS)
+    FIGURES["closure"] = _median(fast)
     print(f"unchanged closure verify  median {_median(fast):7.1f} ms ({len(lock.files)} files, "
           f"{hashed} bytes hashed over {ROUNDS} launches)")  # fmt: skip
     print(f"  bare stat walk           median {_median(walk):7.1f} ms: ratio {_ratio(fast, walk)}")
@@ -182,11 +187,21 @@ def _timed(measure: Callable[[], float], rounds: int) -> list[float]:
 
 
 def main() -> int:
+    dry_run("first event ≤ 120 ms, completed → exit ≤ 20 ms, unchanged closure ≤ 30 ms")
     part = sys.argv[1] if len(sys.argv) > 1 else "all"  # `cli`, `closure` or `all`
     if part in {"cli", "all"}:
         cli_figures()
     if part in {"closure", "all"}:
         closure_figures()
+    first, done, closure = (FIGURES.get(k) for k in ("first", "exit", "closure"))
+    figures = [f"first event {first:.0f} ms, completed → exit {done:.0f} ms"] if first else []
+    figures += [f"unchanged closure {closure:.0f} ms"] if closure else []
+    summary(
+        "; ".join(figures),
+        "first event ≤ 120 ms, completed → exit ≤ 20 ms, unchanged closure ≤ 30 ms",
+        (first is None or (first <= 120 and (done or 0) <= 20))
+        and (closure is None or closure <= 30),
+    )
     return 0
 
 

@@ -36,6 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _bench import dry_run, size, summary  # noqa: E402
+
 from tests.fake_models import FakeModel, say  # noqa: E402 - after the path
 from tests.integration.real_agents import ENDPOINTS, agent_session, extract_closure  # noqa: E402
 
@@ -153,15 +155,21 @@ async def measure(pack: str, runs: int, tmp: Path) -> dict[str, float | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=size(7, 1))
     parser.add_argument("--packs", default="claude-agent-acp,codex-acp")
     opts = parser.parse_args()
+    dry_run("≤ 1.15x the direct exchange")
+    figures, met = [], True
     with tempfile.TemporaryDirectory(prefix="acpw-bench-agent-") as tmp:
         for pack in opts.packs.split(","):
             got = asyncio.run(measure(pack, opts.runs, Path(tmp)))
             direct_s, worker_s = got["direct"] or 0.0, got["worker"] or 0.0
             ratio = worker_s / direct_s
             verdict = "OK" if ratio <= 1.15 else "MISSED"
+            figures.append(
+                f"{pack} {ratio:.2f}x ({worker_s * 1000:.0f} vs {direct_s * 1000:.0f} ms)"
+            )
+            met = met and ratio <= 1.15
             print(
                 f"{pack}: direct {direct_s * 1000:.0f} ms, worker {worker_s * 1000:.0f} ms "
                 f"(median of {opts.runs}, interleaved): {ratio:.2f}x  target <= 1.15x -> {verdict}"
@@ -172,6 +180,7 @@ def main() -> None:
                 if acpx_s
                 else "  acpx exec: not installed"
             )
+    summary("; ".join(figures), "≤ 1.15x", met)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from _bench import dry_run, size, summary
+
 from tests.sandbox_owner import chown_to_sandbox
 from worker.sandbox.base import ResourceLimits, SandboxSpec
 from worker.sandbox.config import LocalConfig
@@ -90,11 +92,13 @@ async def main(runs: int, idle_s: float) -> None:
     print(f"bare asyncio subprocess  median {b:7.2f} ms")
     print(f"local sandbox (bwrap)    median {s:7.2f} ms")
     print(f"added by the sandbox     median {s - b:7.2f} ms (target <= 10 ms)")
+    summary(f"spawn to first byte +{s - b:.1f} ms over a bare subprocess", "≤ 10 ms", s - b <= 10)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=size(50, 3))
     parser.add_argument("--idle", type=float, default=0.0, metavar="MS")
     args = parser.parse_args()
+    dry_run("≤ 10 ms added")
     asyncio.run(main(args.runs, args.idle / 1000))

@@ -25,15 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import dry_run, size, summary
+
 from worker.jobs.spec import GitWorkspace, Limits
 from worker.sandbox.config import LocalConfig
 from worker.settings import Settings
 from worker.workspace.changes import capture, capture_limits, write_patch
 from worker.workspace.prepare import Prepared, prepare_workspace
 
-FILES = int(os.environ.get("FILES", "10000"))
+FILES = int(os.environ.get("FILES", str(size(10_000, 300))))
 CHANGED = 100
-RUNS = int(os.environ.get("RUNS", "3"))
+RUNS = int(os.environ.get("RUNS", str(size(3, 1))))
 DISK = os.environ.get("DISK", "loop")
 DISK_MB = Limits().disk_mb
 ENV = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
@@ -114,6 +116,7 @@ def baseline(origin: Path, work: Path) -> tuple[float, float, float]:
 
 
 def main() -> None:
+    dry_run("≤ 1.5x git clone + status + diff")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         origin = make_repo(root)
@@ -134,6 +137,11 @@ def main() -> None:
           f"  (prepare {o_prep * 1000:.0f} + capture {o_capture * 1000:.0f})")  # fmt: skip
     print(f"  (not compared) removing the job dir : {removal * 1000:8.0f} ms")
     print(f"  ratio {o / g:.2f}x   target <= 1.5x -> {'OK' if o / g <= 1.5 else 'MISSED'}")
+    summary(
+        f"{FILES} files: {o / g:.2f}x git ({o * 1000:.0f} vs {g * 1000:.0f} ms)",
+        "≤ 1.5x",
+        o / g <= 1.5,
+    )
 
 
 def _medians(runs: list[tuple[float, float, float]]) -> tuple[float, float, float, float]:

@@ -35,6 +35,7 @@ from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.service.children import REAPER_PID_ENV, keep_pool_files_in, stop_child
 from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
 from worker.service.guarded import Delivery, run_delivery
 from worker.service.reaper import reap_pass
@@ -49,6 +50,7 @@ app = make_celery(settings)
 # In each pool process: tripped by the main process once the drain grace is over.
 hand_back = HandBack()
 _drain: list[DrainTimer] = []  # the main process's, made at worker_init
+REAPER_STOP_GRACE_S = 5.0  # a pass under way ends first (well under a second here)
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -100,6 +102,21 @@ def _serve_metrics(**_: object) -> None:
 def _remove_metrics_dir(**_: object) -> None:
     """In the main process, its pool stopped: the metrics directory ``serve`` made goes."""
     metrics.remove_made_dir()
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _pool_files_in_work_dir(**_: object) -> None:
+    """In the main process, before the pool starts: its shared-memory files are made (and
+    unlinked at once) in the work dir, not in a ``pymp-*`` folder left in the temp dir."""
+    keep_pool_files_in(settings.work_dir)
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _stop_reaper(**_: object) -> None:
+    """In the main process, its pool stopped: ``serve``'s reaper ends with it, reaped."""
+    pid = os.environ.get(REAPER_PID_ENV, "")
+    if pid.isdigit():
+        stop_child(int(pid), grace=REAPER_STOP_GRACE_S)
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

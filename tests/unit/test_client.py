@@ -109,6 +109,9 @@ def test_serve_passes_concurrency_through_and_runs_no_beat(settings: Settings) -
     assert argv[argv.index("--concurrency") + 1] == "3"
     assert argv[argv.index("-Q") + 1] == "runs"
     assert "--beat" not in argv  # serve reaps its host itself; the 0.1 flag is gone
+    # Nothing of the service uses Celery's worker-to-worker features (docs/operating.md).
+    assert {"--without-gossip", "--without-mingle"} <= set(argv)
+    assert "--without-heartbeat" not in argv  # Flower shows workers online by them
 
 
 def test_serve_refuses_the_removed_beat_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,9 +24,11 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,6 +48,7 @@ from worker.errors import (
 )
 from worker.events.models import JobCompleted
 from worker.events.progress import ProgressSink
+from worker.service.children import REAPER_PID_ENV, die_with_parent
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
 from worker.store.url import DEFAULT_REDIS_URL, choose_redis
@@ -150,10 +153,19 @@ def _as_json(args: argparse.Namespace) -> bool:
 # --- worker side -------------------------------------------------------------------
 
 
+#: Celery's worker-to-worker features, which the service does not use: mingle asks the
+#: other workers for their revoked tasks and logical clock at every start (about a second
+#: of "mingle: searching for neighbors"); gossip follows their events (elections, clock)
+#: and logs a traceback when the broker restarts. Jobs are cancelled, fenced and
+#: deduplicated through Redis, never through Celery's revokes. Remote control (`celery
+#: inspect`, Flower) and the event heartbeats Flower shows a worker online by are kept.
+QUIET_CELERY = ("--without-gossip", "--without-mingle")
+
+
 def serve_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
     """The ``celery worker`` command line ``serve`` replaces itself with."""
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "-Q", settings.queue]
-    argv += ["-O", "fair", "--loglevel", args.loglevel]
+    argv += ["-O", "fair", "--loglevel", args.loglevel, *QUIET_CELERY]
     if args.concurrency:
         argv += ["--concurrency", str(args.concurrency)]
     return argv
@@ -177,6 +189,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         _reaper = subprocess.Popen(
             reaper_argv(args, os.getpid()), env=env, stdin=subprocess.DEVNULL
         )
+        env[REAPER_PID_ENV] = str(_reaper.pid)  # the worker stops it when it shuts down
     os.execve(sys.executable, argv, env)  # noqa: S606 - fixed argv, our own interpreter
     return 0  # pragma: no cover - execve does not return
 
@@ -206,14 +219,30 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
             on stderr and carries on.
     """
     settings = with_redis(args, settings)
+    if args.loop:
+        _stop_on_signal()
+    if args.parent is not None:
+        die_with_parent()
+        if os.getppid() != args.parent:  # gone before the call above could notice
+            return 0
     while True:
         report = _one_pass(settings, keep_going=args.loop)
         if report is not None and (args.parent is None or _did_something(report)):
             print(json.dumps(report) if _as_json(args) else _reap_text(report), flush=True)
-        if not args.loop:
+        if not args.loop or _STOP.is_set():
             return 0
         if not _pause(settings.reaper_interval, args.parent):
             return 0
+
+
+#: Set by SIGTERM or SIGINT in ``reap --loop``: it ends after the pass under way (its
+#: worker stops it so at shutdown; Ctrl-C reaches it with the worker's process group).
+_STOP = threading.Event()
+
+
+def _stop_on_signal() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: _STOP.set())
 
 
 def _one_pass(settings: Settings, *, keep_going: bool) -> dict[str, list[str]] | None:
@@ -236,12 +265,14 @@ def _did_something(report: dict[str, list[str]]) -> bool:
 
 
 def _pause(seconds: float, parent: int | None) -> bool:
-    """Sleep ``seconds``; False as soon as ``parent`` (if any) is no longer our parent."""
+    """Sleep ``seconds``; False as soon as ``parent`` (if any) is no longer our parent, or
+    a signal asked the loop to stop."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         if parent is not None and os.getppid() != parent:
             return False
-        time.sleep(min(left, 1.0))
+        if _STOP.wait(min(left, 1.0)):
+            return False
     return parent is None or os.getppid() == parent
 
 
