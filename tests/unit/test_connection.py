@@ -312,6 +312,25 @@ def test_an_oversize_line_is_never_held_whole() -> None:
             ),
             {"kind": "notification", "output_preview": 'café "q" é'},
         ),
+        # A tool's rawOutput (Cursor's shell: {exitCode, stdout, stderr}), rendered as a
+        # whole one's output is (json.dumps, ensure_ascii=False) as far as the cut.
+        (
+            (
+                b'{"method":"session/update","params":{"update":{"sessionUpdate":'
+                b'"tool_call_update","rawOutput":{"exitCode":1,"ok":[true,null,2.5],'
+                b'"stdout":"caf\\u00e9\\n\\"q\\" \\u001b[0m'
+            ),
+            {
+                "output_preview": None,
+                "raw_output_preview": (
+                    '{"exitCode": 1, "ok": [true, null, 2.5], "stdout": "café\\n\\"q\\" \\u001b[0m'
+                ),
+            },
+        ),
+        (  # a string rawOutput is its output as it is; what follows it is not part of it
+            b'{"method":"session/update","params":{"update":{"rawOutput":"line\\n","x":"',
+            {"raw_output_preview": "line\n"},
+        ),
     ],
 )
 def test_what_a_prefix_tells(prefix: bytes, expected: dict[str, Any]) -> None:
