@@ -124,6 +124,7 @@ async def _peer(
         on_notification=turn._notification,
         on_malformed=turn._malformed,
         on_oversize=turn._oversize,
+        on_stray_reply=turn._stray_reply,
     )
     agent.start()
     return agent, AcpClient(agent.connection), stream
@@ -228,6 +229,46 @@ def test_a_late_reply_to_an_abandoned_prompt_is_not_malformed(
     events = asyncio.run(_late(tmp_path))
     assert events == []  # no acp_malformed_line notice
     assert any("a late reply to session/prompt" in record.getMessage() for record in caplog.records)
+
+
+# The agent for a duplicate reply: it answers session/set_mode twice.
+DUPLICATE_PEER = textwrap.dedent(
+    """
+    import json, sys
+
+    for raw in sys.stdin:
+        msg = json.loads(raw)
+        if msg.get("method") == "session/set_mode":
+            reply = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+            sys.stdout.write(reply + "\\n" + reply + "\\n")
+            sys.stdout.flush()
+    """
+)
+
+
+def test_a_duplicate_reply_is_reported_as_one_not_as_a_malformed_line(tmp_path: Path) -> None:
+    async def run() -> list[dict[str, Any]]:
+        agent, client, stream = await _peer(
+            tmp_path, DUPLICATE_PEER, Normalizer(workspace_root="/workspace")
+        )
+        try:
+            await client.set_mode("s1", "ask")
+            await client.set_mode("s1", "agent")
+        finally:
+            await agent.shutdown(eof_grace=2, term_grace=1)
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    events = asyncio.run(run())
+    assert [e["data"] for e in events] == [
+        {
+            "level": "warning",
+            "code": "acp_stray_reply",
+            "message": f"the agent answered request {n} (session/set_mode) again; "
+            "the repeated reply was skipped",
+            "details": {"id": n, "reason": "duplicate", "method": "session/set_mode"},
+        }
+        for n in (0, 1)
+    ]
 
 
 # Cursor's shell, as its ACP server reports it (CURSOR_ACP_FACTS.md, Tools): the output in

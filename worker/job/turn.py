@@ -26,7 +26,13 @@ from worker.job.outcome import Stopped, StopStatus
 from worker.job.state import JobContext, JobState
 from worker.jobs.prompt import workspace_path
 from worker.packs.runtime import LaunchPlan
-from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
+from worker.rpc.connection import (
+    MalformedHandler,
+    NotificationHandler,
+    OversizeHandler,
+    StrayReply,
+    StrayReplyHandler,
+)
 from worker.rpc.oversize import OversizeLine
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox
@@ -57,6 +63,7 @@ async def launch_agent(
     on_notification: NotificationHandler,
     on_malformed: MalformedHandler,
     on_oversize: OversizeHandler | None = None,
+    on_stray_reply: StrayReplyHandler | None = None,
     on_admission_notes: Callable[[tuple[Note, ...]], Awaitable[None]] | None = None,
 ) -> AgentProcess:
     """The agent spawned in ``sandbox`` once re-admitted; not started yet, so that the
@@ -76,6 +83,7 @@ async def launch_agent(
         on_notification=on_notification,
         on_malformed=on_malformed,
         on_oversize=on_oversize,
+        on_stray_reply=on_stray_reply,
     )
 
 
@@ -99,6 +107,7 @@ class Turn:
             on_notification=self._notification,
             on_malformed=self._malformed,
             on_oversize=self._oversize,
+            on_stray_reply=self._stray_reply,
             on_admission_notes=self._admission_notes,
         )
         state.acp = AcpSession(
@@ -244,6 +253,10 @@ class Turn:
 
     async def _malformed(self, preview: str, reason: str) -> None:
         await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))
+
+    async def _stray_reply(self, reply: StrayReply) -> None:
+        notice = notices.acp_stray_reply(reply.id, duplicate=reply.duplicate, method=reply.method)
+        await self._ctx.emitter.emit(notice)
 
     async def _oversize(self, line: OversizeLine) -> None:
         """A line over the bound, skipped: a tool update's event from its first bytes
