@@ -121,6 +121,7 @@ class Job:
         except WorkerError as exc:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
+            state.timings.cut()  # a phase a stop or an error ended still gets its time
             await Teardown(self._ctx, state).run()
         memory_mb = self._ctx.spec.limits.memory_mb
         outcome = after_agent_exit(outcome, state.agent_exit, memory_mb=memory_mb)
@@ -238,6 +239,7 @@ class Job:
         elif time.monotonic() >= self._state.deadline:
             status = "timed_out"
         else:
+            self._state.timings.begin(next_phase)
             return
         if self._state.agent is None:
             await self._ctx.emitter.emit(notices.not_launched(status, next_phase))

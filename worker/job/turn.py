@@ -147,7 +147,16 @@ class Turn:
             Stopped: cancelled or out of time first.
         """
         assert self._state.acp is not None
-        opening = asyncio.create_task(self._state.acp.open(self._state.timings.mark))
+        timings, session = self._state.timings, self._ctx.spec.session
+        opened = "session_load" if session is not None and session.resume else "session_new"
+
+        def mark(phase: str) -> None:  # each phase reached is under way until marked
+            timings.mark(phase)
+            if phase == "initialize":
+                timings.begin(opened)
+
+        timings.begin("initialize")
+        opening = asyncio.create_task(self._state.acp.open(mark))
         try:
             if await _done_first(opening, cancel, deadline):
                 return opening.result()
