@@ -47,24 +47,40 @@ class BaseUrl:
         return f"{scheme}://{authority}{self.path}"
 
 
+def shown(url: str) -> str:
+    """``url`` as a message may quote it: its scheme, host and path, without user info,
+    port, query or fragment (a credential or a token may be in any of them)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "an unparsable URL"
+    cut = "…" if parts.netloc != (parts.hostname or "") or parts.query or parts.fragment else ""
+    return repr(f"{parts.scheme}://{parts.hostname or ''}{parts.path}{cut}")
+
+
 def parse_base_url(url: str) -> BaseUrl:
-    """``http(s)://host[:port][/path]``: no user info, query or fragment.
+    """``http(s)://host[:port][/path]``: no user info, query or fragment. The messages
+    quote the URL only as :func:`shown` does.
 
     Raises:
         ValueError: anything else.
     """
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"}:
-        raise ValueError(f"an endpoint URL is http:// or https://, got {url!r}")
+        raise ValueError(f"an endpoint URL is http:// or https://, got {shown(url)}")
     if parts.username or parts.password or parts.query or parts.fragment or not parts.hostname:
-        raise ValueError(f"an endpoint URL has a host and no user info, query or fragment: {url!r}")
+        raise ValueError(
+            f"an endpoint URL has a host and no user info, query or fragment: {shown(url)}"
+        )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        raise ValueError(f"bad port in {url!r}") from exc
+        raise ValueError(f"bad port in {shown(url)}") from exc
     if not _PATH.match(parts.path):
         # The URL goes into environment variables and config files (TOML, JSON) verbatim.
-        raise ValueError(f"an endpoint URL's path is letters, digits and ._~/%+- only: {url!r}")
+        raise ValueError(
+            f"an endpoint URL's path is letters, digits and ._~/%+- only: {shown(url)}"
+        )
     host = parts.hostname.lower()
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return BaseUrl(parts.scheme, authority, parts.path.rstrip("/"))
@@ -101,18 +117,18 @@ class ModelEndpoint(BaseModel):
     @field_validator("hosts")
     @classmethod
     def _host_ports(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if not _HOST_PORT.match(entry):
-                raise ValueError(f"expected host:port, got {entry!r}")
+        for index, entry in enumerate(value):
+            if not _HOST_PORT.match(entry):  # not quoted: it may hold user info
+                raise ValueError(f"hosts[{index}] is not host:port")
         return value
 
     @model_validator(mode="after")
     def _scheme_matches(self) -> Self:
         base = parse_base_url(self.url)
         if base.scheme == "http" and not self.plain_http:
-            raise ValueError(f"{self.url!r} is plain http: set plain_http to allow it")
+            raise ValueError(f"{shown(self.url)} is plain http: set plain_http to allow it")
         if base.scheme == "https" and self.plain_http:
-            raise ValueError(f"{self.url!r} is https: plain_http applies to http:// URLs only")
+            raise ValueError(f"{shown(self.url)} is https: plain_http applies to http:// URLs only")
         return self
 
     @property

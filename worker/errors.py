@@ -14,7 +14,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── JobConflict              job_conflict             2
     │   ├── InteractionNotFound      interaction_not_found    2
     │   ├── InteractionClosed        interaction_closed       2
-    │   └── InvalidAnswer            invalid_answer           2
+    │   ├── InvalidAnswer            invalid_answer           2
+    │   └── InvalidSettings          invalid_settings         2
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
@@ -143,6 +144,14 @@ class InvalidAnswer(InvalidInput):
     """An answer that does not fit its interaction; ``details.reason`` says why."""
 
     code = "invalid_answer"
+
+
+class InvalidSettings(InvalidInput):
+    """An ``ACPW_*`` variable holds a value the worker (or its sandbox backend) refuses:
+    ``details.settings`` lists ``{variable, reason}``. A value is never quoted: one may
+    hold a secret (a URL's user info, a key)."""
+
+    code = "invalid_settings"
 
 
 class Refused(WorkerError):

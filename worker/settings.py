@@ -10,15 +10,17 @@ sandbox backend's own settings are not here but in its typed config
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from worker.endpoints import ModelEndpoint, check_endpoints
+from worker.errors import InvalidSettings
 
 _REPO_PACKS = Path(__file__).resolve().parent.parent / "provider_packs"
 
@@ -263,3 +265,40 @@ class Settings(BaseSettings):
         if self.session_dir is not None:
             return self.session_dir
         return self.work_dir.parent / "sessions"
+
+
+_PARSING = re.compile(r'error parsing value for field "(\w+)"')
+
+
+def invalid_settings(exc: ValidationError | SettingsError) -> InvalidSettings:
+    """The typed error of settings pydantic refused: which ``ACPW_*`` variable and why,
+    in one line, never the value (pydantic's own text quotes it: a secret may be in it)."""
+    problems: list[dict[str, str]] = []
+    if isinstance(exc, ValidationError):
+        for error in exc.errors(include_url=False, include_input=False, include_context=False):
+            field, *inside = [str(part) for part in error["loc"]] or ["?"]
+            reason = str(error["msg"]).removeprefix("Value error, ")
+            if inside:
+                reason = f"{'.'.join(inside)}: {reason}"
+            problems.append({"variable": f"ACPW_{field.upper()}", "reason": reason})
+    else:  # a value pydantic-settings could not even decode (JSON, for a list or a dict)
+        match = _PARSING.search(str(exc))
+        field = match.group(1) if match else "?"
+        problems.append({"variable": f"ACPW_{field.upper()}", "reason": "not valid JSON"})
+    first = problems[0]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return InvalidSettings(
+        f"invalid setting {first['variable']}: {first['reason']}{more}", settings=problems
+    )
+
+
+def load_settings() -> Settings:
+    """The worker's :class:`Settings` from the environment.
+
+    Raises:
+        InvalidSettings: a variable holds a value refused (named, never quoted).
+    """
+    try:
+        return Settings()
+    except (ValidationError, SettingsError) as exc:
+        raise invalid_settings(exc) from None  # pydantic's text quotes the value

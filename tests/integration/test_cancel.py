@@ -275,6 +275,20 @@ def test_a_cancel_during_the_turn_still_interrupts_it(tmp_path: Path, redis_url:
     assert (outcome.status, outcome.exit_code) == ("cancelled", EXIT_CANCELLED)
     done = events[-1]["data"]
     assert done["stop_reason"] == "cancelled"  # the emulator honoured session/cancel
+    # Every phase reached has its time: the turn a cancel cut short too (not charged to
+    # the teardown after it).
+    assert list(done["timings_ms"]) == [
+        "credentials",
+        "pack_verify",
+        "workspace",
+        "sandbox_create",
+        "agent_spawn",
+        "initialize",
+        "session_new",
+        "turn",
+        "teardown",
+        "capture",
+    ]
     assert _notices(events, NOT_LAUNCHED) == []
     assert _types(events).count("job.completed") == 1
     assert _left_behind(tmp_path, events[0]["job_id"])["sandboxes"] == []

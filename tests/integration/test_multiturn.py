@@ -94,6 +94,10 @@ async def test_a_second_job_resumes_the_first_jobs_session(
         requests = fake.main_requests
     assert status == "succeeded", json.dumps(second[-3:], indent=1)
     assert (_started(second)["session_id"], _started(second)["resumed"]) == (session_id, True)
+    # The agent resumed on the job's model (codex-acp: its config.toml names it), not on
+    # its default before the worker selected the job's: codex warns of that switch.
+    switched = [e for e in second if "resuming with" in json.dumps(e)]
+    assert switched == [], json.dumps(switched, indent=1)
     [request] = requests
     for earlier in ("Remember the code word tangerine.", "Noted: the code word is tangerine."):
         assert earlier in request.text, f"{earlier!r} not in the resumed job's request"

@@ -125,6 +125,7 @@ async def _peer(
         on_notification=turn._notification,
         on_malformed=turn._malformed,
         on_oversize=turn._oversize,
+        on_stray_reply=turn._stray_reply,
     )
     agent.start()
     return agent, AcpClient(agent.connection), stream
@@ -229,3 +230,101 @@ def test_a_late_reply_to_an_abandoned_prompt_is_not_malformed(
     events = asyncio.run(_late(tmp_path))
     assert events == []  # no acp_malformed_line notice
     assert any("a late reply to session/prompt" in record.getMessage() for record in caplog.records)
+
+
+# The agent for a duplicate reply: it answers session/set_mode twice.
+DUPLICATE_PEER = textwrap.dedent(
+    """
+    import json, sys
+
+    for raw in sys.stdin:
+        msg = json.loads(raw)
+        if msg.get("method") == "session/set_mode":
+            reply = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+            sys.stdout.write(reply + "\\n" + reply + "\\n")
+            sys.stdout.flush()
+    """
+)
+
+
+def test_a_duplicate_reply_is_reported_as_one_not_as_a_malformed_line(tmp_path: Path) -> None:
+    async def run() -> list[dict[str, Any]]:
+        agent, client, stream = await _peer(
+            tmp_path, DUPLICATE_PEER, Normalizer(workspace_root="/workspace")
+        )
+        try:
+            await client.set_mode("s1", "ask")
+            await client.set_mode("s1", "agent")
+        finally:
+            await agent.shutdown(eof_grace=2, term_grace=1)
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    events = asyncio.run(run())
+    assert [e["data"] for e in events] == [
+        {
+            "level": "warning",
+            "code": "acp_stray_reply",
+            "message": f"the agent answered request {n} (session/set_mode) again; "
+            "the repeated reply was skipped",
+            "details": {"id": n, "reason": "duplicate", "method": "session/set_mode"},
+        }
+        for n in (0, 1)
+    ]
+
+
+# Cursor's shell, as its ACP server reports it (CURSOR_ACP_FACTS.md, Tools): the output in
+# ``rawOutput`` ``{exitCode, stdout, stderr}``, not in ``content``; here 9 MiB of stdout.
+SHELL_PEER = textwrap.dedent(
+    """
+    import json, sys
+
+    out = sys.stdout.buffer
+
+    def send(obj):
+        out.write(json.dumps(obj).encode() + b"\\n")
+        out.flush()
+
+    for raw in sys.stdin.buffer:
+        msg = json.loads(raw)
+        if msg.get("method") == "initialize":
+            send({"jsonrpc": "2.0", "id": msg["id"],
+                  "result": {"protocolVersion": 1, "agentCapabilities": {}}})
+        elif msg.get("method") == "session/new":
+            send({"jsonrpc": "2.0", "id": msg["id"], "result": {"sessionId": "s1"}})
+        elif msg.get("method") == "session/prompt":
+            send({"jsonrpc": "2.0", "method": "session/update", "params": {
+                "sessionId": "s1", "update": {"sessionUpdate": "tool_call",
+                "toolCallId": "t1", "title": "`cat big.log`", "kind": "execute",
+                "status": "pending", "rawInput": {"command": "cat big.log"}}}})
+            stdout = "".join(f"line {n:07d} of big.log\\n" for n in range(400_000))
+            update = {"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+                      "status": "completed",
+                      "rawOutput": {"exitCode": 0, "stdout": stdout, "stderr": ""}}
+            send({"jsonrpc": "2.0", "method": "session/update",
+                  "params": {"sessionId": "s1", "update": update}})
+            send({"jsonrpc": "2.0", "id": msg["id"], "result": {"stopReason": "end_turn"}})
+    """
+)
+
+
+def test_an_oversize_shell_update_keeps_the_stdout_its_first_bytes_held(tmp_path: Path) -> None:
+    async def run() -> list[dict[str, Any]]:
+        normalizer = Normalizer(workspace_root="/workspace")
+        agent, client, stream = await _peer(tmp_path, SHELL_PEER, normalizer)
+        try:
+            await client.initialize(ClientCapabilities())
+            await client.new_session("/workspace")
+            normalizer.bind("s1")
+            await asyncio.wait_for(client.prompt("s1", [{"type": "text", "text": "go"}]), 30)
+        finally:
+            await agent.shutdown(eof_grace=2, term_grace=1)
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    events = asyncio.run(run())
+    assert [e["type"] for e in events] == ["tool.started", "tool.completed", "notice"]
+    assert events[2]["data"]["details"]["bytes"] > 8 * MIB
+    output = events[1]["data"]["output"]
+    assert (output["truncated"], output["bytes"]) == (True, -1)
+    text = output["text"]
+    assert text.startswith('{"exitCode": 0, "stdout": "line 0000000 of big.log\\nline 0000001')
+    assert 16 * 1024 - 200 < len(text.encode()) <= 16 * 1024  # what the first 16 KiB held

@@ -10,12 +10,15 @@ no capture, the job's directory kept. Each test destroys the real sandbox afterw
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import worker.workspace.prepare
 from tests.integration.test_cancel import _job, _left_behind, _notices, _settings, _types
 from tests.integration.test_deadline import _SilentAgent
 from worker.errors import EXIT_FAILED, EXIT_TIMED_OUT, SandboxError
@@ -136,3 +139,39 @@ def test_a_timed_out_job_keeps_its_status_and_reports_the_teardown_error(
     assert "RuntimeError" in error["message"]
     assert "s3cr3t" not in repr(events)  # an unexpected exception's text is not quoted
     assert len(_notices(events, "sandbox_not_destroyed")) == 1
+
+
+def test_a_work_dir_another_remover_takes_during_the_teardown_is_removed_without_error(
+    tmp_path: Path,
+    cleanup: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reaper removes the job's work directory while the teardown's own removal walks
+    it (a host that resumes after its attempt was settled ``lost``): right after the
+    teardown's first unlink there, the reaper's removal (``remove_staged``, as
+    ``worker.service.reaper`` calls it) takes the whole directory. Someone else's removal
+    is success: no error logged, no ``teardown_error``, nothing left."""
+    work = tmp_path / "work"
+    real_unlink = os.unlink
+    removing: list[Path] = []
+
+    def teardown_removal(path: Path) -> None:  # the teardown's removal of the job dir
+        removing.append(path)
+        remove_staged(path)
+
+    def unlink(path: Any, *, dir_fd: int | None = None) -> None:
+        real_unlink(path, dir_fd=dir_fd)
+        if removing and dir_fd is not None:
+            monkeypatch.setattr(os, "unlink", real_unlink)  # once: the reaper's turn
+            remove_staged(removing[0])
+
+    monkeypatch.setattr(worker.workspace.prepare, "remove_staged", teardown_removal)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with caplog.at_level(logging.INFO):
+        outcome, events = _run(tmp_path, LocalBackend, cleanup, prompt="scenario: hello")
+    assert os.unlink is real_unlink  # the race did happen
+    assert (outcome.status, outcome.exit_code) == ("succeeded", 0), events[-1]
+    assert "teardown_error" not in events[-1]["data"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert list(work.iterdir()) == []

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from worker.errors import AgentExited, AgentTimeout, LineTooLong, SinkUnavailable, WorkerError
-from worker.rpc.connection import Connection, RpcError
+from worker.rpc.connection import Connection, RpcError, StrayReply
 from worker.rpc.oversize import PREFIX_BYTES, LineSplitter, OversizeLine
 
 
@@ -48,6 +48,9 @@ async def pair() -> AsyncIterator[tuple[Connection, Peer, list[Any]]]:
     async def on_big(line: OversizeLine) -> None:
         seen.append(("big", line))
 
+    async def on_stray(reply: StrayReply) -> None:
+        seen.append(("stray", reply))
+
     conn = Connection(
         r1,
         w1,
@@ -56,6 +59,7 @@ async def pair() -> AsyncIterator[tuple[Connection, Peer, list[Any]]]:
         on_notification=on_note,
         on_malformed=on_bad,
         on_oversize=on_big,
+        on_stray_reply=on_stray,
     )
     conn.start()
     yield conn, Peer(r2, w2), seen
@@ -312,6 +316,25 @@ def test_an_oversize_line_is_never_held_whole() -> None:
             ),
             {"kind": "notification", "output_preview": 'café "q" é'},
         ),
+        # A tool's rawOutput (Cursor's shell: {exitCode, stdout, stderr}), rendered as a
+        # whole one's output is (json.dumps, ensure_ascii=False) as far as the cut.
+        (
+            (
+                b'{"method":"session/update","params":{"update":{"sessionUpdate":'
+                b'"tool_call_update","rawOutput":{"exitCode":1,"ok":[true,null,2.5],'
+                b'"stdout":"caf\\u00e9\\n\\"q\\" \\u001b[0m'
+            ),
+            {
+                "output_preview": None,
+                "raw_output_preview": (
+                    '{"exitCode": 1, "ok": [true, null, 2.5], "stdout": "café\\n\\"q\\" \\u001b[0m'
+                ),
+            },
+        ),
+        (  # a string rawOutput is its output as it is; what follows it is not part of it
+            b'{"method":"session/update","params":{"update":{"rawOutput":"line\\n","x":"',
+            {"raw_output_preview": "line\n"},
+        ),
     ],
 )
 def test_what_a_prefix_tells(prefix: bytes, expected: dict[str, Any]) -> None:
@@ -335,20 +358,44 @@ async def test_a_late_reply_is_recognised_not_malformed(
     caplog.set_level(logging.DEBUG, logger="worker.rpc.connection")
     await peer.send({"jsonrpc": "2.0", "id": timed_out["id"], "result": {}})
     await peer.send({"jsonrpc": "2.0", "id": prompt["id"], "result": {"stopReason": "cancelled"}})
-    await peer.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # never asked: malformed
+    await peer.send({"jsonrpc": "2.0", "id": 4242, "result": {}})  # never asked: stray
     await peer.send({"jsonrpc": "2.0", "method": "session/update", "params": {}})
     await _until(seen, 2)
-    assert [s[0] for s in seen] == ["bad", "note"]
-    assert '"id": 4242' in seen[0][1]
+    assert [s[0] for s in seen] == ["stray", "note"]
+    assert seen[0][1] == StrayReply(id=4242, duplicate=False)
     late = [r.getMessage() for r in caplog.records if "late reply" in r.getMessage()]
     assert late == [
         f"a late reply to session/set_mode (id {timed_out['id']}), which was abandoned",
         f"a late reply to session/prompt (id {prompt['id']}), which was abandoned",
     ]
-    # A second reply to the same id is no longer late: it is malformed.
+    # A second reply to the same id is no longer late: it is a duplicate.
     await peer.send({"jsonrpc": "2.0", "id": timed_out["id"], "result": {}})
     await _until(seen, 3)
-    assert seen[2][0] == "bad"
+    assert seen[2] == ("stray", StrayReply(timed_out["id"], True, "session/set_mode"))
+    assert not conn.closed.done()
+
+
+async def test_a_duplicate_reply_is_named_so_not_malformed(
+    pair: tuple[Connection, Peer, list[Any]],
+) -> None:
+    """A valid reply repeated after the request was answered is a duplicate reply,
+    naming the request it answers again; a reply to an id never sent (or not the
+    worker's kind of id) is told apart. Neither is a malformed line."""
+    conn, peer, seen = pair
+    call = asyncio.create_task(conn.request("session/set_model", {"modelId": "m"}))
+    msg = await peer.recv()
+    reply = {"jsonrpc": "2.0", "id": msg["id"], "result": {}}
+    await peer.send(reply)
+    assert await call == {}
+    await peer.send(reply)  # the agent answers again
+    await peer.send({"jsonrpc": "2.0", "id": msg["id"] + 1, "error": {"code": 1, "message": "x"}})
+    await peer.send({"jsonrpc": "2.0", "id": "s-1", "result": None})
+    await _until(seen, 3)
+    assert seen == [
+        ("stray", StrayReply(id=msg["id"], duplicate=True, method="session/set_model")),
+        ("stray", StrayReply(id=msg["id"] + 1, duplicate=False)),
+        ("stray", StrayReply(id="s-1", duplicate=False)),
+    ]
     assert not conn.closed.done()
 
 

@@ -42,6 +42,24 @@ def test_a_bad_endpoint_is_refused_with_the_reason(fields: dict[str, Any], probl
         _endpoint(**fields)
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"url": "ftp://ops:tok3n@gw.example"},
+        {"url": "https://ops:tok3n@gw.example:8443/v1"},
+        {"url": "https://gw.example/v1?key=tok3n#tok3n"},
+        {"url": "http://ops:tok3n@gw.example:99999"},
+        {"url": "http://gw.example/v1", "plain_http": False, "hosts": ["ops:tok3n@a:1"]},
+    ],
+)
+def test_a_refusal_never_quotes_what_may_be_a_secret(fields: dict[str, Any]) -> None:
+    """User info, a query, a fragment, a host entry: any may carry a credential, and the
+    refusal's text reaches logs and the CLI's error line."""
+    with pytest.raises(ValidationError) as refused:
+        _endpoint(**fields)
+    assert "tok3n" not in str(refused.value.errors(include_input=False, include_url=False))
+
+
 def test_a_pack_has_at_most_one_default() -> None:
     one = _endpoint(url="https://a.example", default=True)
     two = _endpoint(url="https://b.example", default=True)

@@ -90,3 +90,47 @@ def test_sandbox_labels_name_the_store_only_of_a_leased_job(
     assert labels[LABEL_TOKEN] == token.get(LABEL_TOKEN, "0")
     assert labels[LABEL_WORKER] == "w-1"
     assert (LABEL_STORE in labels) is stored
+
+
+# -- the pack's files in HOME ----------------------------------------------------------------
+
+_REPO_PACKS = Path(__file__).resolve().parents[2] / "provider_packs"
+
+
+def _codex_config(endpoint_url: str | None, model: str | None) -> str:
+    from worker.job.home import home_files
+    from worker.packs.manifest import load_pack
+
+    launch = load_pack(_REPO_PACKS, "codex-acp").manifest.launch
+    return home_files(launch, endpoint_url, model)[".codex/config.toml"]
+
+
+@pytest.mark.parametrize("endpoint_url", [None, "http://127.0.0.1:41000/v1"])
+def test_codex_starts_on_the_job_s_model(endpoint_url: str | None) -> None:
+    """codex reads its model from ``config.toml`` before the worker selects one: a resumed
+    session (``session/load``) would start on codex's default and warn that the session
+    was recorded with another model. The file names the job's model."""
+    import tomllib
+
+    config = tomllib.loads(_codex_config(endpoint_url, "gpt-5.5"))
+    assert config["model"] == "gpt-5.5"
+    assert config["features"] == {"plugins": False}  # the pack's own settings still there
+    if endpoint_url is not None:
+        assert config["model_provider"] == "acpw-endpoint"
+        assert config["model_providers"]["acpw-endpoint"]["base_url"] == endpoint_url
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        None,  # the job names none: the agent's default
+        'gpt-5.5"\n[mcp_servers.x]\ncommand = "sh',  # free text: never written
+        "gpt-5.6-luna[reasoning=high]",  # a variant id: not a model the file can name
+    ],
+)
+def test_a_model_the_file_cannot_name_plainly_is_not_written(model: str | None) -> None:
+    import tomllib
+
+    config = tomllib.loads(_codex_config("http://127.0.0.1:41000/v1", model))
+    assert "model" not in config
+    assert "mcp_servers" not in config

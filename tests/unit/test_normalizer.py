@@ -175,7 +175,7 @@ def test_an_oversize_tool_update_closes_its_tool_with_the_output_cut() -> None:
     assert event.TYPE == "tool.completed"
     assert event.wire()["output"] == {"text": "x" * 64, "truncated": True, "bytes": -1}
     assert event.wire()["status"] == "failed"
-    # No preview (the output was in rawOutput, or after the cut): still marked cut.
+    # No preview (the output came after the cut): still marked cut.
     no_text = replace(line, output_preview=None, update={**update, "status": "in_progress"})
     [event] = n.oversize_update(no_text)
     assert event.TYPE == "tool.updated"

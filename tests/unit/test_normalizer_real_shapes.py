@@ -176,3 +176,48 @@ def test_oversize_line_previews_terminal_output() -> None:
     [event] = n.oversize_update(described)
     assert event.TYPE == "tool.completed"
     assert event.wire()["output"]["truncated"] is True
+
+
+def _oversize_line(update: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": "s1", "update": update},
+        }
+    ).encode()
+
+
+def test_an_oversize_cursor_shell_update_keeps_the_stdout_its_first_bytes_held() -> None:
+    """Cursor's shell puts its output in ``rawOutput`` ``{exitCode, stdout, stderr}``
+    (CURSOR_ACP_FACTS.md, Tools): an update too large to read keeps, as its output, the
+    start of that ``rawOutput`` as a whole update's output would show it (JSON), as far as
+    the line's first 16 KiB reach; never an empty text."""
+    stdout = "total 42\n" + 'drwxr-xr-x 2 root root 4096 café "q" \x1b[0m\n' * 400_000
+    raw = {"exitCode": 0, "stdout": stdout, "stderr": ""}
+    update = _tool_update(status="completed", rawOutput=raw)
+    line = _oversize_line(update)
+    described = describe(line[:16_384], size=len(line), limit=8 * 1024 * 1024, complete=True)
+    n = Normalizer(workspace_root="/workspace", text_limit=16_384)
+    n.bind("s1")
+    [event] = n.oversize_update(described)
+    assert event.TYPE == "tool.completed"
+    output = event.wire()["output"]
+    assert (output["truncated"], output["bytes"]) == (True, -1)
+    whole = json.dumps(raw, ensure_ascii=False)  # what a whole update's output shows
+    assert whole.startswith(output["text"])
+    assert output["text"].startswith('{"exitCode": 0, "stdout": "total 42\\ndrwxr-xr-x')
+    assert 15_000 < len(output["text"].encode()) <= 16_384  # the text those bytes held
+
+
+def test_an_oversize_update_shows_no_raw_output_a_terminal_output_repeats() -> None:
+    """A tool whose output came through terminal ``_meta`` shows its ``rawOutput`` in
+    no whole update (claude-agent-acp repeats the output there); nor in an oversize one."""
+    n = Normalizer(workspace_root="/workspace", text_limit=16_384)
+    n.bind("s1")
+    meta = {"terminal_output": {"terminal_id": "t", "data": "x"}}
+    n.session_update({"sessionId": "s1", "update": _tool_update(status="in_progress", _meta=meta)})
+    line = _oversize_line(_tool_update(status="completed", rawOutput={"output": "x" * 40_000}))
+    described = describe(line[:16_384], size=len(line), limit=8 * 1024 * 1024, complete=True)
+    [event] = n.oversize_update(described)
+    assert event.wire()["output"] == {"text": "", "truncated": True, "bytes": -1}

@@ -89,6 +89,10 @@ _UPLOAD = ResultUploadFailed("access denied", bucket="b", key="k")
          {"reason": "not_allowed", "target": "example.com:443", "seq": 3}),
         (notices.acp_malformed_line("{oops", "not JSON"), "warning", "acp_malformed_line",
          {"preview": "{oops"}),
+        (notices.acp_stray_reply(3, duplicate=True, method="session/set_mode"), "warning",
+         "acp_stray_reply", {"id": 3, "reason": "duplicate", "method": "session/set_mode"}),
+        (notices.acp_stray_reply({"x": "y" * 100}, duplicate=False, method=None), "warning",
+         "acp_stray_reply", {"id": '{"x": "' + "y" * 57, "reason": "unknown_id"}),
         (notices.sandbox_not_destroyed("sb-1"), "error", "sandbox_not_destroyed",
          {"sandbox_id": "sb-1"}),
         (notices.oom_killed(64), "error", "oom_killed",
@@ -134,6 +138,12 @@ def test_the_job_s_notice_messages_say_what_happened() -> None:
     )
     assert "agent text" not in notices.capture_failed(ValueError("agent text")).message
     assert notices.result_upload_failed(_UPLOAD).message.endswith(": access denied")
+    duplicate = notices.acp_stray_reply(3, duplicate=True, method="session/set_mode")
+    assert duplicate.message == (
+        "the agent answered request 3 (session/set_mode) again; the repeated reply was skipped"
+    )
+    unknown = notices.acp_stray_reply(99, duplicate=False, method=None)
+    assert unknown.message == "the agent answered id 99, which the worker never sent; skipped"
     full = notices.patch_incomplete(
         reasons={"patch_full": 2}, file_bytes=1, patch_bytes=1, time_s=1
     )

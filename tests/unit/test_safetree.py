@@ -6,6 +6,7 @@ Every test names the check it holds: removing that check from the package makes 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import io
 import os
@@ -511,6 +512,107 @@ def test_removal_follows_no_link_and_enters_locked_directories(
     (tmp_path / "file").write_text("x")
     remove_tree(tmp_path / "file")
     assert not (tmp_path / "file").exists()
+
+
+def _after_first(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    then: Callable[[], None],
+    when: Callable[..., bool] = lambda *args, **kwargs: True,
+) -> None:
+    """Run ``then`` (another remover: a reaper racing a job's teardown) once, right after
+    the first call of ``os.<name>`` that ``when`` picks has done its work."""
+    real = getattr(os, name)
+
+    def racing(*args: object, **kwargs: object) -> object:
+        result = real(*args, **kwargs)
+        if when(*args, **kwargs):
+            monkeypatch.setattr(os, name, real)
+            then()
+        return result
+
+    monkeypatch.setattr(os, name, racing)
+
+
+def _tree(root: Path) -> Path:
+    for rel in ("a/f", "b/c/g", "b/h", "z"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    return root
+
+
+def test_removal_succeeds_when_someone_else_removes_the_root_before_its_last_rmdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path / "tree")
+    (root / "z").unlink()
+    # Our walk empties "b" last; the other remover then takes the (empty) root.
+    _after_first(
+        monkeypatch,
+        "rmdir",
+        lambda: remove_tree(root),
+        lambda path, **kw: path == "b" and kw.get("dir_fd") is not None,
+    )
+    remove_tree(root)
+    assert not root.exists()
+
+
+def test_removal_succeeds_when_entries_vanish_during_its_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other remover takes everything after our first unlink: the walk then meets
+    listed files, a listed directory (to open and enter) and emptied directories (to
+    rmdir) that are gone, and the root itself."""
+    root = _tree(tmp_path / "tree")
+    _after_first(monkeypatch, "unlink", lambda: remove_tree(root))
+    remove_tree(root)
+    assert not root.exists()
+
+
+def test_removal_passes_over_an_entry_that_vanishes_before_it_is_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path / "tree")
+    real = os.scandir
+
+    def listing(fd: int) -> Iterator[os.DirEntry[str]]:  # lists "b/h", which goes next
+        with real(fd) as entries:
+            for entry in entries:
+                if entry.name == "h":
+                    os.unlink("h", dir_fd=fd)
+                yield entry
+
+    @contextlib.contextmanager
+    def scandir(fd: int) -> Iterator[Iterator[os.DirEntry[str]]]:
+        yield listing(fd)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    remove_tree(root)
+    assert not root.exists()
+    # Any other walk still stops there: only a removal takes a vanished entry as done.
+    _tree(root)
+    with pytest.raises(FileNotFoundError):
+        _steps(root, policy=EVERY_KIND)
+
+
+def test_a_racing_removal_still_follows_no_link_and_refuses_a_swapped_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = _outside(tmp_path)
+    root = _tree(tmp_path / "tree")
+    (root / "b" / "to-dir").symlink_to(outside)
+
+    def swap() -> None:  # "b" removed and made again while the walk is in "a"
+        os.rename(root / "b", tmp_path / "b-moved")
+        (root / "b").mkdir()
+        (root / "b" / "keep").write_text("x")
+
+    _after_first(monkeypatch, "unlink", swap)
+    with pytest.raises(OSError, match="changed while it was being removed"):
+        remove_tree(root)
+    assert (root / "b" / "keep").exists()
+    assert (outside / "secret").read_text() == "host secret"
+    assert (tmp_path / "b-moved" / "to-dir").is_symlink()
 
 
 # -- layering -------------------------------------------------------------------------------

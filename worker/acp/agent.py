@@ -16,6 +16,7 @@ from worker.rpc.connection import (
     MalformedHandler,
     NotificationHandler,
     OversizeHandler,
+    StrayReplyHandler,
 )
 from worker.sandbox.base import SandboxProcess
 
@@ -61,6 +62,7 @@ class AgentProcess:
         on_notification: NotificationHandler | None = None,
         on_malformed: MalformedHandler | None = None,
         on_oversize: OversizeHandler | None = None,
+        on_stray_reply: StrayReplyHandler | None = None,
     ) -> None:
         self.process = process
         self.stderr = StderrBuffer(stderr_limit)
@@ -72,6 +74,7 @@ class AgentProcess:
             on_notification=on_notification,
             on_malformed=on_malformed,
             on_oversize=on_oversize,
+            on_stray_reply=on_stray_reply,
         )
         self._stderr_task: asyncio.Task[None] | None = None
         #: ``shutdown`` had to signal it: its exit status is then ours, not its own.

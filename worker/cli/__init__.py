@@ -15,9 +15,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import ClassVar, NoReturn
 
-from worker.errors import EXIT_INVALID, WorkerError
-from worker.settings import Settings
+from worker.errors import EXIT_INVALID, InvalidInput, WorkerError
+from worker.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -64,8 +65,23 @@ _MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """With ``--json`` anywhere on the command line, a usage error is one JSON line too
+    (``invalid_input``, exit 2), not argparse's usage text. Sub-command parsers are of
+    this class as well (``add_subparsers`` makes them so)."""
+
+    #: The command line being parsed holds ``--json`` (set by :func:`main`).
+    json_errors: ClassVar[bool] = False
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_errors:
+            _report(InvalidInput(f"{self.prog}: {message}"), as_json=True)
+            sys.exit(EXIT_INVALID)
+        super().error(message)
+
+
 def _build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="acp-worker",
         description="Runs coding agents in sandboxes for a control plane: one job here "
         "(run), or a worker of the job service (serve) and its client commands.",
@@ -99,10 +115,11 @@ def _report(exc: WorkerError, *, as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = _build_parser(argv)
     args = parser.parse_args(argv)
     try:
-        settings = Settings()
+        settings = load_settings()
         handler: Handler = args.handler
         return handler(args, settings)
     except WorkerError as exc:
@@ -115,9 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # does; stdout now points nowhere so the interpreter's final flush cannot fail.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except ValueError as exc:  # pydantic-settings: a bad ACPW_* variable
-        print(f"acp-worker: invalid settings: {exc}", file=sys.stderr)
-        return EXIT_INVALID
     finally:
         if argv is None:  # the program itself (`acp-worker`, `python -m worker.cli`)
             _before_exit()

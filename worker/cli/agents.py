@@ -41,6 +41,7 @@ from worker.job.standalone import StandaloneAgent, standalone_agent
 from worker.packs.manifest import Pack
 from worker.packs.names import PLATFORMS
 from worker.packs.runtime import check_runtime
+from worker.rpc.connection import StrayReply
 from worker.rpc.oversize import OversizeLine
 from worker.sandbox import backend_config, base, get_backend
 from worker.sandbox.base import SandboxBackend
@@ -163,6 +164,10 @@ class _Seen:
     async def malformed(self, preview: str, reason: str) -> None:
         self.notices.append({"type": "malformed_line", "data": {"reason": reason}})
 
+    async def stray_reply(self, reply: StrayReply) -> None:
+        reason = "duplicate" if reply.duplicate else "unknown_id"
+        self.notices.append({"type": "stray_reply", "data": {"reason": reason}})
+
     async def oversize(self, line: OversizeLine) -> None:
         data = {"bytes": line.size, "limit": line.limit, "kind": line.kind}
         self.notices.append({"type": "oversize_line", "data": data})
@@ -191,6 +196,7 @@ async def run_probe(
         on_notification=seen.notification,
         on_malformed=seen.malformed,
         on_oversize=seen.oversize,
+        on_stray_reply=seen.stray_reply,
     ) as standalone:
         report: dict[str, Any] = {
             "pack": standalone.pack.event_data().wire(),

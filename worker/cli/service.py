@@ -178,6 +178,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     its multiprocess mode when it is first imported: both must see the values set here.
     The reaper, started first, watches this pid, which the worker keeps.
     """
+    _check_backends(settings)
     settings = with_redis(args, settings)
     env = dict(os.environ, ACPW_REDIS_URL=settings.redis_url or "")
     if args.metrics_port is not None:
@@ -192,6 +193,20 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         env[REAPER_PID_ENV] = str(_reaper.pid)  # the worker stops it when it shuts down
     os.execve(sys.executable, argv, env)  # noqa: S606 - fixed argv, our own interpreter
     return 0  # pragma: no cover - execve does not return
+
+
+def _check_backends(settings: Settings) -> None:
+    """The config of every backend this host runs, built once at the start: a bad
+    ``ACPW_*`` value of one fails the command there (``invalid_settings``, one line), not
+    each job or reaper pass later.
+
+    Raises:
+        InvalidInput: an unknown backend name, or ``InvalidSettings``.
+    """
+    from worker.sandbox import backend_config  # backends load lazily
+
+    for name in dict.fromkeys((settings.backend, *settings.reap_backends)):
+        backend_config(settings, name)
 
 
 def reaper_argv(args: argparse.Namespace, parent: int) -> list[str]:
@@ -218,6 +233,7 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
         ServiceUnavailable: (one pass) Redis did not answer; a loop reports a failed pass
             on stderr and carries on.
     """
+    _check_backends(settings)
     settings = with_redis(args, settings)
     if args.loop:
         _stop_on_signal()

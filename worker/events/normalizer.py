@@ -186,7 +186,9 @@ class Normalizer:
         """The tool event of a ``session/update`` ``tool_call_update`` too large to read
         whole, from the fields its first bytes held: its output is the text its prefix
         held, cut (``truncated``, ``bytes`` -1: the full size is not known, the notice
-        gives the line's). Nothing for any other oversize line."""
+        gives the line's), taken where a whole update's would be (its text content or
+        terminal output, else its ``rawOutput`` as JSON). Nothing for any other oversize
+        line."""
         update = line.update
         tool_call_id = update.get("toolCallId")
         if (
@@ -195,9 +197,12 @@ class Normalizer:
             or not isinstance(tool_call_id, str)
         ):
             return []
+        text = line.output_preview
+        if text is None and self._tools.shows_raw_output(tool_call_id):  # before it ends
+            text = line.raw_output_preview
         salvaged: dict[str, Any] = {k: v for k, v in update.items() if v is not None}
         out = self.session_update({"sessionId": line.session_id, "update": salvaged})
-        preview = bounded(line.output_preview or "", self._limit)["text"]
+        preview = bounded(text or "", self._limit)["text"]
         cut = Bounded(text=preview, truncated=True, bytes=-1)
         return [
             event.model_copy(update={"output": cut}) if isinstance(event, ToolUpdated) else event

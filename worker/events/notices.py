@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from worker.errors import ResultUploadFailed
-from worker.events.bounded import bounded
+from worker.events.bounded import bounded, bounded_json
 from worker.events.models import Notice
 from worker.rpc.oversize import OversizeLine
 
@@ -230,6 +230,23 @@ def acp_malformed_line(preview: str, reason: str) -> Notice:
         message=f"the agent wrote a non-JSON-RPC line ({reason}); it was skipped",
         details={"preview": preview},
     )
+
+
+def acp_stray_reply(request_id: Any, *, duplicate: bool, method: str | None) -> Notice:
+    """A valid JSON-RPC reply to no request waiting for one (and not a late reply to one
+    the worker gave up on): a second reply to a request answered already, or a reply to
+    an id the worker never sent. ``id`` is kept when it is an integer (the worker's ids
+    are), else as text (JSON for a non-string) cut to 64 bytes."""
+    shown = request_id if type(request_id) is int else bounded_json(request_id, 64)["text"]
+    details: dict[str, Any] = {"id": shown, "reason": "duplicate" if duplicate else "unknown_id"}
+    if duplicate:
+        what = f"request {shown}" + (f" ({method})" if method is not None else "")
+        message = f"the agent answered {what} again; the repeated reply was skipped"
+        if method is not None:
+            details["method"] = method
+    else:
+        message = f"the agent answered id {shown}, which the worker never sent; skipped"
+    return Notice(level="warning", code="acp_stray_reply", message=message, details=details)
 
 
 def oom_killed(memory_mb: int) -> Notice:

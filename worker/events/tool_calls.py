@@ -182,6 +182,11 @@ class ToolCalls:
         if update.get("rawInput") is not None:
             fields["raw_input"] = self._content.raw_input(update["rawInput"])
 
+    def shows_raw_output(self, tool_call_id: str) -> bool:
+        """Whether a ``rawOutput`` of this tool is its output (no terminal output came
+        for it, which that would repeat)."""
+        return tool_call_id not in self._terminal
+
     def _remember_terminal(self, tool_call_id: str) -> None:
         _remember(self._terminal, tool_call_id)
 

@@ -3,7 +3,9 @@
 A sandbox's HOME is an empty tmpfs. A pack that must configure its agent by file (codex
 reads ``$CODEX_HOME/config.toml``; gemini-cli ``~/.gemini/settings.json``) declares the
 files (``launch.files``, and with a model endpoint ``launch.endpoint.files`` in place of
-the same paths, ``{endpoint}`` standing for the endpoint's URL as the agent reaches it).
+the same paths, ``{endpoint}`` standing for the endpoint's URL as the agent reaches it;
+then, when the job names its model by a plain id, ``launch.model_files`` put at the start
+of the same paths, ``{model}`` standing for that id).
 The worker writes them into a fresh directory of the job's work directory, one
 subdirectory per top-level directory of HOME they are in, owned by the sandbox's host
 user, and binds each read-write at that place of HOME: the agent may add to them (its
@@ -13,6 +15,7 @@ logs, its state) as it would to its own home.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,13 +28,25 @@ from worker.sandbox.base import HOME, WritableMount
 HOME_FILES_DIR = "home-files"
 
 
-def home_files(launch: Launch, endpoint_url: str | None) -> dict[str, str]:
+#: A model id written into a config file: only one that needs no quoting in TOML, JSON or
+#: YAML (a job's ``model.id`` is free text; a variant id ``base[k=v,…]`` is not written).
+_PLAIN_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+
+
+def home_files(
+    launch: Launch, endpoint_url: str | None, model: str | None = None
+) -> dict[str, str]:
     """What the job writes into HOME: the pack's files, then (with an endpoint) the
-    endpoint's in place of the same paths; sandbox placeholders expanded."""
+    endpoint's in place of the same paths, then (with a ``model`` id that needs no
+    quoting) ``launch.model_files`` at the start of theirs; sandbox placeholders
+    expanded."""
     files = {path: expand(content) for path, content in (launch.files or {}).items()}
     if endpoint_url is not None and launch.endpoint is not None:
         for path, content in (launch.endpoint.files or {}).items():
             files[path] = expand(content).replace("{endpoint}", endpoint_url)
+    if model is not None and _PLAIN_MODEL.match(model):
+        for path, content in (launch.model_files or {}).items():
+            files[path] = expand(content).replace("{model}", model) + files.get(path, "")
     return files
 
 

@@ -41,16 +41,32 @@ class JobOutcome:
 @dataclass(slots=True)
 class Timings:
     """Milliseconds per phase (``timings_ms`` of ``job.completed``): each mark measures
-    from the previous one, so the phases add up to the job's duration."""
+    from the previous one, so the phases add up to the job's duration.
+
+    A phase is marked when it ends; one that :meth:`begin` said was under way and that a
+    cancel, the deadline or an error cut short is marked by :meth:`cut` (the teardown's
+    first step), so it gets its time rather than the teardown after it.
+    """
 
     start: float = field(default_factory=time.perf_counter)
     marks: dict[str, float] = field(default_factory=dict)
     _last: float = field(default_factory=time.perf_counter)
+    _current: str | None = None
+
+    def begin(self, name: str) -> None:
+        """Phase ``name`` is under way (it was reached)."""
+        self._current = name
 
     def mark(self, name: str) -> None:
         now = time.perf_counter()
         self.marks[name] = round((now - self._last) * 1000, 2)
         self._last = now
+        self._current = None
+
+    def cut(self) -> None:
+        """Mark the phase under way, if one is: it ends here, cut short."""
+        if self._current is not None:
+            self.mark(self._current)
 
     def total_ms(self) -> float:
         return round((time.perf_counter() - self.start) * 1000, 2)

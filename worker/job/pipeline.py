@@ -139,6 +139,7 @@ class Job:
         except WorkerError as exc:
             outcome = JobOutcome("failed", None, self._with_stderr(exc), exc.exit_code)
         finally:
+            self._tools.timings.cut()  # a phase a stop or an error ended still gets its time
             answered_at = None if self._turn is None else self._turn.answered_at
             made = self._made = replace(self._made, answered_at=answered_at)
             torn = await Teardown(self._ctx, self._tools, made).run()
@@ -267,6 +268,7 @@ class Job:
         elif time.monotonic() >= self._deadline:
             status = "timed_out"
         else:
+            self._tools.timings.begin(next_phase)
             return
         if self._made.launched is None:
             await self._ctx.emitter.emit(notices.not_launched(status, next_phase))

@@ -237,8 +237,11 @@ class Preparation:
         sessions = declared.sessions
         owner = self._ctx.backend.stage_owner()
         endpoint = declared.network.endpoint
+        model = self._ctx.spec.model
         files = home_files(
-            pack.pack.manifest.launch, None if endpoint is None else endpoint.agent_url
+            pack.pack.manifest.launch,
+            None if endpoint is None else endpoint.agent_url,
+            None if model is None or model.variant else model.id,
         )
         mounts = await asyncio.to_thread(stage_home_files, job_dir, files, owner)
         if sessions is not None:

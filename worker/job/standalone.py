@@ -26,7 +26,12 @@ from worker.job.prepare import hold_pack, sandbox_labels
 from worker.job.turn import launch_agent
 from worker.packs.manifest import Pack
 from worker.packs.runtime import LaunchPlan, PreparedPack
-from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
+from worker.rpc.connection import (
+    MalformedHandler,
+    NotificationHandler,
+    OversizeHandler,
+    StrayReplyHandler,
+)
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from worker.settings import Settings
@@ -56,6 +61,7 @@ async def standalone_agent(
     on_notification: NotificationHandler,
     on_malformed: MalformedHandler,
     on_oversize: OversizeHandler | None = None,
+    on_stray_reply: StrayReplyHandler | None = None,
 ) -> AsyncIterator[StandaloneAgent]:
     """The pack's agent in a new sandbox with an empty workspace, for the length of the
     block; then the sandbox is destroyed, what was staged for it removed and the closure
@@ -93,6 +99,7 @@ async def standalone_agent(
             on_notification=on_notification,
             on_malformed=on_malformed,
             on_oversize=on_oversize,
+            on_stray_reply=on_stray_reply,
         )
         yield StandaloneAgent(pack=pack, sandbox=sandbox, agent=agent, plan=plan)
     finally:

@@ -27,7 +27,13 @@ from worker.job.spend import BudgetGuard
 from worker.job.state import JobContext, JobTools, Launched, Made
 from worker.jobs.prompt import workspace_path
 from worker.packs.runtime import LaunchPlan
-from worker.rpc.connection import MalformedHandler, NotificationHandler, OversizeHandler
+from worker.rpc.connection import (
+    MalformedHandler,
+    NotificationHandler,
+    OversizeHandler,
+    StrayReply,
+    StrayReplyHandler,
+)
 from worker.rpc.oversize import OversizeLine
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox
@@ -58,6 +64,7 @@ async def launch_agent(
     on_notification: NotificationHandler,
     on_malformed: MalformedHandler,
     on_oversize: OversizeHandler | None = None,
+    on_stray_reply: StrayReplyHandler | None = None,
     on_admission_notes: Callable[[tuple[Note, ...]], Awaitable[None]] | None = None,
 ) -> AgentProcess:
     """The agent spawned in ``sandbox`` once re-admitted; not started yet, so that the
@@ -77,6 +84,7 @@ async def launch_agent(
         on_notification=on_notification,
         on_malformed=on_malformed,
         on_oversize=on_oversize,
+        on_stray_reply=on_stray_reply,
     )
 
 
@@ -109,6 +117,7 @@ class Turn:
             on_notification=self._notification,
             on_malformed=self._malformed,
             on_oversize=self._oversize,
+            on_stray_reply=self._stray_reply,
             on_admission_notes=self._admission_notes,
         )
         acp = AcpSession(
@@ -151,7 +160,16 @@ class Turn:
         Raises:
             Stopped: cancelled or out of time first.
         """
-        opening = asyncio.create_task(launched.acp.open(self._tools.timings.mark))
+        timings, session = self._tools.timings, self._ctx.spec.session
+        opened = "session_load" if session is not None and session.resume else "session_new"
+
+        def mark(phase: str) -> None:  # each phase reached is under way until marked
+            timings.mark(phase)
+            if phase == "initialize":
+                timings.begin(opened)
+
+        timings.begin("initialize")
+        opening = asyncio.create_task(launched.acp.open(mark))
         try:
             if await _done_first(opening, cancel, deadline):
                 return opening.result()
@@ -259,6 +277,10 @@ class Turn:
 
     async def _malformed(self, preview: str, reason: str) -> None:
         await self._ctx.emitter.emit(notices.acp_malformed_line(preview, reason))
+
+    async def _stray_reply(self, reply: StrayReply) -> None:
+        notice = notices.acp_stray_reply(reply.id, duplicate=reply.duplicate, method=reply.method)
+        await self._ctx.emitter.emit(notice)
 
     async def _oversize(self, line: OversizeLine) -> None:
         """A line over the bound, skipped: a tool update's event from its first bytes

@@ -341,6 +341,14 @@ class Launch(_Strict):
         "configuration: telemetry off, no update checks), each below a directory of HOME; "
         "that directory is the job's own and writable by the agent.",
     )
+    model_files: HomeFiles | None = Field(
+        default=None,
+        description="Text put at the start of these HOME files (after `launch.files` or "
+        "`launch.endpoint.files` of the same path) when the job names its model by a plain "
+        "id, `{model}` standing for that id: the agent then starts, and resumes a session, "
+        "on the job's model, not on its own default until the worker selects the job's "
+        '(codex-acp: `.codex/config.toml`, `model = "{model}"`).',
+    )
     hosts: list[str] | None = Field(
         default=None,
         max_length=16,
@@ -352,6 +360,11 @@ class Launch(_Strict):
     @classmethod
     def _files(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         return _check_home_files(value, "launch.files")
+
+    @field_validator("model_files")
+    @classmethod
+    def _model_files(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return _check_home_files(value, "launch.model_files")
 
     @field_validator("hosts")
     @classmethod

@@ -43,6 +43,10 @@ How it behaves:
   its caller: the prompt after a cancel's grace) is a *late reply*: the last 256 such
   ids are remembered, and a reply to one is logged at debug level naming the id and the
   method, not reported as malformed.
+- Any other reply that matches no pending request is a *stray reply*, reported through
+  ``on_stray_reply`` as a :class:`StrayReply` (a valid JSON-RPC reply, not a malformed
+  line): a *duplicate* (its id was sent and answered already; the method is named while
+  it is among the last 256 requests) or one to an id never sent. It is skipped.
 - A handler that raises (anything but :class:`RpcError`, which is an answer) ends the
   connection: ``closed`` resolves with the handler's :class:`WorkerError` (any other
   exception is wrapped in one and logged with its traceback), and every pending and
@@ -78,10 +82,23 @@ RequestHandler = Callable[[JsonValue], Awaitable["JsonValue | Reply"]]
 NotificationHandler = Callable[[str, JsonValue], Awaitable[None]]
 MalformedHandler = Callable[[str, str], Awaitable[None]]
 OversizeHandler = Callable[[OversizeLine], Awaitable[None]]
+StrayReplyHandler = Callable[["StrayReply"], Awaitable[None]]
 
 _CHUNK = 256 * 1024
-#: How many abandoned request ids are remembered to recognise their late replies.
+#: How many abandoned request ids are remembered to recognise their late replies, and how
+#: many sent ones to name the method a duplicate reply answers.
 _ABANDONED = 256
+
+
+@dataclass(frozen=True, slots=True)
+class StrayReply:
+    """A reply to no pending request that is not a late one: ``duplicate`` when its id
+    was sent (and answered already), else an id the connection never sent. ``method``:
+    the request it answers again, when remembered."""
+
+    id: JsonValue
+    duplicate: bool
+    method: str | None = None
 
 
 class RpcError(Exception):
@@ -159,6 +176,7 @@ class _Requests:
         self._request_timeout = request_timeout
         self._pending: dict[int, asyncio.Future[JsonValue]] = {}
         self._abandoned: OrderedDict[int, str] = OrderedDict()  # id → method, oldest first
+        self._sent: OrderedDict[int, str] = OrderedDict()  # the last requests: id → method
         self._next_id = 0
 
     async def request(self, method: str, params: JsonValue, *, timeout: float | None) -> JsonValue:
@@ -166,6 +184,9 @@ class _Requests:
         self._next_id += 1
         future: asyncio.Future[JsonValue] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._sent[request_id] = method
+        if len(self._sent) > _ABANDONED:
+            self._sent.popitem(last=False)
         try:
             await self._outbox.send(
                 {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
@@ -220,6 +241,12 @@ class _Requests:
             return None
         return self._abandoned.pop(request_id, None)
 
+    def stray(self, request_id: JsonValue) -> StrayReply:
+        """What a reply to no pending request that is not a late one is."""
+        if type(request_id) is not int or not 0 <= request_id < self._next_id:
+            return StrayReply(id=request_id, duplicate=False)
+        return StrayReply(id=request_id, duplicate=True, method=self._sent.get(request_id))
+
     def _future(self, request_id: JsonValue) -> asyncio.Future[JsonValue] | None:
         future = self._pending.get(request_id) if isinstance(request_id, int) else None
         return None if future is None or future.done() else future
@@ -228,11 +255,12 @@ class _Requests:
 @dataclass(frozen=True, slots=True)
 class _Callbacks:
     """What the reader reports besides requests: notifications, malformed and oversize
-    lines."""
+    lines, stray replies."""
 
     on_notification: NotificationHandler | None
     on_malformed: MalformedHandler | None
     on_oversize: OversizeHandler | None = None
+    on_stray_reply: StrayReplyHandler | None = None
 
 
 class _Reader:
@@ -317,7 +345,7 @@ class _Reader:
                 return
             method = self._requests.late(message["id"])
             if method is None:
-                await self._malformed(line, "response to no pending request")
+                await self._stray(self._requests.stray(message["id"]))
             else:
                 log.debug("a late reply to %s (id %s), which was abandoned", method, message["id"])
         else:
@@ -373,6 +401,14 @@ class _Reader:
         reply["result"] = result
         return reply, None
 
+    async def _stray(self, reply: StrayReply) -> None:
+        on_stray_reply = self._callbacks.on_stray_reply
+        if on_stray_reply is None:
+            what = "a duplicate reply" if reply.duplicate else "a reply to an id never sent"
+            log.warning("skipped %s (id %.64r, %s)", what, reply.id, reply.method)
+        else:
+            await _handled("a stray reply", on_stray_reply(reply))
+
     async def _malformed(self, line: bytes, reason: str) -> None:
         on_malformed = self._callbacks.on_malformed
         if on_malformed is not None:
@@ -398,6 +434,7 @@ class Connection:
         on_notification: NotificationHandler | None = None,
         on_malformed: MalformedHandler | None = None,
         on_oversize: OversizeHandler | None = None,
+        on_stray_reply: StrayReplyHandler | None = None,
     ) -> None:
         self._outbox = _Outbox(writer)
         self._requests = _Requests(self._outbox, request_timeout=request_timeout)
@@ -406,7 +443,7 @@ class Connection:
             outbox=self._outbox,
             requests=self._requests,
             line_limit=line_limit,
-            callbacks=_Callbacks(on_notification, on_malformed, on_oversize),
+            callbacks=_Callbacks(on_notification, on_malformed, on_oversize, on_stray_reply),
         )
         self._reader_task: asyncio.Task[None] | None = None
         self.closed: asyncio.Future[BaseException] = self._outbox.closed

@@ -7,7 +7,10 @@ nesting) without parsing the whole: the top-level ``method`` and ``id``, whether
 response (``result``/``error``), and for a ``session/update`` its ``sessionId`` and the
 scalar fields of ``update`` (``sessionUpdate``, ``toolCallId``, ``status``, ``title``),
 plus the text of a tool's content blocks (or of its terminal ``_meta`` output) as far as
-the prefix reaches (a preview). A field that comes after the cut is simply not known.
+the prefix reaches (a preview), and its ``rawOutput`` (Cursor's shell puts its
+``stdout`` there) rendered as far as the prefix reaches, as the normalizer renders a whole
+one (``json.dumps``, ``ensure_ascii=False``), so the preview is the start of the output
+the tool event would have shown. A field that comes after the cut is simply not known.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ _WANTED: frozenset[_Path] = frozenset(
         (*_UPDATE, "title"),
     }
 )
+#: A tool's raw output: its output when it has no text content (``rawOutput`` as JSON).
+_RAW: _Path = (*_UPDATE, "rawOutput")
 #: Where a tool's output text is: its ``content`` blocks (``[{type: content, content:
 #: {type: text, text}}]``) and the command output chunk of its terminal ``_meta``
 #: (``terminal_output_delta`` / ``terminal_output`` ``{data}``, as
@@ -55,6 +60,7 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _PARTIAL = re.compile(r'[^"\\]*(?:\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})[^"\\]*)*')
 _SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
 _UPDATE_KEYS = {"sessionUpdate", "toolCallId", "status", "title"}
+_SEPARATORS = {",": ", ", ":": ": "}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +70,9 @@ class OversizeLine:
     ``complete`` is False when the stream ended before the line's newline (``size`` is
     then what was read). ``update`` holds the scalar fields of a ``session/update``'s
     ``update`` read from the prefix; ``output_preview`` the text of its tool content
-    blocks as far as the prefix reaches (cut: the rest of the line is gone).
+    blocks as far as the prefix reaches (cut: the rest of the line is gone);
+    ``raw_output_preview`` the start of its ``rawOutput`` as JSON text, as far as the
+    prefix reaches.
     """
 
     size: int
@@ -76,13 +84,15 @@ class OversizeLine:
     session_id: str | None = None
     update: dict[str, JsonValue] = field(default_factory=dict)
     output_preview: str | None = None
+    raw_output_preview: str | None = None
 
 
 def describe(prefix: bytes, *, size: int, limit: int, complete: bool) -> OversizeLine:
     """The :class:`OversizeLine` for a line of ``size`` bytes that began with ``prefix``."""
     # A code point cut at the end of the prefix is held back, not replaced.
     text = codecs.getincrementaldecoder("utf-8")("replace").decode(prefix, final=False)
-    values, texts, top = _scan(text)
+    scanner = _scan(text)
+    values, texts, top = scanner.values, scanner.texts, scanner.top
     method = values.get(("method",))
     has_id = ("id",) in values
     kind: Kind = "unknown"
@@ -105,21 +115,27 @@ def describe(prefix: bytes, *, size: int, limit: int, complete: bool) -> Oversiz
             if path[:-1] == _UPDATE and path[-1] in _UPDATE_KEYS
         },
         output_preview="\n".join(texts) if texts else None,
+        raw_output_preview="".join(scanner.raw) if scanner.raw else None,
     )
 
 
-def _scan(text: str) -> tuple[dict[_Path, JsonValue], list[str], list[str]]:
+def _scan(text: str) -> _Scanner:
     """Walk the JSON ``text`` (cut anywhere): the wanted scalars by path, the tool
-    content texts (the last one possibly cut), the top-level keys seen. Stops at the
-    cut or at the first thing that is not JSON."""
+    content texts (the last one possibly cut), the ``rawOutput`` rendered, the top-level
+    keys seen. Stops at the cut or at the first thing that is not JSON."""
     scanner = _Scanner(text)
     while scanner.step():
         pass
-    return scanner.values, scanner.texts, scanner.top
+    return scanner
 
 
 class _Scanner:
-    """One token per :meth:`step`, tracking the path of object keys to the cursor."""
+    """One token per :meth:`step`, tracking the path of object keys to the cursor.
+
+    ``raw`` collects the tokens of the ``rawOutput`` value rendered as ``json.dumps``
+    (``ensure_ascii=False``, its default separators) would render them: from the token
+    that starts the value to the one that ends it, or to the cut.
+    """
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -129,6 +145,9 @@ class _Scanner:
         self._frames: list[list[str | None]] = []  # ["o", key] an object, ["a", None] an array
         self._expect_key = False
         self._i = 0
+        self.raw: list[str] = []
+        self._value = False  # the next token is an object's value (it follows a ":")
+        self._raw_level: int | None = None  # depth of the rawOutput value while it is read
 
     def step(self) -> bool:
         """Read one token; False at the cut or at what is not JSON."""
@@ -137,6 +156,9 @@ class _Scanner:
         if i >= len(text):
             return False
         c = text[i]
+        if self._value and self._raw_level is None and not self.raw and _path(frames) == _RAW:
+            self._raw_level = len(frames)
+        self._value = c == ":"
         if c == '"':
             return self._string()
         if c in "{[":
@@ -151,20 +173,42 @@ class _Scanner:
             self._expect_key = c == "," and bool(frames) and frames[-1][0] == "o"
         else:
             return self._scalar()
+        self._render(_SEPARATORS.get(c, c))
         self._i = i + 1
         return True
+
+    def _rendered(self, value: str, *, closed: bool) -> str:
+        """A string token as ``json.dumps`` renders it (without its closing quote when
+        the cut falls inside it); a ``rawOutput`` that is a string is shown as it is."""
+        if self._raw_level == len(self._frames):
+            return value
+        literal = json.dumps(value, ensure_ascii=False)
+        return literal if closed else literal[:-1]
+
+    def _render(self, token: str) -> None:
+        """Add ``token`` to ``raw`` while the ``rawOutput`` value is being read; that
+        value ends when the depth it started at is back."""
+        if self._raw_level is None:
+            return
+        self.raw.append(token)
+        if len(self._frames) == self._raw_level:
+            self._raw_level = None
 
     def _string(self) -> bool:
         match = _STRING.match(self.text, self._i)
         path = _path(self._frames)
         if match is None:  # the cut falls inside this string
+            partial = _partial(self.text[self._i + 1 :])
             if not self._expect_key and path in _TEXTS:
-                self.texts.extend(_partial(self.text[self._i + 1 :]))
+                self.texts.extend(partial)
+            for piece in partial:
+                self._render(self._rendered(piece, closed=False))
             return False
         value = _decoded(match.group())
         if value is None:
             return False
         self._i = match.end()
+        self._render(self._rendered(value, closed=True))
         frames = self._frames
         if self._expect_key and frames and frames[-1][0] == "o":
             frames[-1][1] = value
@@ -179,7 +223,9 @@ class _Scanner:
         match = _SCALAR.match(self.text, self._i)
         if match is None or match.end() == len(self.text):  # not JSON, or the cut may end it
             return False
-        self._record(_path(self._frames), json.loads(match.group()))
+        value = json.loads(match.group())
+        self._record(_path(self._frames), value)
+        self._render(json.dumps(value))
         self._i = match.end()
         return True
 

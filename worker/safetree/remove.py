@@ -6,6 +6,10 @@ be entered, and plant links. :func:`remove_tree` removes through a :class:`~.wal
 so neither depth nor path length matters, it holds one descriptor however deep the tree,
 and a tree changed under it stops it. A link is removed, never followed; a directory on
 another filesystem (something still mounted below) is refused, not emptied.
+
+Two removers may race over one tree (a job's teardown after its lease was lost, and the
+reaper that settled it): what the other one removed first, the root included, is gone
+as asked, not an error.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from worker.safetree.walk import Done, Found, Walk
 
 
 def remove_tree(root: Path) -> None:
-    """Delete ``root`` and everything below it; a missing ``root`` is fine.
+    """Delete ``root`` and everything below it; a missing ``root`` is fine, and so is
+    anything of it (the root too) that someone else removes meanwhile.
 
     Raises:
         OSError: something could not be removed, a directory below ``root`` is on
@@ -32,17 +37,28 @@ def remove_tree(root: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(info.st_mode):
-        os.unlink(root)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root)
         return
     _writable(root, None)
     changed = "the tree changed while it was being removed"
-    with Walk(root, policy=EVERY_KIND, changed=changed) as walk:
+    walk = Walk(root, policy=EVERY_KIND, changed=changed, vanished_ok=True)
+    try:
+        walk.__enter__()
+    except FileNotFoundError:
+        return  # removed by someone else since the lstat
+    try:
         for step in walk:
             if isinstance(step, Found):
                 _remove_or_open(step, info.st_dev, root)
             elif isinstance(step, Done) and step.parent is not None:
-                os.rmdir(step.name, dir_fd=step.parent)
-    os.rmdir(root)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(step.name, dir_fd=step.parent)
+    finally:
+        walk.close()
+    # Whatever is still in it (ENOTEMPTY) is an error; gone altogether is what was asked.
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(root)
 
 
 def _remove_or_open(found: Found, device: int, root: Path) -> None:
@@ -60,6 +76,7 @@ def _remove_or_open(found: Found, device: int, root: Path) -> None:
 def _writable(name: str | Path, parent: int | None) -> None:
     # The agent may have left directories it cannot be entered or emptied. Only called on
     # what lstat saw as a directory, while nothing of the agent runs any more; not our own
-    # (root made it, and we are not root): the open or unlink that follows says so.
-    with contextlib.suppress(PermissionError):
+    # (root made it, and we are not root): the open or unlink that follows says so. Gone
+    # already (another remover took it): nothing to open.
+    with contextlib.suppress(PermissionError, FileNotFoundError):
         os.chmod(name, 0o700, dir_fd=parent)

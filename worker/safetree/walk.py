@@ -81,7 +81,10 @@ class Walk:
     nothing below it is followed either way. ``changed`` is the message of the
     ``OSError`` raised when the tree changes under the walk. ``select`` (the entry's
     ``rel`` path and kind): an entry it refuses is passed over as if absent, neither
-    counted, reported nor entered (a walk of part of a tree).
+    counted, reported nor entered (a walk of part of a tree). ``vanished_ok``: an entry
+    gone by the time it is looked at or entered (another process removing the same tree)
+    is passed over as if absent, instead of stopping the walk with ``FileNotFoundError``;
+    a directory replaced by another still stops it.
     """
 
     def __init__(
@@ -93,8 +96,10 @@ class Walk:
         follow_root: bool = False,
         changed: str = "the tree changed while it was walked",
         select: Callable[[str, Kind], bool] | None = None,
+        vanished_ok: bool = False,
     ) -> None:
         self.root = root
+        self._vanished_ok = vanished_ok
         self._select = select
         self.policy = policy
         self.tally = Tally(bounds)
@@ -155,25 +160,38 @@ class Walk:
             if kind in ("file", "hardlink"):
                 self.tally.expect(info.st_size)
             yield Found(self._fd, name, rel, info, kind, depth)
-            if kind == "dir":
-                self._descend(name, info)
+            if kind == "dir" and self._descend(name, info):
                 stack.append(
                     _Level(_ident(self._fd), name, rel + "/", depth, self._listing(self._fd))
                 )
 
     def _listing(self, fd: int) -> Iterator[tuple[str, os.stat_result]]:
+        found = []
         with os.scandir(fd) as entries:
-            found = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+            for entry in entries:
+                try:
+                    found.append((entry.name, entry.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    if not self._vanished_ok:
+                        raise
         found.sort(key=lambda item: item[0])
         return iter(found)
 
-    def _descend(self, name: str, info: os.stat_result) -> None:
+    def _descend(self, name: str, info: os.stat_result) -> bool:
+        """Enter ``name``: whether it was there to enter (``False`` only when
+        ``vanished_ok``)."""
         assert self._fd is not None
-        child = os.open(name, OPEN_DIR, dir_fd=self._fd)
+        try:
+            child = os.open(name, OPEN_DIR, dir_fd=self._fd)
+        except FileNotFoundError:
+            if not self._vanished_ok:
+                raise
+            return False  # removed since it was listed: nothing below to walk
         os.close(self._fd)
         self._fd = child
         if _ident(child) != (info.st_dev, info.st_ino):
             raise OSError(errno.ESTALE, self._changed, str(self.root))
+        return True
 
     def _climb(self, expected: tuple[int, int]) -> int:
         assert self._fd is not None

@@ -18,17 +18,26 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from worker.images.engine import EngineConfig, host_apt_mirror
-from worker.settings import Settings, default_cache_dir, default_worker_id
+from worker.settings import Settings, default_cache_dir, default_worker_id, invalid_settings
 
 
 class _EnvWithoutType(EnvSettingsSource):
@@ -77,10 +86,22 @@ class _BackendSettings(BaseSettings):
         return (init_settings, _EnvWithoutType(settings_cls))
 
     @classmethod
+    def _loaded(cls, **values: Any) -> Self:
+        """``cls(**values)``, the rest from the ``ACPW_*`` environment.
+
+        Raises:
+            InvalidSettings: a variable holds a value refused (named, never quoted).
+        """
+        try:
+            return cls(**values)
+        except (ValidationError, SettingsError) as exc:
+            raise invalid_settings(exc) from None  # pydantic's text quotes the value
+
+    @classmethod
     def from_settings(cls, settings: Settings) -> Self:
         """This backend's config: the worker's identity from ``settings``, the rest from
         the ``ACPW_*`` environment (or defaults)."""
-        return cls(worker_id=settings.worker_id)
+        return cls._loaded(worker_id=settings.worker_id)
 
     def host_owner(self) -> tuple[int, int]:
         """The host (uid, gid) that owns what the sandbox writes, and must own what is
@@ -126,7 +147,7 @@ class DockerConfig(_BackendSettings):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:
-        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+        return cls._loaded(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
 
     def engine(self) -> EngineConfig:
         """The engine connection and image settings ``worker.images`` works with.
@@ -229,7 +250,7 @@ class DaytonaConfig(_BackendSettings):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:
-        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+        return cls._loaded(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
 
     def api_key(self) -> str | None:
         """The API key: the setting, else the file's first line; ``None`` when neither.
@@ -567,7 +588,7 @@ class KubernetesConfig(_BackendSettings):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:
-        return cls(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
+        return cls._loaded(worker_id=settings.worker_id, cache_dir=settings.cache_dir)
 
     @model_validator(mode="after")
     def _owner_pod_whole(self) -> Self:
