@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from tests.k8s_double import rbac
 from worker.admission import MaskEntry, MaskKind, mask_plan
-from worker.errors import SandboxError
+from worker.errors import InvalidSettings, SandboxError
 from worker.sandbox import BackendConfig, backend_config
 from worker.sandbox.base import (
     HOME,
@@ -463,8 +463,9 @@ def test_bad_placement_from_the_environment_stops_the_worker(
     """The chart's values arrive as JSON: the backend's config refuses a bad one when
     the worker starts, naming the variable's setting."""
     monkeypatch.setenv("ACPW_K8S_POD_LABELS", '{"acpw.network": "allowlist"}')
-    with pytest.raises(ValidationError, match="k8s_pod_labels"):
+    with pytest.raises(InvalidSettings, match="ACPW_K8S_POD_LABELS") as refused:
         backend_config(Settings(), "kubernetes")
+    assert refused.value.exit_code == 2
 
 
 # -- network policies ---------------------------------------------------------------------
