@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import stat
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class Fault:
     status: int
     message: str
     headers: dict[str, str] = field(default_factory=dict)
+    #: the request is served first, then answered with the error (a gateway that lost
+    #: the answer of a call the daemon applied)
+    after: bool = False
 
 
 @dataclass
@@ -73,6 +77,8 @@ class CommandRun:
     exit_code: int | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     inputs: int = 0
+    #: the data of every input call, in order
+    received: list[str] = field(default_factory=list)
     pump: asyncio.Task[None] | None = None
 
 
@@ -83,6 +89,8 @@ class SandboxRecord:
     closure: Path
     sessions: dict[str, dict[str, CommandRun]] = field(default_factory=dict)
     activity_refreshes: int = 0
+    #: commands of deleted sessions (their logs are what the runner kept)
+    finished: list[CommandRun] = field(default_factory=list)
 
 
 class DaytonaDouble:
@@ -105,6 +113,17 @@ class DaytonaDouble:
         #: the next log stream closes with 1011 after its first message (a dropped socket)
         self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
+        #: echo every input call into the command's log (stdout), as a runner that
+        #: ignores ``suppressInputEcho`` would
+        self.echo_input = False
+        #: how many input calls were echoed
+        self.echoed = 0
+        #: (monotonic time, method, path) of every request
+        self.timed: list[tuple[float, str, str]] = []
+        #: deleted sandboxes (their command logs stay readable)
+        self.gone: list[SandboxRecord] = []
+        #: (folder mode, file mode) of each relay header when its command started
+        self.header_modes: list[tuple[int, int]] = []
         #: files every sandbox created from now on starts with (sandbox path → content):
         #: what a snapshot's image would hold there, e.g. config planted in /workspace
         self.image_files: dict[str, bytes] = {}
@@ -136,22 +155,35 @@ class DaytonaDouble:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def fail_next(self, method: str, path: str, status: int, message: str, **headers: str) -> None:
+    def fail_next(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        message: str,
+        *,
+        after: bool = False,
+        **headers: str,
+    ) -> None:
         """The next ``method`` request whose path matches the regex ``path`` gets
-        ``status`` with ``message`` (and ``headers``, e.g. ``Retry_After``)."""
+        ``status`` with ``message`` (and ``headers``, e.g. ``Retry_After``); with
+        ``after``, only once it was served (applied, then the answer lost)."""
         fixed = {k.replace("_", "-"): v for k, v in headers.items()}
-        self.faults.append(Fault(method, re.compile(path), status, message, fixed))
+        self.faults.append(Fault(method, re.compile(path), status, message, fixed, after))
 
     # --- middleware: auth, faults, request log ---------------------------------------
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
+        self.timed.append((time.monotonic(), request.method, request.path))
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return _error(401, "Unauthorized")
         for fault in self.faults:
             if fault.method == request.method and fault.path.search(request.path):
                 self.faults.remove(fault)
+                if fault.after:
+                    await handler(request)
                 response = _error(fault.status, fault.message)
                 response.headers.update(fault.headers)
                 return response
@@ -185,6 +217,7 @@ class DaytonaDouble:
         r.add_post(t + "/files/bulk-download", self.download)
         r.add_get(t + "/files/info", self.file_info)
         r.add_post(t + "/files/folder", self.create_folder)
+        r.add_post(t + "/files/permissions", self.set_permissions)
 
     # --- snapshots ---------------------------------------------------------------------
 
@@ -310,6 +343,7 @@ class DaytonaDouble:
             return _error(404, "Sandbox not found")
         await self._kill_all(record)
         del self.sandboxes[record.dto["id"]]
+        self.gone.append(record)
         shutil.rmtree(record.root, ignore_errors=True)
         record.dto["state"] = "destroyed"
         return self._sandbox_response(record.dto)
@@ -374,6 +408,7 @@ class DaytonaDouble:
             return _error(404, "session not found")
         for run in runs.values():
             await _kill(run)
+            record.finished.append(run)
         return web.Response(status=204)
 
     async def session_exec(self, request: web.Request) -> web.Response:
@@ -385,6 +420,7 @@ class DaytonaDouble:
         assert body is not None
         run = CommandRun(str(uuid.uuid4()), body.command)
         session[run.cmd_id] = run
+        self._note_header(record, body.command)
         await self._spawn(record, run)
         if not (body.run_async or body.var_async):
             await _finished(run)
@@ -395,6 +431,20 @@ class DaytonaDouble:
             stderr=run.stderr.decode(errors="replace") if run.exit_code is not None else None,
         )
         return _json(answer, 202 if body.run_async else 200)
+
+    def _note_header(self, record: SandboxRecord, command: str) -> None:
+        """The modes of a relay's header file and folder as its command starts."""
+        match = re.search(r"(/tmp/acpw-launch-[0-9a-f]+)/header\.json", command)
+        if match is None:
+            return
+        folder = self._host_path(record, match.group(1))
+        with contextlib.suppress(OSError):
+            self.header_modes.append(
+                (
+                    stat.S_IMODE(folder.stat().st_mode),
+                    stat.S_IMODE((folder / "header.json").stat().st_mode),
+                )
+            )
 
     async def command_status(self, request: web.Request) -> web.Response:
         run = self._command(request)
@@ -408,6 +458,13 @@ class DaytonaDouble:
         if run.proc is None or run.proc.stdin is None or run.exit_code is not None:
             return _error(410, "command already completed")
         run.inputs += 1
+        run.received.append(body.data)
+        if self.echo_input:
+            self.echoed += 1
+            async with run.changed:
+                run.log += STDOUT_PREFIX + body.data.encode()
+                run.stdout += body.data.encode()
+                run.changed.notify_all()
         try:
             run.proc.stdin.write(body.data.encode())
             await run.proc.stdin.drain()
@@ -503,6 +560,19 @@ class DaytonaDouble:
             return _error(400, "parent directory does not exist")
         return web.Response(status=201)
 
+    async def set_permissions(self, request: web.Request) -> web.Response:
+        """The mode of a file or directory (owner and group are not modelled: one user)."""
+        record = self._sandbox(request)
+        mode = request.query.get("mode", "")
+        if not re.fullmatch(r"[0-7]{3,4}", mode):
+            return _error(400, "invalid mode")
+        path = self._host_path(record, request.query.get("path", ""))
+        try:
+            os.chmod(path, int(mode, 8), follow_symlinks=False)
+        except FileNotFoundError:
+            return _error(404, "file not found")
+        return web.Response(status=200)
+
     async def upload(self, request: web.Request) -> web.Response:
         record = self._sandbox(request)
         reader = await request.multipart()
@@ -561,7 +631,19 @@ class DaytonaDouble:
         for runs in record.sessions.values():
             for run in runs.values():
                 await _kill(run)
+                record.finished.append(run)
         record.sessions.clear()
+
+    @property
+    def logged(self) -> list[str]:
+        """The log of every command of every sandbox still here and every command
+        line (what the runner would keep), as text."""
+        texts = []
+        for record in [*self.sandboxes.values(), *self.gone]:
+            runs = [run for session in record.sessions.values() for run in session.values()]
+            for run in [*runs, *record.finished]:
+                texts += [run.command, run.log.decode(errors="replace")]
+        return texts
 
     def activity_refreshes(self, name: str) -> int:
         record = self._find(name)

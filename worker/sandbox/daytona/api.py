@@ -49,8 +49,9 @@ def _transient(exc: BaseException) -> bool:
 
 def _retry_after(exc: BaseException | None) -> float | None:
     headers = getattr(exc, "headers", None) or {}
+    value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), "")
     try:
-        return min(float(headers.get("Retry-After", "")), 30.0)
+        return min(max(float(value), 0.0), 30.0)
     except (TypeError, ValueError):
         return None
 

@@ -9,8 +9,10 @@ import contextlib
 import logging
 import math
 import re
+import secrets
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +32,7 @@ from worker.sandbox.daytona import sdk, sync, view
 from worker.sandbox.daytona.api import Api, close_client
 from worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
-from worker.sandbox.daytona.relay import launch_header, relay_command
+from worker.sandbox.daytona.relay import launch_header, lease_frame, relay_command
 from worker.sandbox.shared import check_command, check_id, make_sandbox_id
 
 if TYPE_CHECKING:
@@ -87,6 +89,17 @@ class _Command(CommandControl):
             lambda: process.send_session_command_input(self._session, self._cmd, data),
         )
 
+    async def send_lease(self, deadline: LeaseDeadline) -> None:
+        """Tell the relay the lease now ends at ``deadline``: the remaining time is
+        computed for each attempt, so a retried call never extends the lease."""
+        process = self._box.remote.process
+        await self._box.api.call(
+            "renew lease",
+            lambda: process.send_session_command_input(
+                self._session, self._cmd, lease_frame(deadline.at - time.monotonic())
+            ),
+        )
+
     async def kill_session(self) -> None:
         process = self._box.remote.process
         with contextlib.suppress(SandboxError):
@@ -118,6 +131,7 @@ class DaytonaSandbox:
         self.remote = remote
         self._count = 0
         self.processes: list[DaytonaProcess] = []
+        self._controls: list[_Command] = []
         self._unfollow: Callable[[], None] | None = None
         self._last_refresh = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
@@ -149,15 +163,16 @@ class DaytonaSandbox:
         self._count += 1
         session = f"acpw-{self._count}"
         process = self.remote.process
+        header = await self._upload_header(argv, env, cwd)
         await self.api.call("create session", lambda: process.create_session(session))
         request = sdk.module().SessionExecuteRequest(
-            command=relay_command(), run_async=True, suppress_input_echo=True
+            command=relay_command(header), run_async=True, suppress_input_echo=True
         )
         started = await self.api.call(
             "execute command", lambda: process.execute_session_command(session, request)
         )
         control = _Command(self, session, started.cmd_id)
-        await control.send(launch_header(argv, env, cwd))
+        self._controls.append(control)
         proc = DaytonaProcess(
             control,
             stdout_limit=stdout_limit,
@@ -165,6 +180,28 @@ class DaytonaSandbox:
         )
         self.processes.append(proc)
         return proc
+
+    async def _upload_header(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+        """Upload the relay's launch header (argv, the environment with its credentials,
+        the masks, the lease) as a 0600 file in a fresh 0700 directory below ``/tmp``
+        through the file API; the relay reads and removes both. Returns its path.
+
+        Credentials never travel as an input call, which a runner ignoring
+        ``suppressInputEcho`` would echo into the command's log.
+        """
+        folder = f"/tmp/acpw-launch-{secrets.token_hex(12)}"  # noqa: S108 - in the sandbox
+        path = f"{folder}/header.json"
+        deadline = self._spec.lease_deadline
+        body = launch_header(
+            argv, env, cwd,
+            masks=[(m.kind.value, f"{WORKSPACE}/{m.path}") for m in self.masks],
+            lease_s=None if deadline is None else deadline.at - time.monotonic(),
+        )  # fmt: skip
+        fs = self.remote.fs
+        await self.api.call("make header folder", lambda: fs.create_folder(folder, "700"))
+        await self.api.call("upload header", lambda: fs.upload_file(body, path))
+        await self.api.call("protect header", lambda: fs.set_file_permissions(path, mode="600"))
+        return path
 
     def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
         """Admission in the sandbox's own view, rebuilt from its file API (``view.py``).
@@ -212,15 +249,27 @@ class DaytonaSandbox:
         every = self.backend.config.daytona_activity_every_s
 
         def renewed(_at: float) -> None:
+            for control, process in zip(self._controls, self.processes, strict=True):
+                if process.returncode is None:
+                    self._spawn_task(self._renew(control, deadline))
             now = loop.time()
             if now - self._last_refresh < every:
                 return
             self._last_refresh = now
-            task = loop.create_task(self._refresh())
-            self._refreshes.add(task)
-            task.add_done_callback(self._refreshes.discard)
+            self._spawn_task(self._refresh())
 
         self._unfollow = deadline.follow(renewed)
+
+    def _spawn_task(self, call: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(call)
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    async def _renew(self, control: _Command, deadline: LeaseDeadline) -> None:
+        try:
+            await control.send_lease(deadline)
+        except SandboxError as exc:
+            log.warning("daytona: lease renewal of %s not delivered: %s", self._sandbox_id, exc)
 
     async def _refresh(self) -> None:
         try:
