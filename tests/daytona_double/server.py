@@ -216,6 +216,7 @@ class DaytonaDouble:
         r.add_post(t + "/files/bulk-upload", self.upload)
         r.add_post(t + "/files/bulk-download", self.download)
         r.add_get(t + "/files/info", self.file_info)
+        r.add_get(t + "/files", self.list_files)
         r.add_post(t + "/files/folder", self.create_folder)
         r.add_post(t + "/files/permissions", self.set_permissions)
 
@@ -475,7 +476,12 @@ class DaytonaDouble:
     async def command_logs(self, request: web.Request) -> web.StreamResponse:
         run = self._command(request)
         if request.query.get("follow") != "true":
-            return _error(400, "only follow=true is served by the double")
+            logs = tb.SessionCommandLogsResponse(
+                output=run.log.decode(errors="replace"),
+                stdout=run.stdout.decode(errors="replace"),
+                stderr=run.stderr.decode(errors="replace"),
+            )
+            return _json(logs)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         sent = 0
@@ -545,6 +551,28 @@ class DaytonaDouble:
             path=remote,
         )  # fmt: skip
         return _json(model)
+
+    async def list_files(self, request: web.Request) -> web.Response:
+        """The entries of a directory of the sandbox's view (one level)."""
+        record = self._sandbox(request)
+        remote = request.query.get("path", "")
+        path = self._view_path(record, remote) or record.root
+        try:
+            names = sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return _error(404, f"directory not found: {remote}")
+        items = []
+        for name in names:
+            info = os.lstat(path / name)
+            items.append(
+                tb.FileInfo(
+                    name=name, is_dir=stat.S_ISDIR(info.st_mode), size=info.st_size,
+                    mode=_go_mode(info.st_mode), mod_time="",
+                    permissions=f"{info.st_mode & 0o777:o}", owner="daytona",
+                    group="daytona", path=f"{remote.rstrip('/')}/{name}",
+                ).to_dict()
+            )  # fmt: skip
+        return web.json_response(items)
 
     async def create_folder(self, request: web.Request) -> web.Response:
         record = self._sandbox(request)
