@@ -106,6 +106,15 @@ class DaytonaDouble:
         #: image references whose snapshots stay ``pending`` (a build that never ends)
         self.stuck_images: set[str] = set()
         self.snapshots: dict[str, dict[str, Any]] = {}
+        #: how long a snapshot's build takes: ``pending``, then ``building`` for this
+        #: long, then ``active`` (or ``build_failed``)
+        self.snapshot_build_s = 0.0
+        #: the next this many builds end ``build_failed`` (a registry hiccup)
+        self.fail_builds = 0
+        #: snapshot name → (monotonic time its build ends, state then, error reason)
+        self._builds: dict[str, tuple[float, str, str | None]] = {}
+        #: how many snapshots were created, activated, deleted
+        self.snapshot_calls: dict[str, int] = {"create": 0, "activate": 0, "delete": 0}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.faults: list[Fault] = []
         #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
@@ -198,6 +207,8 @@ class DaytonaDouble:
         r.add_post("/api/snapshots", self.create_snapshot)
         r.add_get("/api/snapshots", self.list_snapshots)
         r.add_get("/api/snapshots/{id}", self.get_snapshot)
+        r.add_delete("/api/snapshots/{id}", self.delete_snapshot)
+        r.add_post("/api/snapshots/{id}/activate", self.activate_snapshot)
         r.add_post("/api/sandbox", self.create_sandbox)
         r.add_get("/api/sandbox", self.list_sandboxes)
         r.add_get("/api/sandbox/{id}", self.get_sandbox)
@@ -231,11 +242,18 @@ class DaytonaDouble:
         found = self.images.get(image) or self.resolve_image(image)
         if found is not None:
             self.images[image] = found
+        self.snapshot_calls["create"] += 1
         state, reason = "active", None
         if image in self.stuck_images:
             state = "pending"
         elif image not in self.images:
             state, reason = "build_failed", f"image {image} not found in the registry"
+        elif self.fail_builds > 0:
+            self.fail_builds -= 1
+            state, reason = "build_failed", "failed to pull the image: registry hiccup"
+        if state != "pending" and self.snapshot_build_s > 0:
+            self._builds[body.name] = (time.monotonic() + self.snapshot_build_s, state, reason)
+            state, reason = "pending", None
         now = _now()
         dto = {
             "id": str(uuid.uuid4()), "organizationId": "org-double", "general": False,
@@ -253,9 +271,36 @@ class DaytonaDouble:
         return _json(model, 200)
 
     def _find_snapshot(self, key: str) -> dict[str, Any] | None:
-        if key in self.snapshots:
-            return self.snapshots[key]
-        return next((s for s in self.snapshots.values() if s["id"] == key), None)
+        found = self.snapshots.get(key) or next(
+            (s for s in self.snapshots.values() if s["id"] == key), None
+        )
+        if found is not None and found["name"] in self._builds:
+            ends, state, reason = self._builds[found["name"]]
+            if time.monotonic() >= ends:
+                del self._builds[found["name"]]
+                found.update(state=state, errorReason=reason, updatedAt=_now())
+            else:
+                found["state"] = "building"
+        return found
+
+    async def delete_snapshot(self, request: web.Request) -> web.Response:
+        dto = self._find_snapshot(request.match_info["id"])
+        if dto is None:
+            return _error(404, "Snapshot not found")
+        self.snapshot_calls["delete"] += 1
+        del self.snapshots[dto["name"]]
+        self._builds.pop(dto["name"], None)
+        return web.Response(status=200)
+
+    async def activate_snapshot(self, request: web.Request) -> web.Response:
+        dto = self._find_snapshot(request.match_info["id"])
+        if dto is None:
+            return _error(404, "Snapshot not found")
+        if dto["state"] != "inactive":
+            return _error(400, f"Snapshot {dto['name']} is {dto['state']}, not inactive")
+        self.snapshot_calls["activate"] += 1
+        dto.update(state="active", updatedAt=_now())
+        return self._snapshot_response(dto)
 
     async def get_snapshot(self, request: web.Request) -> web.Response:
         dto = self._find_snapshot(request.match_info["id"])

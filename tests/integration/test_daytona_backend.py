@@ -80,6 +80,7 @@ def _config(tmp_path: Path, server: DaytonaDouble, **overrides: Any) -> DaytonaC
         "daytona_image_registry": REGISTRY,
         "daytona_base_image_id": BASE_ID,
         "daytona_retry_attempts": 3,
+        "daytona_snapshot_rebuild_backoff_s": 0.1,
     }
     values.update(overrides)
     return DaytonaConfig(**values)
@@ -414,10 +415,46 @@ async def test_snapshot_build_failed_and_stuck_pending(
         with pytest.raises(SnapshotFailed) as pending:
             await stuck.create(_spec(tmp_path))
         assert pending.value.details["reason"] == "pending"
+        assert pending.value.details["state"] == "pending"
         assert name in double.snapshots
     finally:
         await failing.aclose()
         await stuck.aclose()
+    assert double.sandboxes == {}
+
+
+async def test_snapshot_lifecycle_inactive_activated_failed_rebuilt(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """The snapshot's states as the double times them: a build takes a while (pending,
+    building, then active); a snapshot gone inactive is activated, not remade; a failed
+    build is deleted and built again after a back-off; builds that keep failing end in
+    ``snapshot_failed`` naming the rebuilds."""
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_rebuilds=1))
+    spec = _spec(tmp_path)
+    name, _, _ = backend.snapshot_plan(spec)
+    try:
+        double.snapshot_build_s = 1.5
+        double.fail_builds = 1
+        first = await backend.create(spec)  # build failed, deleted, rebuilt, active
+        assert double.snapshot_calls == {"create": 2, "activate": 0, "delete": 1}
+        states = [p for _, m, p in double.timed if m == "GET" and name in p]
+        assert len(states) >= 2  # polled while building
+        await backend.destroy(first.sandbox_id)
+        double.snapshots[name]["state"] = "inactive"
+        second = await backend.create(spec)  # activated, not made again
+        assert double.snapshot_calls == {"create": 2, "activate": 1, "delete": 1}
+        await backend.destroy(second.sandbox_id)
+        double.snapshots.clear()
+        double.snapshot_build_s = 0.0
+        double.fail_builds = 5
+        with pytest.raises(SnapshotFailed) as failed:
+            await backend.create(spec)
+        assert failed.value.details["reason"] == "build_failed"
+        assert failed.value.details["rebuilds"] == 1
+        assert double.snapshot_calls["create"] == 4
+    finally:
+        await backend.aclose()
     assert double.sandboxes == {}
 
 

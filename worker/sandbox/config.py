@@ -199,6 +199,17 @@ class DaytonaConfig(_BackendSettings):
     daytona_snapshot_timeout_s: float = Field(
         default=900.0, gt=0, description="A snapshot still pending after this fails."
     )
+    daytona_snapshot_rebuilds: int = Field(
+        default=2,
+        ge=0,
+        description="A snapshot whose build failed is deleted and built again this many "
+        "times, with back-off, before snapshot_failed.",
+    )
+    daytona_snapshot_rebuild_backoff_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The first rebuild's wait; each next one waits twice as long.",
+    )
     daytona_start_timeout_s: float = Field(
         default=120.0, gt=0, description="A sandbox not started after this fails."
     )

@@ -374,36 +374,54 @@ class DaytonaBackend:
         return name, image, (cpu, memory)
 
     async def ensure_snapshot(self, client: AsyncDaytona, spec: SandboxSpec) -> str:
-        """The spec's snapshot, active and verified: reused when present, else created.
+        """The spec's snapshot, active and verified: reused when present, else created;
+        an inactive one activated; one whose build failed deleted and built again
+        (``daytona_snapshot_rebuilds`` times, the wait doubling from
+        ``daytona_snapshot_rebuild_backoff_s``).
 
         Raises:
-            SnapshotFailed: it failed to build, stayed pending past
-                ``daytona_snapshot_timeout_s``, or names another image.
+            SnapshotFailed: it still failed to build after the rebuilds
+                (``reason: build_failed``), stayed short of ``active`` past
+                ``daytona_snapshot_timeout_s`` (``reason: pending``, its last ``state``
+                in the details), or names another image (``reason: identity``).
             SandboxError: (or a subclass) Daytona refused otherwise.
         """
         name, image, (cpu, memory) = self.snapshot_plan(spec)
         d = sdk.module()
-        snapshots = client.snapshot
-        try:
-            found = await self._get_snapshot(client, name)
-            if found is None:
-                resources = d.Resources(cpu=cpu, memory=memory)
-                params = d.CreateSnapshotParams(name=name, image=image, resources=resources)
+        params = d.CreateSnapshotParams(
+            name=name, image=image, resources=d.Resources(cpu=cpu, memory=memory)
+        )
+        seen: dict[str, str] = {}
+        rebuilds = 0
+        while True:
+            try:
                 found = await asyncio.wait_for(
-                    self._create_snapshot(snapshots, params),
+                    self._snapshot_active(client, params, seen),
                     timeout=self.config.daytona_snapshot_timeout_s,
                 )
-            found = await asyncio.wait_for(
-                self._until_active(client, name, found),
-                timeout=self.config.daytona_snapshot_timeout_s,
-            )
-        except TimeoutError:
-            raise SnapshotFailed(
-                f"daytona: snapshot {name} still pending after "
-                f"{self.config.daytona_snapshot_timeout_s:g} s",
-                snapshot=name,
-                reason="pending",
-            ) from None
+                break
+            except TimeoutError:
+                state = seen.get("state") or await self._state_now(client, name)
+                raise SnapshotFailed(
+                    f"daytona: snapshot {name} not active after "
+                    f"{self.config.daytona_snapshot_timeout_s:g} s (it is {state})",
+                    snapshot=name, reason="pending", state=state,
+                ) from None  # fmt: skip
+            except SnapshotFailed as exc:
+                if exc.details.get("reason") not in ("build_failed", "error"):
+                    raise
+                if rebuilds >= self.config.daytona_snapshot_rebuilds:
+                    raise SnapshotFailed(
+                        exc.message, **{**exc.details, "rebuilds": rebuilds}
+                    ) from None
+                wait = self.config.daytona_snapshot_rebuild_backoff_s * 2**rebuilds
+                rebuilds += 1
+                log.warning(
+                    "daytona: snapshot %s failed to build (%s); rebuilding in %g s (%d of %d)",
+                    name, exc.message, wait, rebuilds, self.config.daytona_snapshot_rebuilds,
+                )  # fmt: skip
+                await self._delete_snapshot(client, name)
+                await asyncio.sleep(wait)
         recorded = getattr(found, "image_name", None)
         if recorded != image:
             raise SnapshotFailed(
@@ -411,6 +429,59 @@ class DaytonaBackend:
                 snapshot=name, reason="identity", expected=image, recorded=recorded,
             )  # fmt: skip
         return name
+
+    async def _snapshot_active(
+        self, client: AsyncDaytona, params: CreateSnapshotParams, seen: dict[str, str]
+    ) -> Any:
+        """The snapshot once ``active``: made when missing, activated when inactive,
+        polled while on its way (its last state kept in ``seen``).
+
+        Raises:
+            SnapshotFailed: its build failed (``reason`` the state) or it vanished.
+        """
+        name = params.name
+        found = await self._get_snapshot(client, name)
+        if found is None:
+            found = await self._create_snapshot(client.snapshot, params)
+        snapshots = client.snapshot
+        activated = False
+        while True:
+            state = str(getattr(found.state, "value", found.state))
+            seen["state"] = state
+            if state == "active":
+                return found
+            if state in ("error", "build_failed"):
+                raise SnapshotFailed(
+                    f"daytona: snapshot {name} failed: {found.error_reason or state}",
+                    snapshot=name,
+                    reason=state,
+                )
+            if state == "inactive" and not activated:
+                found = await self.api.call(
+                    "activate snapshot", lambda: snapshots.activate(name), snapshot=name
+                )
+                activated = True
+                continue
+            await asyncio.sleep(1.0)
+            found = await self._get_snapshot(client, name)
+            if found is None:
+                raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
+
+    async def _state_now(self, client: AsyncDaytona, name: str) -> str | None:
+        """The snapshot's state as Daytona answers now (``None``: not known)."""
+        with contextlib.suppress(SandboxError, TimeoutError):
+            found = await asyncio.wait_for(self._get_snapshot(client, name), 30)
+            if found is not None:
+                return str(getattr(found.state, "value", found.state))
+        return None
+
+    async def _delete_snapshot(self, client: AsyncDaytona, name: str) -> None:
+        snapshots = client.snapshot
+        try:
+            await self.api.call("delete snapshot", lambda: snapshots.delete(name), snapshot=name)
+        except SandboxError as exc:
+            if exc.details.get("status") != 404:
+                raise
 
     async def _get_snapshot(self, client: AsyncDaytona, name: str) -> Any:
         snapshots = client.snapshot
@@ -435,22 +506,6 @@ class DaytonaBackend:
                 raise  # auth, quota, rate limit: not the snapshot's fault
             details = {**exc.details, "snapshot": params.name, "reason": "build_failed"}
             raise SnapshotFailed(exc.message, **details) from None
-
-    async def _until_active(self, client: AsyncDaytona, name: str, found: Any) -> Any:
-        while True:
-            state = str(getattr(found.state, "value", found.state))
-            if state == "active":
-                return found
-            if state in ("error", "build_failed"):
-                raise SnapshotFailed(
-                    f"daytona: snapshot {name} failed: {found.error_reason or state}",
-                    snapshot=name,
-                    reason=state,
-                )
-            await asyncio.sleep(1.0)
-            found = await self._get_snapshot(client, name)
-            if found is None:
-                raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
 
     # --- sandboxes ---------------------------------------------------------------------
 
