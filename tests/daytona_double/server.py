@@ -106,6 +106,12 @@ class DaytonaDouble:
         #: image references whose snapshots stay ``pending`` (a build that never ends)
         self.stuck_images: set[str] = set()
         self.snapshots: dict[str, dict[str, Any]] = {}
+        #: registry host → (user, password) a private registry's pulls need; an image
+        #: there builds only once the organisation registered those credentials
+        self.private_registries: dict[str, tuple[str, str]] = {}
+        #: the organisation's Docker registries, by id (password kept apart)
+        self.registries: dict[str, dict[str, Any]] = {}
+        self.registry_passwords: dict[str, str] = {}
         #: how long a snapshot's build takes: ``pending``, then ``building`` for this
         #: long, then ``active`` (or ``build_failed``)
         self.snapshot_build_s = 0.0
@@ -125,6 +131,12 @@ class DaytonaDouble:
         #: echo every input call into the command's log (stdout), as a runner that
         #: ignores ``suppressInputEcho`` would
         self.echo_input = False
+        #: an injected round-trip time, waited before each request is served and before
+        #: each message of a log stream
+        self.rtt_s = 0.0
+        #: requests being served now, and the most at once
+        self.in_flight = 0
+        self.most_in_flight = 0
         #: how many input calls were echoed
         self.echoed = 0
         #: (monotonic time, method, path) of every request
@@ -185,6 +197,17 @@ class DaytonaDouble:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
+        counted = "/socket.io/" not in request.path  # the SDK's event socket, refused
+        self.in_flight += counted
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.rtt_s:
+                await asyncio.sleep(self.rtt_s)  # the round trip, served as one wait
+            return await self._serve(request, handler)
+        finally:
+            self.in_flight -= counted
+
+    async def _serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.timed.append((time.monotonic(), request.method, request.path))
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return _error(401, "Unauthorized")
@@ -209,6 +232,9 @@ class DaytonaDouble:
         r.add_get("/api/snapshots/{id}", self.get_snapshot)
         r.add_delete("/api/snapshots/{id}", self.delete_snapshot)
         r.add_post("/api/snapshots/{id}/activate", self.activate_snapshot)
+        r.add_get("/api/docker-registry", self.list_registries)
+        r.add_post("/api/docker-registry", self.create_registry)
+        r.add_patch("/api/docker-registry/{id}", self.update_registry)
         r.add_post("/api/sandbox", self.create_sandbox)
         r.add_get("/api/sandbox", self.list_sandboxes)
         r.add_get("/api/sandbox/{id}", self.get_sandbox)
@@ -248,6 +274,8 @@ class DaytonaDouble:
             state = "pending"
         elif image not in self.images:
             state, reason = "build_failed", f"image {image} not found in the registry"
+        elif not self._may_pull(image):
+            state, reason = "build_failed", f"pull access denied for {image}: unauthorized"
         elif self.fail_builds > 0:
             self.fail_builds -= 1
             state, reason = "build_failed", "failed to pull the image: registry hiccup"
@@ -264,6 +292,50 @@ class DaytonaDouble:
         }  # fmt: skip
         self.snapshots[body.name] = dto
         return self._snapshot_response(dto)
+
+    def _may_pull(self, image: str) -> bool:
+        host = image.split("/", 1)[0]
+        needed = self.private_registries.get(host)
+        if needed is None:
+            return True
+        return any(
+            r["url"] == host and (r["username"], self.registry_passwords[rid]) == needed
+            for rid, r in self.registries.items()
+        )
+
+    async def list_registries(self, request: web.Request) -> web.Response:
+        del request
+        items = [api.DockerRegistry.from_dict(r) for r in self.registries.values()]
+        body = json.dumps([m.to_dict() for m in items if m is not None], default=str)
+        return web.Response(text=body, content_type="application/json")
+
+    async def create_registry(self, request: web.Request) -> web.Response:
+        body = api.CreateDockerRegistry.from_dict(await request.json())
+        assert body is not None
+        rid = str(uuid.uuid4())
+        now = _now()
+        self.registries[rid] = {
+            "id": rid, "name": body.name, "url": body.url, "username": body.username,
+            "project": body.project or "", "registryType": "organization",
+            "createdAt": now, "updatedAt": now,
+        }  # fmt: skip
+        self.registry_passwords[rid] = body.password
+        model = api.DockerRegistry.from_dict(self.registries[rid])
+        assert model is not None
+        return _json(model, 201)
+
+    async def update_registry(self, request: web.Request) -> web.Response:
+        rid = request.match_info["id"]
+        if rid not in self.registries:
+            return _error(404, "Registry not found")
+        body = api.UpdateDockerRegistry.from_dict(await request.json())
+        assert body is not None
+        self.registries[rid].update(name=body.name, url=body.url, username=body.username)
+        if body.password:
+            self.registry_passwords[rid] = body.password
+        model = api.DockerRegistry.from_dict(self.registries[rid])
+        assert model is not None
+        return _json(model)
 
     def _snapshot_response(self, dto: dict[str, Any]) -> web.Response:
         model = api.SnapshotDto.from_dict(dto)
@@ -538,6 +610,8 @@ class DaytonaDouble:
             async with run.changed:
                 await run.changed.wait_for(more)
             if len(run.log) > sent:
+                if self.rtt_s:
+                    await asyncio.sleep(self.rtt_s / 2)  # one way
                 chunk = bytes(run.log[sent:])
                 sent += len(chunk)
                 await ws.send_bytes(chunk)

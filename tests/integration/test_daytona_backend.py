@@ -458,6 +458,68 @@ async def test_snapshot_lifecycle_inactive_activated_failed_rebuilt(
     assert double.sandboxes == {}
 
 
+async def test_calls_to_one_organisation_are_bounded(tmp_path: Path, double: DaytonaDouble) -> None:
+    """At most ``daytona_max_concurrent_calls`` calls to one organisation are in flight
+    from the process, however many operations want one; a wider bound lets more through
+    (so the count can see it)."""
+    double.rtt_s = 0.1
+    narrow = DaytonaBackend(_config(tmp_path, double, daytona_max_concurrent_calls=2))
+    await asyncio.gather(*(narrow.list({}) for _ in range(6)))
+    assert double.most_in_flight == 2
+    double.most_in_flight = 0
+    wide = DaytonaBackend(_config(tmp_path, double, daytona_max_concurrent_calls=8))
+    await asyncio.gather(*(wide.list({}) for _ in range(6)))
+    assert double.most_in_flight > 2
+
+
+async def test_registry_credentials_reach_daytona_for_a_private_pull(
+    tmp_path: Path, double: DaytonaDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pack image in a private registry: without credentials its snapshot cannot be
+    built (pull denied); with them the snapshot request is preceded by the registry's
+    credentials registered with the organisation, and it builds; rotated credentials
+    update that entry. The password is in no log line or error."""
+    password = "reg-secret-" + os.urandom(6).hex()
+    double.private_registries["registry.test"] = ("puller", password)
+    spec = _spec(tmp_path)
+    plain = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_rebuilds=0))
+    with pytest.raises(SnapshotFailed) as refused:
+        await plain.create(spec)
+    assert "unauthorized" in refused.value.message
+    assert double.registries == {}
+    double.snapshots.clear()
+    creds = {"daytona_registry_username": "puller", "daytona_registry_password": password}
+    backend = DaytonaBackend(_config(tmp_path, double, **creds))
+    before = len(double.requests)
+    try:
+        sandbox = await backend.create(spec)
+        await backend.destroy(sandbox.sandbox_id)
+        registered = [(r["name"], r["url"], r["username"]) for r in double.registries.values()]
+        assert registered == [("acpw-registry-test", "registry.test", "puller")]
+        assert list(double.registry_passwords.values()) == [password]
+        calls = [
+            (m, p)
+            for m, p in double.requests[before:]
+            if "docker-registry" in p or "snapshots" in p
+        ]
+        assert calls.index(("POST", "/api/docker-registry")) < calls.index(
+            ("POST", "/api/snapshots")
+        )
+        # Rotated: the same entry updated, not a second one.
+        double.private_registries["registry.test"] = ("puller", password + "-2")
+        double.snapshots.clear()
+        creds["daytona_registry_password"] = password + "-2"
+        rotated = DaytonaBackend(_config(tmp_path, double, **creds))
+        again = await rotated.create(spec)
+        await rotated.destroy(again.sandbox_id)
+        assert len(double.registries) == 1
+        assert list(double.registry_passwords.values()) == [password + "-2"]
+    finally:
+        await backend.aclose()
+    assert password not in caplog.text
+    assert password not in str(refused.value.to_dict())
+
+
 async def test_typed_errors_and_the_key_never_in_them(
     tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
 ) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.errors import SandboxError, SnapshotFailed
+from worker.errors import BackendAuthFailed, SandboxError, SnapshotFailed
 from worker.images.identity import PACK_REPO, ImageIdentity
 from worker.network import parse_endpoint
 from worker.sandbox.base import (
@@ -73,6 +73,7 @@ class _Command(CommandControl):
             lambda: process.get_session_command_logs_async(
                 self._session, self._cmd, on_stdout, on_stderr
             ),
+            bounded=False,
         )
 
     async def exit_code(self) -> int | None:
@@ -442,6 +443,7 @@ class DaytonaBackend:
         name = params.name
         found = await self._get_snapshot(client, name)
         if found is None:
+            await self.ensure_registry(client)
             found = await self._create_snapshot(client.snapshot, params)
         snapshots = client.snapshot
         activated = False
@@ -466,6 +468,50 @@ class DaytonaBackend:
             found = await self._get_snapshot(client, name)
             if found is None:
                 raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
+
+    async def ensure_registry(self, client: AsyncDaytona) -> None:
+        """With registry credentials set, register them with Daytona for the pack images'
+        registry (a Docker registry of the organisation named ``acpw-<host>``, made or
+        updated), so its snapshot builds can pull from a private registry. The password
+        travels in that request's body only; it is never logged nor in an error.
+
+        Raises:
+            BackendAuthFailed: the password file cannot be read.
+            SandboxError: Daytona refused.
+        """
+        user = self.config.daytona_registry_username
+        try:
+            password = self.config.registry_password()
+        except OSError as exc:
+            raise BackendAuthFailed(
+                "the Daytona registry password file cannot be read",
+                path=str(self.config.daytona_registry_password_file),
+            ) from exc
+        registry = self.config.daytona_image_registry
+        if not user or not password or not registry:
+            return
+        host = registry.split("/", 1)[0]
+        name = "acpw-" + re.sub(r"[^a-z0-9-]", "-", host.lower())
+        models = sdk.api_models()
+        registries = models.DockerRegistryApi(client._api_client)  # the SDK has no service for it
+        found = await self.api.call("list registries", registries.list_registries)
+        have = next((r for r in found if r.name == name), None)
+        if have is None:
+            body = models.CreateDockerRegistry(
+                name=name, url=host, username=user, password=password, project=""
+            )
+            await self.api.call(
+                "register registry", lambda: registries.create_registry(body), registry=host
+            )
+        else:
+            update = models.UpdateDockerRegistry(
+                name=name, url=host, username=user, password=password, project=""
+            )
+            await self.api.call(
+                "update registry",
+                lambda: registries.update_registry(have.id, update),
+                registry=host,
+            )
 
     async def _state_now(self, client: AsyncDaytona, name: str) -> str | None:
         """The snapshot's state as Daytona answers now (``None``: not known)."""
