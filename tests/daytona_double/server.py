@@ -123,6 +123,9 @@ class DaytonaDouble:
         self.snapshot_calls: dict[str, int] = {"create": 0, "activate": 0, "delete": 0}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.faults: list[Fault] = []
+        #: the organisation's total CPU for sandboxes not stopped (``None``: no limit);
+        #: a create past it is refused as Daytona refuses it
+        self.org_cpu_limit: int | None = None
         #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
         self.start_stuck = False
         #: the next log stream closes with 1011 after its first message (a dropped socket)
@@ -399,6 +402,12 @@ class DaytonaDouble:
         if snapshot["state"] != "active":
             return _error(400, f"Snapshot {body.snapshot} is {snapshot['state']}")
         name = body.name or ""
+        if self.org_cpu_limit is not None:
+            used = sum(r.dto["cpu"] for r in self.sandboxes.values() if r.dto["state"] != "stopped")
+            if used + snapshot["cpu"] > self.org_cpu_limit:
+                return _error(
+                    400, f"Total CPU limit exceeded. Maximum allowed: {self.org_cpu_limit}."
+                )
         if any(s.dto["name"] == name for s in self.sandboxes.values()):
             return _error(409, f"Sandbox with name {name} already exists")
         sandbox_id = str(uuid.uuid4())

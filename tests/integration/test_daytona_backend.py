@@ -520,6 +520,21 @@ async def test_registry_credentials_reach_daytona_for_a_private_pull(
     assert password not in str(refused.value.to_dict())
 
 
+async def test_an_organisation_limit_is_backend_quota_exceeded(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """Daytona refuses a sandbox past the organisation's total CPU with a 400 that names
+    no quota ("Total CPU limit exceeded. Maximum allowed: N."): it is still
+    ``backend_quota_exceeded``, and nothing is left behind."""
+    double.org_cpu_limit = 1
+    first = await backend.create(_spec(tmp_path))
+    with pytest.raises(BackendQuotaExceeded) as refused:
+        await backend.create(_spec(tmp_path, attempt=2))
+    assert "Total CPU limit exceeded" in refused.value.message
+    assert [r.dto["name"] for r in double.sandboxes.values()] == [first.sandbox_id]
+    await backend.destroy(first.sandbox_id)
+
+
 async def test_typed_errors_and_the_key_never_in_them(
     tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
 ) -> None:

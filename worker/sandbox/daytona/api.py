@@ -3,7 +3,7 @@ tenacity while Daytona answers 429 or a transient 5xx, and every SDK exception t
 into the error tree (``translate``) with the API key scrubbed from what is kept.
 
     DaytonaAuthenticationError, 403 (not quota)    → BackendAuthFailed     backend_auth_failed
-    any answer that names a quota                  → BackendQuotaExceeded  backend_quota_exceeded
+    an answer that names a quota or a limit hit    → BackendQuotaExceeded  backend_quota_exceeded
     DaytonaRateLimitError after every retry        → BackendRateLimited    backend_rate_limited
     DaytonaTimeoutError while creating a sandbox   → SandboxStartTimeout   sandbox_start_timeout
     any other DaytonaError                         → SandboxError          sandbox_failed
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _TRANSIENT = frozenset({429, 502, 503, 504})
+#: What Daytona's answers say when an organisation's limit refuses a request: a 400
+#: "Total CPU limit exceeded. Maximum allowed: N." (memory, disk alike), "Sandbox
+#: resource limit reached (N)", or a message naming a quota.
+_QUOTA_MARKERS = ("quota", "limit exceeded", "resource limit reached")
 
 #: event loop → (API URL, key digest) → the bound on calls in flight to that
 #: organisation from this process, shared by every backend and job using it.
@@ -210,7 +214,7 @@ def translate(exc: DaytonaError, what: str, *, secret: str | None, **context: ob
     message = scrub(str(exc), secret)
     details = {"operation": what, "status": exc.status_code, **context}
     text = f"daytona: {what} failed: {message}"
-    if "quota" in message.lower():
+    if any(marker in message.lower() for marker in _QUOTA_MARKERS):
         raise BackendQuotaExceeded(text, **details) from None
     d = sdk.module()
     if isinstance(exc, d.DaytonaAuthenticationError | d.DaytonaForbiddenError):
