@@ -36,7 +36,8 @@ real service has (docs/daytona.md lists each with its public source): ``echo_inp
 (every input call echoed into the command's log, a runner that ignores
 ``suppressInputEcho``), ``rtt_s`` (a round-trip time waited per request and per log
 message), snapshot build timings (``snapshot_build_s``: pending, building, then active or
-``build_failed``; ``fail_builds``; ``stuck_images``; activate and delete), private
+``build_failed``; ``fail_builds``; ``stuck_images``; activate and delete), sandbox start
+timing (``sandbox_start_s``), private
 registries whose pulls need registered credentials (``private_registries``), an
 organisation CPU limit answered as Daytona words it (``org_cpu_limit``), and counters
 (``in_flight``/``most_in_flight``, ``timed``, ``snapshot_calls``, ``header_modes``).

@@ -128,6 +128,10 @@ class DaytonaDouble:
         self.org_cpu_limit: int | None = None
         #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
         self.start_stuck = False
+        #: how long a sandbox takes to start: ``starting`` for this long, then ``started``
+        self.sandbox_start_s = 0.0
+        #: sandbox id → monotonic time it is started
+        self._starts: dict[str, float] = {}
         #: the next log stream closes with 1011 after its first message (a dropped socket)
         self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
@@ -427,7 +431,8 @@ class DaytonaDouble:
             "networkAllowList": body.network_allow_list,
             "domainAllowList": body.domain_allow_list, "target": body.target or "us",
             "cpu": snapshot["cpu"], "gpu": 0, "memory": snapshot["mem"],
-            "disk": snapshot["disk"], "state": "starting" if self.start_stuck else "started",
+            "disk": snapshot["disk"],
+            "state": "starting" if self.start_stuck or self.sandbox_start_s else "started",
             "autoStopInterval": body.auto_stop_interval,
             "autoDeleteInterval": body.auto_delete_interval,
             "autoArchiveInterval": body.auto_archive_interval,
@@ -435,6 +440,8 @@ class DaytonaDouble:
             "lastActivityAt": now,
             "toolboxProxyUrl": f"http://127.0.0.1:{self.port}/toolbox",
         }  # fmt: skip
+        if self.sandbox_start_s and not self.start_stuck:
+            self._starts[sandbox_id] = time.monotonic() + self.sandbox_start_s
         closure = self.images[snapshot["imageName"]]
         self.sandboxes[sandbox_id] = SandboxRecord(dto, root, closure)
         return self._sandbox_response(dto)
@@ -445,9 +452,14 @@ class DaytonaDouble:
         return _json(model)
 
     def _find(self, key: str) -> SandboxRecord | None:
-        if key in self.sandboxes:
-            return self.sandboxes[key]
-        return next((s for s in self.sandboxes.values() if s.dto["name"] == key), None)
+        found = self.sandboxes.get(key) or next(
+            (s for s in self.sandboxes.values() if s.dto["name"] == key), None
+        )
+        ready = None if found is None else self._starts.get(found.dto["id"])
+        if found is not None and ready is not None and time.monotonic() >= ready:
+            del self._starts[found.dto["id"]]
+            found.dto.update(state="started", updatedAt=_now())
+        return found
 
     async def get_sandbox(self, request: web.Request) -> web.Response:
         record = self._find(request.match_info["id"])

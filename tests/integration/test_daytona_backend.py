@@ -576,6 +576,27 @@ async def test_a_sandbox_that_never_starts_times_out_and_is_deleted(
     assert double.sandboxes == {}
 
 
+async def test_a_sandbox_that_takes_a_while_to_start_is_waited_for(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """A sandbox ``starting`` for a while (the double's start timing) is waited for and
+    used once ``started``; one slower than ``daytona_start_timeout_s`` times out and is
+    deleted."""
+    double.sandbox_start_s = 1.5
+    patient = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=30.0))
+    hasty = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=0.5))
+    try:
+        sandbox = await patient.create(_spec(tmp_path))
+        assert double.sandboxes[next(iter(double.sandboxes))].dto["state"] == "started"
+        await patient.destroy(sandbox.sandbox_id)
+        with pytest.raises(SandboxStartTimeout):
+            await hasty.create(_spec(tmp_path, attempt=2))
+    finally:
+        await patient.aclose()
+        await hasty.aclose()
+    assert double.sandboxes == {}
+
+
 async def test_lease_renewals_refresh_the_sandbox_activity(
     tmp_path: Path, double: DaytonaDouble
 ) -> None:
