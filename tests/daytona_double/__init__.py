@@ -30,8 +30,17 @@ reference to the closure that image would hold). ``networkBlockAll`` unshares th
 network namespace. Nothing of Daytona's scheduling, billing or isolation is modelled.
 
 Faults for the error paths are injected per route (:meth:`DaytonaDouble.fail_next`):
-429 with ``Retry-After``, 403 quota, 401, and snapshots that fail to build or stay
-pending.
+429 with ``Retry-After``, 403 quota, 401, and an error answered *after* the request was
+served (``after=True``: a gateway that lost the answer of an applied call). Modes the
+real service has (docs/daytona.md lists each with its public source): ``echo_input``
+(every input call echoed into the command's log, a runner that ignores
+``suppressInputEcho``), ``rtt_s`` (a round-trip time waited per request and per log
+message), snapshot build timings (``snapshot_build_s``: pending, building, then active or
+``build_failed``; ``fail_builds``; ``stuck_images``; activate and delete), sandbox start
+timing (``sandbox_start_s``), private
+registries whose pulls need registered credentials (``private_registries``), an
+organisation CPU limit answered as Daytona words it (``org_cpu_limit``), and counters
+(``in_flight``/``most_in_flight``, ``timed``, ``snapshot_calls``, ``header_modes``).
 """
 
 from tests.daytona_double.server import DaytonaDouble

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import signal
 import stat
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class Fault:
     status: int
     message: str
     headers: dict[str, str] = field(default_factory=dict)
+    #: the request is served first, then answered with the error (a gateway that lost
+    #: the answer of a call the daemon applied)
+    after: bool = False
 
 
 @dataclass
@@ -73,6 +77,8 @@ class CommandRun:
     exit_code: int | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     inputs: int = 0
+    #: the data of every input call, in order
+    received: list[str] = field(default_factory=list)
     pump: asyncio.Task[None] | None = None
 
 
@@ -83,6 +89,8 @@ class SandboxRecord:
     closure: Path
     sessions: dict[str, dict[str, CommandRun]] = field(default_factory=dict)
     activity_refreshes: int = 0
+    #: commands of deleted sessions (their logs are what the runner kept)
+    finished: list[CommandRun] = field(default_factory=list)
 
 
 class DaytonaDouble:
@@ -98,13 +106,52 @@ class DaytonaDouble:
         #: image references whose snapshots stay ``pending`` (a build that never ends)
         self.stuck_images: set[str] = set()
         self.snapshots: dict[str, dict[str, Any]] = {}
+        #: registry host → (user, password) a private registry's pulls need; an image
+        #: there builds only once the organisation registered those credentials
+        self.private_registries: dict[str, tuple[str, str]] = {}
+        #: the organisation's Docker registries, by id (password kept apart)
+        self.registries: dict[str, dict[str, Any]] = {}
+        self.registry_passwords: dict[str, str] = {}
+        #: how long a snapshot's build takes: ``pending``, then ``building`` for this
+        #: long, then ``active`` (or ``build_failed``)
+        self.snapshot_build_s = 0.0
+        #: the next this many builds end ``build_failed`` (a registry hiccup)
+        self.fail_builds = 0
+        #: snapshot name → (monotonic time its build ends, state then, error reason)
+        self._builds: dict[str, tuple[float, str, str | None]] = {}
+        #: how many snapshots were created, activated, deleted
+        self.snapshot_calls: dict[str, int] = {"create": 0, "activate": 0, "delete": 0}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.faults: list[Fault] = []
+        #: the organisation's total CPU for sandboxes not stopped (``None``: no limit);
+        #: a create past it is refused as Daytona refuses it
+        self.org_cpu_limit: int | None = None
         #: sandboxes created from now on stay ``starting`` (a runner that never starts them)
         self.start_stuck = False
+        #: how long a sandbox takes to start: ``starting`` for this long, then ``started``
+        self.sandbox_start_s = 0.0
+        #: sandbox id → monotonic time it is started
+        self._starts: dict[str, float] = {}
         #: the next log stream closes with 1011 after its first message (a dropped socket)
         self.drop_logs_once = False
         self.requests: list[tuple[str, str]] = []
+        #: echo every input call into the command's log (stdout), as a runner that
+        #: ignores ``suppressInputEcho`` would
+        self.echo_input = False
+        #: an injected round-trip time, waited before each request is served and before
+        #: each message of a log stream
+        self.rtt_s = 0.0
+        #: requests being served now, and the most at once
+        self.in_flight = 0
+        self.most_in_flight = 0
+        #: how many input calls were echoed
+        self.echoed = 0
+        #: (monotonic time, method, path) of every request
+        self.timed: list[tuple[float, str, str]] = []
+        #: deleted sandboxes (their command logs stay readable)
+        self.gone: list[SandboxRecord] = []
+        #: (folder mode, file mode) of each relay header when its command started
+        self.header_modes: list[tuple[int, int]] = []
         #: files every sandbox created from now on starts with (sandbox path → content):
         #: what a snapshot's image would hold there, e.g. config planted in /workspace
         self.image_files: dict[str, bytes] = {}
@@ -136,22 +183,46 @@ class DaytonaDouble:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def fail_next(self, method: str, path: str, status: int, message: str, **headers: str) -> None:
+    def fail_next(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        message: str,
+        *,
+        after: bool = False,
+        **headers: str,
+    ) -> None:
         """The next ``method`` request whose path matches the regex ``path`` gets
-        ``status`` with ``message`` (and ``headers``, e.g. ``Retry_After``)."""
+        ``status`` with ``message`` (and ``headers``, e.g. ``Retry_After``); with
+        ``after``, only once it was served (applied, then the answer lost)."""
         fixed = {k.replace("_", "-"): v for k, v in headers.items()}
-        self.faults.append(Fault(method, re.compile(path), status, message, fixed))
+        self.faults.append(Fault(method, re.compile(path), status, message, fixed, after))
 
     # --- middleware: auth, faults, request log ---------------------------------------
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
+        counted = "/socket.io/" not in request.path  # the SDK's event socket, refused
+        self.in_flight += counted
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.rtt_s:
+                await asyncio.sleep(self.rtt_s)  # the round trip, served as one wait
+            return await self._serve(request, handler)
+        finally:
+            self.in_flight -= counted
+
+    async def _serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.timed.append((time.monotonic(), request.method, request.path))
         if request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return _error(401, "Unauthorized")
         for fault in self.faults:
             if fault.method == request.method and fault.path.search(request.path):
                 self.faults.remove(fault)
+                if fault.after:
+                    await handler(request)
                 response = _error(fault.status, fault.message)
                 response.headers.update(fault.headers)
                 return response
@@ -166,6 +237,11 @@ class DaytonaDouble:
         r.add_post("/api/snapshots", self.create_snapshot)
         r.add_get("/api/snapshots", self.list_snapshots)
         r.add_get("/api/snapshots/{id}", self.get_snapshot)
+        r.add_delete("/api/snapshots/{id}", self.delete_snapshot)
+        r.add_post("/api/snapshots/{id}/activate", self.activate_snapshot)
+        r.add_get("/api/docker-registry", self.list_registries)
+        r.add_post("/api/docker-registry", self.create_registry)
+        r.add_patch("/api/docker-registry/{id}", self.update_registry)
         r.add_post("/api/sandbox", self.create_sandbox)
         r.add_get("/api/sandbox", self.list_sandboxes)
         r.add_get("/api/sandbox/{id}", self.get_sandbox)
@@ -184,7 +260,9 @@ class DaytonaDouble:
         r.add_post(t + "/files/bulk-upload", self.upload)
         r.add_post(t + "/files/bulk-download", self.download)
         r.add_get(t + "/files/info", self.file_info)
+        r.add_get(t + "/files", self.list_files)
         r.add_post(t + "/files/folder", self.create_folder)
+        r.add_post(t + "/files/permissions", self.set_permissions)
 
     # --- snapshots ---------------------------------------------------------------------
 
@@ -197,11 +275,20 @@ class DaytonaDouble:
         found = self.images.get(image) or self.resolve_image(image)
         if found is not None:
             self.images[image] = found
+        self.snapshot_calls["create"] += 1
         state, reason = "active", None
         if image in self.stuck_images:
             state = "pending"
         elif image not in self.images:
             state, reason = "build_failed", f"image {image} not found in the registry"
+        elif not self._may_pull(image):
+            state, reason = "build_failed", f"pull access denied for {image}: unauthorized"
+        elif self.fail_builds > 0:
+            self.fail_builds -= 1
+            state, reason = "build_failed", "failed to pull the image: registry hiccup"
+        if state != "pending" and self.snapshot_build_s > 0:
+            self._builds[body.name] = (time.monotonic() + self.snapshot_build_s, state, reason)
+            state, reason = "pending", None
         now = _now()
         dto = {
             "id": str(uuid.uuid4()), "organizationId": "org-double", "general": False,
@@ -213,15 +300,86 @@ class DaytonaDouble:
         self.snapshots[body.name] = dto
         return self._snapshot_response(dto)
 
+    def _may_pull(self, image: str) -> bool:
+        host = image.split("/", 1)[0]
+        needed = self.private_registries.get(host)
+        if needed is None:
+            return True
+        return any(
+            r["url"] == host and (r["username"], self.registry_passwords[rid]) == needed
+            for rid, r in self.registries.items()
+        )
+
+    async def list_registries(self, request: web.Request) -> web.Response:
+        del request
+        items = [api.DockerRegistry.from_dict(r) for r in self.registries.values()]
+        body = json.dumps([m.to_dict() for m in items if m is not None], default=str)
+        return web.Response(text=body, content_type="application/json")
+
+    async def create_registry(self, request: web.Request) -> web.Response:
+        body = api.CreateDockerRegistry.from_dict(await request.json())
+        assert body is not None
+        rid = str(uuid.uuid4())
+        now = _now()
+        self.registries[rid] = {
+            "id": rid, "name": body.name, "url": body.url, "username": body.username,
+            "project": body.project or "", "registryType": "organization",
+            "createdAt": now, "updatedAt": now,
+        }  # fmt: skip
+        self.registry_passwords[rid] = body.password
+        model = api.DockerRegistry.from_dict(self.registries[rid])
+        assert model is not None
+        return _json(model, 201)
+
+    async def update_registry(self, request: web.Request) -> web.Response:
+        rid = request.match_info["id"]
+        if rid not in self.registries:
+            return _error(404, "Registry not found")
+        body = api.UpdateDockerRegistry.from_dict(await request.json())
+        assert body is not None
+        self.registries[rid].update(name=body.name, url=body.url, username=body.username)
+        if body.password:
+            self.registry_passwords[rid] = body.password
+        model = api.DockerRegistry.from_dict(self.registries[rid])
+        assert model is not None
+        return _json(model)
+
     def _snapshot_response(self, dto: dict[str, Any]) -> web.Response:
         model = api.SnapshotDto.from_dict(dto)
         assert model is not None
         return _json(model, 200)
 
     def _find_snapshot(self, key: str) -> dict[str, Any] | None:
-        if key in self.snapshots:
-            return self.snapshots[key]
-        return next((s for s in self.snapshots.values() if s["id"] == key), None)
+        found = self.snapshots.get(key) or next(
+            (s for s in self.snapshots.values() if s["id"] == key), None
+        )
+        if found is not None and found["name"] in self._builds:
+            ends, state, reason = self._builds[found["name"]]
+            if time.monotonic() >= ends:
+                del self._builds[found["name"]]
+                found.update(state=state, errorReason=reason, updatedAt=_now())
+            else:
+                found["state"] = "building"
+        return found
+
+    async def delete_snapshot(self, request: web.Request) -> web.Response:
+        dto = self._find_snapshot(request.match_info["id"])
+        if dto is None:
+            return _error(404, "Snapshot not found")
+        self.snapshot_calls["delete"] += 1
+        del self.snapshots[dto["name"]]
+        self._builds.pop(dto["name"], None)
+        return web.Response(status=200)
+
+    async def activate_snapshot(self, request: web.Request) -> web.Response:
+        dto = self._find_snapshot(request.match_info["id"])
+        if dto is None:
+            return _error(404, "Snapshot not found")
+        if dto["state"] != "inactive":
+            return _error(400, f"Snapshot {dto['name']} is {dto['state']}, not inactive")
+        self.snapshot_calls["activate"] += 1
+        dto.update(state="active", updatedAt=_now())
+        return self._snapshot_response(dto)
 
     async def get_snapshot(self, request: web.Request) -> web.Response:
         dto = self._find_snapshot(request.match_info["id"])
@@ -248,6 +406,12 @@ class DaytonaDouble:
         if snapshot["state"] != "active":
             return _error(400, f"Snapshot {body.snapshot} is {snapshot['state']}")
         name = body.name or ""
+        if self.org_cpu_limit is not None:
+            used = sum(r.dto["cpu"] for r in self.sandboxes.values() if r.dto["state"] != "stopped")
+            if used + snapshot["cpu"] > self.org_cpu_limit:
+                return _error(
+                    400, f"Total CPU limit exceeded. Maximum allowed: {self.org_cpu_limit}."
+                )
         if any(s.dto["name"] == name for s in self.sandboxes.values()):
             return _error(409, f"Sandbox with name {name} already exists")
         sandbox_id = str(uuid.uuid4())
@@ -267,7 +431,8 @@ class DaytonaDouble:
             "networkAllowList": body.network_allow_list,
             "domainAllowList": body.domain_allow_list, "target": body.target or "us",
             "cpu": snapshot["cpu"], "gpu": 0, "memory": snapshot["mem"],
-            "disk": snapshot["disk"], "state": "starting" if self.start_stuck else "started",
+            "disk": snapshot["disk"],
+            "state": "starting" if self.start_stuck or self.sandbox_start_s else "started",
             "autoStopInterval": body.auto_stop_interval,
             "autoDeleteInterval": body.auto_delete_interval,
             "autoArchiveInterval": body.auto_archive_interval,
@@ -275,6 +440,8 @@ class DaytonaDouble:
             "lastActivityAt": now,
             "toolboxProxyUrl": f"http://127.0.0.1:{self.port}/toolbox",
         }  # fmt: skip
+        if self.sandbox_start_s and not self.start_stuck:
+            self._starts[sandbox_id] = time.monotonic() + self.sandbox_start_s
         closure = self.images[snapshot["imageName"]]
         self.sandboxes[sandbox_id] = SandboxRecord(dto, root, closure)
         return self._sandbox_response(dto)
@@ -285,9 +452,14 @@ class DaytonaDouble:
         return _json(model)
 
     def _find(self, key: str) -> SandboxRecord | None:
-        if key in self.sandboxes:
-            return self.sandboxes[key]
-        return next((s for s in self.sandboxes.values() if s.dto["name"] == key), None)
+        found = self.sandboxes.get(key) or next(
+            (s for s in self.sandboxes.values() if s.dto["name"] == key), None
+        )
+        ready = None if found is None else self._starts.get(found.dto["id"])
+        if found is not None and ready is not None and time.monotonic() >= ready:
+            del self._starts[found.dto["id"]]
+            found.dto.update(state="started", updatedAt=_now())
+        return found
 
     async def get_sandbox(self, request: web.Request) -> web.Response:
         record = self._find(request.match_info["id"])
@@ -310,6 +482,7 @@ class DaytonaDouble:
             return _error(404, "Sandbox not found")
         await self._kill_all(record)
         del self.sandboxes[record.dto["id"]]
+        self.gone.append(record)
         shutil.rmtree(record.root, ignore_errors=True)
         record.dto["state"] = "destroyed"
         return self._sandbox_response(record.dto)
@@ -374,6 +547,7 @@ class DaytonaDouble:
             return _error(404, "session not found")
         for run in runs.values():
             await _kill(run)
+            record.finished.append(run)
         return web.Response(status=204)
 
     async def session_exec(self, request: web.Request) -> web.Response:
@@ -385,6 +559,7 @@ class DaytonaDouble:
         assert body is not None
         run = CommandRun(str(uuid.uuid4()), body.command)
         session[run.cmd_id] = run
+        self._note_header(record, body.command)
         await self._spawn(record, run)
         if not (body.run_async or body.var_async):
             await _finished(run)
@@ -395,6 +570,20 @@ class DaytonaDouble:
             stderr=run.stderr.decode(errors="replace") if run.exit_code is not None else None,
         )
         return _json(answer, 202 if body.run_async else 200)
+
+    def _note_header(self, record: SandboxRecord, command: str) -> None:
+        """The modes of a relay's header file and folder as its command starts."""
+        match = re.search(r"(/tmp/acpw-launch-[0-9a-f]+)/header\.json", command)
+        if match is None:
+            return
+        folder = self._host_path(record, match.group(1))
+        with contextlib.suppress(OSError):
+            self.header_modes.append(
+                (
+                    stat.S_IMODE(folder.stat().st_mode),
+                    stat.S_IMODE((folder / "header.json").stat().st_mode),
+                )
+            )
 
     async def command_status(self, request: web.Request) -> web.Response:
         run = self._command(request)
@@ -408,6 +597,13 @@ class DaytonaDouble:
         if run.proc is None or run.proc.stdin is None or run.exit_code is not None:
             return _error(410, "command already completed")
         run.inputs += 1
+        run.received.append(body.data)
+        if self.echo_input:
+            self.echoed += 1
+            async with run.changed:
+                run.log += STDOUT_PREFIX + body.data.encode()
+                run.stdout += body.data.encode()
+                run.changed.notify_all()
         try:
             run.proc.stdin.write(body.data.encode())
             await run.proc.stdin.drain()
@@ -418,7 +614,12 @@ class DaytonaDouble:
     async def command_logs(self, request: web.Request) -> web.StreamResponse:
         run = self._command(request)
         if request.query.get("follow") != "true":
-            return _error(400, "only follow=true is served by the double")
+            logs = tb.SessionCommandLogsResponse(
+                output=run.log.decode(errors="replace"),
+                stdout=run.stdout.decode(errors="replace"),
+                stderr=run.stderr.decode(errors="replace"),
+            )
+            return _json(logs)
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         sent = 0
@@ -430,6 +631,8 @@ class DaytonaDouble:
             async with run.changed:
                 await run.changed.wait_for(more)
             if len(run.log) > sent:
+                if self.rtt_s:
+                    await asyncio.sleep(self.rtt_s / 2)  # one way
                 chunk = bytes(run.log[sent:])
                 sent += len(chunk)
                 await ws.send_bytes(chunk)
@@ -489,6 +692,28 @@ class DaytonaDouble:
         )  # fmt: skip
         return _json(model)
 
+    async def list_files(self, request: web.Request) -> web.Response:
+        """The entries of a directory of the sandbox's view (one level)."""
+        record = self._sandbox(request)
+        remote = request.query.get("path", "")
+        path = self._view_path(record, remote) or record.root
+        try:
+            names = sorted(os.listdir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return _error(404, f"directory not found: {remote}")
+        items = []
+        for name in names:
+            info = os.lstat(path / name)
+            items.append(
+                tb.FileInfo(
+                    name=name, is_dir=stat.S_ISDIR(info.st_mode), size=info.st_size,
+                    mode=_go_mode(info.st_mode), mod_time="",
+                    permissions=f"{info.st_mode & 0o777:o}", owner="daytona",
+                    group="daytona", path=f"{remote.rstrip('/')}/{name}",
+                ).to_dict()
+            )  # fmt: skip
+        return web.json_response(items)
+
     async def create_folder(self, request: web.Request) -> web.Response:
         record = self._sandbox(request)
         mode = request.query.get("mode", "")
@@ -502,6 +727,19 @@ class DaytonaDouble:
         except (FileNotFoundError, NotADirectoryError):
             return _error(400, "parent directory does not exist")
         return web.Response(status=201)
+
+    async def set_permissions(self, request: web.Request) -> web.Response:
+        """The mode of a file or directory (owner and group are not modelled: one user)."""
+        record = self._sandbox(request)
+        mode = request.query.get("mode", "")
+        if not re.fullmatch(r"[0-7]{3,4}", mode):
+            return _error(400, "invalid mode")
+        path = self._host_path(record, request.query.get("path", ""))
+        try:
+            os.chmod(path, int(mode, 8), follow_symlinks=False)
+        except FileNotFoundError:
+            return _error(404, "file not found")
+        return web.Response(status=200)
 
     async def upload(self, request: web.Request) -> web.Response:
         record = self._sandbox(request)
@@ -561,7 +799,19 @@ class DaytonaDouble:
         for runs in record.sessions.values():
             for run in runs.values():
                 await _kill(run)
+                record.finished.append(run)
         record.sessions.clear()
+
+    @property
+    def logged(self) -> list[str]:
+        """The log of every command of every sandbox still here and every command
+        line (what the runner would keep), as text."""
+        texts = []
+        for record in [*self.sandboxes.values(), *self.gone]:
+            runs = [run for session in record.sessions.values() for run in session.values()]
+            for run in [*runs, *record.finished]:
+                texts += [run.command, run.log.decode(errors="replace")]
+        return texts
 
     def activity_refreshes(self, name: str) -> int:
         record = self._find(name)

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ def _config(tmp_path: Path, server: DaytonaDouble, **overrides: Any) -> DaytonaC
         "daytona_image_registry": REGISTRY,
         "daytona_base_image_id": BASE_ID,
         "daytona_retry_attempts": 3,
+        "daytona_snapshot_rebuild_backoff_s": 0.1,
     }
     values.update(overrides)
     return DaytonaConfig(**values)
@@ -145,7 +147,10 @@ async def test_stdio_roundtrip_eof_and_exit_status(
     record = next(iter(double.sandboxes.values()))
     runs = [run for session in record.sessions.values() for run in session.values()]
     assert all("tok-123" not in run.command for run in runs)
-    assert max(run.inputs for run in runs) >= 4  # header, two data frames, EOF
+    assert max(run.inputs for run in runs) >= 3  # two data frames, EOF
+    # The environment went as a file the relay removed, never as an input call.
+    assert all("tok-123" not in data for run in runs for data in run.received)
+    assert not list((record.root / "tmp").glob("acpw-launch-*"))
     await backend.destroy(sandbox.sandbox_id)
     assert double.sandboxes == {}
 
@@ -188,6 +193,68 @@ async def test_a_dropped_log_stream_is_reopened_without_repeating_output(
     assert await asyncio.wait_for(proc.wait(), 20) == 0
     assert await proc.stdout.read() == b""  # "one" was not delivered twice
     assert not double.drop_logs_once
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_an_input_applied_then_lost_reaches_the_program_once(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """An input call the daemon applied but whose answer was lost (504, 502) is retried,
+    and the relay drops the copy: the agent reads each JSON-RPC message once. A 429 is
+    retried after its Retry-After."""
+    sandbox = await backend.create(_spec(tmp_path))
+    script = "import sys\nfor line in sys.stdin: print('got', line.strip(), flush=True)\n"
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    inputs = r"/process/session/[^/]+/command/[^/]+/input$"
+    double.fail_next("POST", inputs, 504, "Gateway Timeout", after=True)
+    proc.stdin.write(b'{"id":1}\n')
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b'got {"id":1}\n'
+    double.fail_next("POST", inputs, 502, "Bad Gateway", after=True)
+    proc.stdin.write(b'{"id":2}\n')
+    await proc.stdin.drain()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b'got {"id":2}\n'
+    double.fail_next("POST", inputs, 429, "Too Many Requests", Retry_After="1")
+    proc.stdin.write(b'{"id":3}\n')
+    proc.stdin.close()
+    assert await asyncio.wait_for(proc.stdout.readline(), 20) == b'got {"id":3}\n'
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert await proc.stdout.read() == b""  # nothing twice
+    calls = [t for t, method, path in double.timed if method == "POST" and "/input" in path]
+    # Each message took two calls (the lost answer, then the retry); the 429's retry came
+    # no sooner than its Retry-After.
+    assert len(calls) == 7  # 3 messages x 2, and the EOF
+    assert calls[5] - calls[4] >= 0.95
+    await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_echoed_input_carries_no_credential(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """With the double echoing every input call into the command's log (a runner that
+    ignores suppressInputEcho), the credentials of the environment are nowhere in the
+    log, in what the worker read, nor left in the sandbox: they went as a 0600 file in a
+    0700 folder that the relay removed."""
+    double.echo_input = True
+    sandbox = await backend.create(_spec(tmp_path))
+    script = "import os,sys\nsys.stdin.read()\nprint('len', len(os.environ['TOKEN']), flush=True)\n"
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", script], env={"TOKEN": SECRET}, cwd="/workspace"
+    )
+    proc.stdin.write(b"some input\n")
+    proc.stdin.close()
+    out = await asyncio.wait_for(proc.stdout.read(), 20)
+    err = await asyncio.wait_for(proc.stderr.read(), 20)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert f"len {len(SECRET)}".encode() in out  # the program had it
+    assert b"some input" in out  # and the echo is on: input does reach the log
+    assert SECRET.encode() not in out + err
+    assert all(SECRET not in text for text in double.logged)
+    record = next(iter(double.sandboxes.values()))
+    assert not list((record.root / "tmp").glob("acpw-launch-*"))
+    modes = double.header_modes
+    assert modes
+    assert all(m == (0o700, 0o600) for m in modes), modes
     await backend.destroy(sandbox.sandbox_id)
 
 
@@ -348,11 +415,124 @@ async def test_snapshot_build_failed_and_stuck_pending(
         with pytest.raises(SnapshotFailed) as pending:
             await stuck.create(_spec(tmp_path))
         assert pending.value.details["reason"] == "pending"
+        assert pending.value.details["state"] == "pending"
         assert name in double.snapshots
     finally:
         await failing.aclose()
         await stuck.aclose()
     assert double.sandboxes == {}
+
+
+async def test_snapshot_lifecycle_inactive_activated_failed_rebuilt(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """The snapshot's states as the double times them: a build takes a while (pending,
+    building, then active); a snapshot gone inactive is activated, not remade; a failed
+    build is deleted and built again after a back-off; builds that keep failing end in
+    ``snapshot_failed`` naming the rebuilds."""
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_rebuilds=1))
+    spec = _spec(tmp_path)
+    name, _, _ = backend.snapshot_plan(spec)
+    try:
+        double.snapshot_build_s = 1.5
+        double.fail_builds = 1
+        first = await backend.create(spec)  # build failed, deleted, rebuilt, active
+        assert double.snapshot_calls == {"create": 2, "activate": 0, "delete": 1}
+        states = [p for _, m, p in double.timed if m == "GET" and name in p]
+        assert len(states) >= 2  # polled while building
+        await backend.destroy(first.sandbox_id)
+        double.snapshots[name]["state"] = "inactive"
+        second = await backend.create(spec)  # activated, not made again
+        assert double.snapshot_calls == {"create": 2, "activate": 1, "delete": 1}
+        await backend.destroy(second.sandbox_id)
+        double.snapshots.clear()
+        double.snapshot_build_s = 0.0
+        double.fail_builds = 5
+        with pytest.raises(SnapshotFailed) as failed:
+            await backend.create(spec)
+        assert failed.value.details["reason"] == "build_failed"
+        assert failed.value.details["rebuilds"] == 1
+        assert double.snapshot_calls["create"] == 4
+    finally:
+        await backend.aclose()
+    assert double.sandboxes == {}
+
+
+async def test_calls_to_one_organisation_are_bounded(tmp_path: Path, double: DaytonaDouble) -> None:
+    """At most ``daytona_max_concurrent_calls`` calls to one organisation are in flight
+    from the process, however many operations want one; a wider bound lets more through
+    (so the count can see it)."""
+    double.rtt_s = 0.1
+    narrow = DaytonaBackend(_config(tmp_path, double, daytona_max_concurrent_calls=2))
+    await asyncio.gather(*(narrow.list({}) for _ in range(6)))
+    assert double.most_in_flight == 2
+    double.most_in_flight = 0
+    wide = DaytonaBackend(_config(tmp_path, double, daytona_max_concurrent_calls=8))
+    await asyncio.gather(*(wide.list({}) for _ in range(6)))
+    assert double.most_in_flight > 2
+
+
+async def test_registry_credentials_reach_daytona_for_a_private_pull(
+    tmp_path: Path, double: DaytonaDouble, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pack image in a private registry: without credentials its snapshot cannot be
+    built (pull denied); with them the snapshot request is preceded by the registry's
+    credentials registered with the organisation, and it builds; rotated credentials
+    update that entry. The password is in no log line or error."""
+    password = "reg-secret-" + os.urandom(6).hex()
+    double.private_registries["registry.test"] = ("puller", password)
+    spec = _spec(tmp_path)
+    plain = DaytonaBackend(_config(tmp_path, double, daytona_snapshot_rebuilds=0))
+    with pytest.raises(SnapshotFailed) as refused:
+        await plain.create(spec)
+    assert "unauthorized" in refused.value.message
+    assert double.registries == {}
+    double.snapshots.clear()
+    creds = {"daytona_registry_username": "puller", "daytona_registry_password": password}
+    backend = DaytonaBackend(_config(tmp_path, double, **creds))
+    before = len(double.requests)
+    try:
+        sandbox = await backend.create(spec)
+        await backend.destroy(sandbox.sandbox_id)
+        registered = [(r["name"], r["url"], r["username"]) for r in double.registries.values()]
+        assert registered == [("acpw-registry-test", "registry.test", "puller")]
+        assert list(double.registry_passwords.values()) == [password]
+        calls = [
+            (m, p)
+            for m, p in double.requests[before:]
+            if "docker-registry" in p or "snapshots" in p
+        ]
+        assert calls.index(("POST", "/api/docker-registry")) < calls.index(
+            ("POST", "/api/snapshots")
+        )
+        # Rotated: the same entry updated, not a second one.
+        double.private_registries["registry.test"] = ("puller", password + "-2")
+        double.snapshots.clear()
+        creds["daytona_registry_password"] = password + "-2"
+        rotated = DaytonaBackend(_config(tmp_path, double, **creds))
+        again = await rotated.create(spec)
+        await rotated.destroy(again.sandbox_id)
+        assert len(double.registries) == 1
+        assert list(double.registry_passwords.values()) == [password + "-2"]
+    finally:
+        await backend.aclose()
+    assert password not in caplog.text
+    assert password not in str(refused.value.to_dict())
+
+
+async def test_an_organisation_limit_is_backend_quota_exceeded(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """Daytona refuses a sandbox past the organisation's total CPU with a 400 that names
+    no quota ("Total CPU limit exceeded. Maximum allowed: N."): it is still
+    ``backend_quota_exceeded``, and nothing is left behind."""
+    double.org_cpu_limit = 1
+    first = await backend.create(_spec(tmp_path))
+    with pytest.raises(BackendQuotaExceeded) as refused:
+        await backend.create(_spec(tmp_path, attempt=2))
+    assert "Total CPU limit exceeded" in refused.value.message
+    assert [r.dto["name"] for r in double.sandboxes.values()] == [first.sandbox_id]
+    await backend.destroy(first.sandbox_id)
 
 
 async def test_typed_errors_and_the_key_never_in_them(
@@ -396,6 +576,27 @@ async def test_a_sandbox_that_never_starts_times_out_and_is_deleted(
     assert double.sandboxes == {}
 
 
+async def test_a_sandbox_that_takes_a_while_to_start_is_waited_for(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """A sandbox ``starting`` for a while (the double's start timing) is waited for and
+    used once ``started``; one slower than ``daytona_start_timeout_s`` times out and is
+    deleted."""
+    double.sandbox_start_s = 1.5
+    patient = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=30.0))
+    hasty = DaytonaBackend(_config(tmp_path, double, daytona_start_timeout_s=0.5))
+    try:
+        sandbox = await patient.create(_spec(tmp_path))
+        assert double.sandboxes[next(iter(double.sandboxes))].dto["state"] == "started"
+        await patient.destroy(sandbox.sandbox_id)
+        with pytest.raises(SandboxStartTimeout):
+            await hasty.create(_spec(tmp_path, attempt=2))
+    finally:
+        await patient.aclose()
+        await hasty.aclose()
+    assert double.sandboxes == {}
+
+
 async def test_lease_renewals_refresh_the_sandbox_activity(
     tmp_path: Path, double: DaytonaDouble
 ) -> None:
@@ -412,6 +613,77 @@ async def test_lease_renewals_refresh_the_sandbox_activity(
         deadline.extend(2e12)  # no longer followed: nothing is sent for a deleted sandbox
     finally:
         await backend.aclose()
+
+
+_FROZEN_WORKER = """
+import asyncio, json, sys, time
+from pathlib import Path
+from tests.integration.test_daytona_backend import _spec
+from worker.sandbox.base import LeaseDeadline
+from worker.sandbox.config import DaytonaConfig
+from worker.sandbox.daytona import DaytonaBackend
+
+TTL = float(sys.argv[2])
+
+async def heartbeat(deadline: LeaseDeadline) -> None:
+    while True:  # the lease heartbeat: renewed every TTL/5, TTL ahead
+        await asyncio.sleep(TTL / 5)
+        deadline.extend(time.monotonic() + TTL)
+
+async def main() -> None:
+    config = DaytonaConfig.model_validate(json.loads(sys.argv[1]))
+    deadline = LeaseDeadline(time.monotonic() + TTL)
+    beat = asyncio.create_task(heartbeat(deadline))
+    backend = DaytonaBackend(config)
+    sandbox = await backend.create(_spec(Path(sys.argv[3]), lease_deadline=deadline))
+    script = "import time\\nprint('agent up', flush=True)\\ntime.sleep(120)"
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    assert await proc.stdout.readline() == b"agent up\\n"
+    print("ready", flush=True)
+    await beat
+
+asyncio.run(main())
+"""
+
+
+async def test_a_frozen_workers_agent_dies_with_its_lease(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """A worker that renews its lease keeps its agent running past the lease's first
+    deadline; frozen (SIGSTOP), its renewals stop and the relay's watchdog kills the agent
+    once the last renewal's deadline passes: the overlap with a next attempt is bounded by
+    the lease TTL plus the margin docs/daytona.md states (the watchdog's 0.1 s look and
+    the renewal's input call). The measured overlap is printed."""
+    ttl = 2.0
+    config = _config(tmp_path, double).model_dump(mode="json")
+    config["daytona_api_key"] = double.api_key  # a SecretStr: dumped masked
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FROZEN_WORKER, json.dumps(config), str(ttl),
+        str(tmp_path), cwd=REPO, stdout=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    assert worker.stdout is not None
+    try:
+        assert await asyncio.wait_for(worker.stdout.readline(), 60) == b"ready\n"
+        record = next(iter(double.sandboxes.values()))
+        runs = [r for s in record.sessions.values() for r in s.values() if "-launch-" in r.command]
+        await asyncio.sleep(2 * ttl)  # renewed all along: the agent still runs
+        assert all(run.exit_code is None for run in runs)
+        renewals = [t for t, _, path in double.timed if path.endswith("/input")]
+        assert len(renewals) >= 3  # the lease frames
+        os.kill(worker.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        while any(run.exit_code is None for run in runs):
+            await asyncio.sleep(0.05)
+            assert time.monotonic() - frozen < ttl + 30, "the agent outlived its lease"
+        died = time.monotonic()
+        last = max(t for t, _, path in double.timed if path.endswith("/input"))
+        print(f"agent died {died - last:.2f} s after the last renewal (lease TTL {ttl} s)")
+        assert died - last >= ttl * 0.9  # not before the lease could have lapsed
+        assert [run.exit_code for run in runs] == [137]
+        assert b"the lease lapsed unrenewed" in runs[0].stderr
+    finally:
+        worker.kill()
+        await worker.wait()
 
 
 async def test_hello_job_completes_through_the_backend(
@@ -541,6 +813,8 @@ async def test_a_served_job_runs_on_daytona(
     broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
     with redis.Redis.from_url(broker) as sync_client:
         sync_client.flushdb()
+    # A runner that ignores suppressInputEcho: every input call lands in the command's log.
+    double.echo_input = True
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
     env = {
@@ -588,6 +862,42 @@ async def test_a_served_job_runs_on_daytona(
     assert ready[0]["data"]["backend"] == "daytona"
     assert double.sandboxes == {}
     assert double.api_key not in log.read_text()
+    # With input echoed, the job's credential is still nowhere: not in what the runner
+    # logged or received, the worker's log, the events, nor anything kept in Redis.
+    assert double.echoed > 0
+    assert SECRET not in log.read_text()
+    assert SECRET not in json.dumps(events)
+    assert all(SECRET not in text for text in double.logged)
+    assert not _in_redis(redis_url, SECRET)
+    assert not _in_redis(broker, SECRET)
+
+
+def _in_redis(url: str, needle: str) -> list[str]:
+    """The keys of the Redis at ``url`` whose value holds ``needle``."""
+    found = []
+    with redis.Redis.from_url(url) as r:
+        for key in r.scan_iter(count=1000):
+            kind = r.type(key).decode()
+            if kind == "string":
+                values = [r.get(key) or b""]
+            elif kind == "hash":
+                values = [*r.hgetall(key).values()]
+            elif kind == "list":
+                values = r.lrange(key, 0, -1)
+            elif kind in ("set", "zset"):
+                values = list(r.smembers(key)) if kind == "set" else r.zrange(key, 0, -1)
+            elif kind == "stream":
+                values = [
+                    json.dumps(
+                        {k.decode(): v.decode(errors="replace") for k, v in fields_.items()}
+                    ).encode()
+                    for _, fields_ in r.xrange(key)
+                ]
+            else:
+                values = []
+            if any(needle.encode() in v for v in values):
+                found.append(key.decode(errors="replace"))
+    return found
 
 
 async def _until(check: Any, timeout: float) -> Any:
@@ -632,30 +942,59 @@ def _masked_workspace(tmp_path: Path) -> SandboxSpec:
     return spec
 
 
-async def test_masked_config_is_not_uploaded_and_not_taken_back(
+_TRIES = (
+    "import json, os, shutil, ctypes\n"
+    "def t(what, fn):\n"
+    "    try:\n"
+    "        fn(); return 'ok'\n"
+    "    except OSError as e:\n"
+    "        return 'refused'\n"
+    "def w(p, text):\n"
+    "    return lambda: open(p, 'w').write(text)\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "def umount(p):\n"
+    "    if libc.umount2(p.encode(), 2) != 0: raise OSError(ctypes.get_errno(), 'umount')\n"
+    "seen = sorted(os.path.relpath(os.path.join(d, f), '/workspace')\n"
+    "              for d, _, fs in os.walk('/workspace') for f in fs\n"
+    "              if os.path.getsize(os.path.join(d, f)))\n"
+    "r = {'seen': seen}\n"
+    "r['cursor hooks'] = t('', w('/workspace/.cursor/hooks.json', '{\"hooks\": {}}'))\n"
+    "r['mcp'] = t('', w('/workspace/.mcp.json', '{}'))\n"
+    "r['claude settings'] = t('', w('/workspace/.claude/settings.json', '{\"hooks\": 1}'))\n"
+    "r['codex config'] = t('', w('/workspace/.codex/config.toml', 'x = 1'))\n"
+    "r['cursor plugins'] = t('', lambda: os.mkdir('/workspace/.cursor/plugins/p'))\n"
+    "r['move claude aside'] = t('', lambda: os.rename('/workspace/.claude', '/workspace/c2'))\n"
+    "r['remove claude'] = t('', lambda: shutil.rmtree('/workspace/.claude'))\n"
+    "r['unmount'] = t('', lambda: umount('/workspace/.mcp.json'))\n"
+    "r['notes'] = t('', w('/workspace/.claude/notes.md', 'changed\\n'))\n"
+    "r['agents'] = t('', lambda: (os.makedirs('/workspace/.claude/agents'),\n"
+    "    open('/workspace/.claude/agents/a.md', 'w').write('an agent file')))\n"
+    "print(json.dumps(r))\n"
+)
+
+
+async def test_masked_config_paths_are_read_only_for_the_agent(
     tmp_path: Path, backend: DaytonaBackend
 ) -> None:
+    """Masked config is not uploaded, and the agent cannot write at a masked path, move
+    a config directory aside, remove it or unmount a mask (the relay's locked read-only
+    mounts); the rest of a config directory stays writable and comes back; the host
+    copies of masked files stay as staged."""
     spec = _masked_workspace(tmp_path)
     sandbox = await backend.create(spec)
-    script = (
-        "import os, json\n"
-        "seen = sorted(os.path.relpath(os.path.join(d, f), '/workspace')\n"
-        "              for d, _, fs in os.walk('/workspace') for f in fs)\n"
-        "print(json.dumps(seen))\n"
-        "os.makedirs('/workspace/.cursor', exist_ok=True)\n"
-        "open('/workspace/.cursor/hooks.json', 'w').write('{\"hooks\": {}}')\n"
-        "open('/workspace/.claude/settings.json', 'w').write('{\"hooks\": {\"x\": 1}}')\n"
-        "open('/workspace/.claude/notes.md', 'w').write('changed\\n')\n"
-        "os.makedirs('/workspace/.codex', exist_ok=True)\n"
-        "open('/workspace/.codex/config.toml', 'w').write('x = 1')\n"
-        "os.makedirs('/workspace/.claude/agents')\n"
-        "open('/workspace/.claude/agents/a.md', 'w').write('an agent file')\n"
-    )
-    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", _TRIES], env={})
     proc.stdin.close()
     out = await asyncio.wait_for(proc.stdout.read(), 20)
-    assert await asyncio.wait_for(proc.wait(), 20) == 0
-    assert json.loads(out) == [".claude/notes.md", "README.md"]
+    err = await asyncio.wait_for(proc.stderr.read(), 20)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0, err.decode()
+    tried = json.loads(out)
+    assert tried.pop("seen") == [".claude/notes.md", "README.md"]  # masked: empty
+    assert tried == {
+        "cursor hooks": "refused", "mcp": "refused", "claude settings": "refused",
+        "codex config": "refused", "cursor plugins": "refused",
+        "move claude aside": "refused", "remove claude": "refused", "unmount": "refused",
+        "notes": "ok", "agents": "ok",
+    }  # fmt: skip
     await backend.destroy(sandbox.sandbox_id)
     ws = spec.workspace
     assert (ws / ".claude" / "settings.json").read_text() == _ADMITTED  # host copy as it was
@@ -663,23 +1002,29 @@ async def test_masked_config_is_not_uploaded_and_not_taken_back(
     assert (ws / ".claude" / "agents" / "a.md").read_text() == "an agent file"
     assert (ws / ".codex" / "prompts.md").read_text() == "codex dir, masked whole\n"
     assert not (ws / ".codex" / "config.toml").exists()
-    # Made at a masked path: discarded, and the new .cursor with it (nothing else in it).
-    assert not (ws / ".cursor").exists()
+    assert not (ws / ".mcp.json").exists()
+    assert not (ws / ".cursor").exists()  # the relay's empty mask points do not come back
 
 
-async def test_a_removed_config_dir_keeps_its_masked_host_files(
-    tmp_path: Path, backend: DaytonaBackend
+async def test_a_mask_that_cannot_be_made_stops_the_agent_before_it_runs(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
 ) -> None:
+    """A masked path the relay cannot make (the snapshot's image left a file where the
+    ``.cursor`` directory goes) fails the command with 126 before the program runs:
+    masks are never silently skipped."""
+    double.image_files = {"/workspace/.cursor": b"not a directory"}
     spec = _masked_workspace(tmp_path)
     sandbox = await backend.create(spec)
-    script = "import shutil; shutil.rmtree('/workspace/.claude'); open('/workspace/.claude','w')"
-    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    proc = await sandbox.spawn(
+        ["/usr/bin/python3", "-c", "open('/workspace/ran', 'w').write('x')"], env={}
+    )
     proc.stdin.close()
-    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    err = await asyncio.wait_for(proc.stderr.read(), 20)
+    assert await asyncio.wait_for(proc.wait(), 20) == 126
+    assert b"cannot make the mask point /workspace/.cursor/" in err
+    record = next(iter(double.sandboxes.values()))
+    assert not (record.root / "workspace" / "ran").exists()
     await backend.destroy(sandbox.sandbox_id)
-    claude = spec.workspace / ".claude"
-    assert sorted(p.name for p in claude.iterdir()) == ["settings.json"]
-    assert (claude / "settings.json").read_text() == _ADMITTED
 
 
 async def test_without_mask_config_everything_goes_in(

@@ -126,3 +126,104 @@ async def test_live_file_info_shows_links_and_fs_refuses_them(
         await asyncio.wait_for(proc.wait(), 120)
     finally:
         await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_live_echo_carries_no_credential(tmp_path: Path, backend: DaytonaBackend) -> None:
+    """The echo check: the environment's credential reaches the program but neither its
+    output as followed nor the command's log as Daytona keeps it (read back after the
+    end), whatever the runner does with ``suppressInputEcho``; the header file is gone."""
+    secret = "acpw-live-secret-" + os.urandom(8).hex()
+    sandbox = await backend.create(_spec(tmp_path))
+    try:
+        script = "import os,sys;sys.stdin.read();print(len(os.environ['TOKEN']))"
+        proc = await sandbox.spawn(["python3", "-c", script], env={"TOKEN": secret})
+        proc.stdin.write(b"some input\n")
+        proc.stdin.close()
+        out = await asyncio.wait_for(proc.stdout.read(), 120)
+        err = await asyncio.wait_for(proc.stderr.read(), 120)
+        assert await asyncio.wait_for(proc.wait(), 120) == 0
+        assert str(len(secret)).encode() in out
+        assert secret.encode() not in out + err
+        control = sandbox._controls[0]
+        logs = await sandbox.remote.process.get_session_command_logs(control._session, control._cmd)
+        assert secret not in f"{logs.stdout}{logs.stderr}{logs.output}"
+        listing = await sandbox.remote.fs.list_files("/tmp")
+        assert not [f.name for f in listing if f.name.startswith("acpw-launch-")]
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_live_a_repeated_input_call_reaches_the_program_once(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    """The 504-on-input check. The hosted service cannot be made to answer 504 on
+    purpose, so the retry it would cause is made by hand: every input call goes to the
+    real daemon twice, as a retry after a lost answer would send it again; the real relay
+    drops the copies and the program reads each message once. (The double injects the
+    504 itself: ``test_an_input_applied_then_lost_reaches_the_program_once``.)"""
+    sandbox = await backend.create(_spec(tmp_path))
+    try:
+        process = sandbox.remote.process
+        send = process.send_session_command_input
+
+        async def twice(session: str, cmd: str, data: str) -> None:
+            await send(session, cmd, data)
+            if data.startswith("D"):
+                await send(session, cmd, data)
+
+        process.send_session_command_input = twice  # type: ignore[method-assign]
+        script = "import sys;print(repr(sys.stdin.read()))"
+        proc = await sandbox.spawn(["python3", "-c", script], env={})
+        for i in range(3):
+            proc.stdin.write(b'{"id":%d}\n' % i)
+            await proc.stdin.drain()
+            await asyncio.sleep(0.5)  # one frame each
+        proc.stdin.close()
+        out = await asyncio.wait_for(proc.stdout.read(), 120)
+        assert await asyncio.wait_for(proc.wait(), 120) == 0
+        assert out.decode().strip() == repr('{"id":0}\n{"id":1}\n{"id":2}\n')
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_live_a_snapshot_is_reused(tmp_path: Path, backend: DaytonaBackend) -> None:
+    """Two sandboxes of one pack image and resources share one snapshot: the second finds
+    it (same id) instead of making another."""
+    spec = _spec(tmp_path)
+    first = await backend.create(spec)
+    try:
+        name, _, _ = backend.snapshot_plan(spec)
+        made = await first.client.snapshot.get(name)
+    finally:
+        await backend.destroy(first.sandbox_id)
+    second = await backend.create(spec)
+    try:
+        again = await second.client.snapshot.get(name)
+        assert again.id == made.id
+        assert again.created_at == made.created_at
+    finally:
+        await backend.destroy(second.sandbox_id)
+
+
+async def test_live_masked_paths_are_read_only(tmp_path: Path, backend: DaytonaBackend) -> None:
+    """The relay's masks on a real runner (it needs user namespaces in the sandbox): a
+    write at a masked path fails, one beside it works."""
+    spec = _spec(tmp_path)
+    (spec.workspace / ".cursor").mkdir()
+    (spec.workspace / ".cursor" / "rules.md").write_text("rules\n")
+    sandbox = await backend.create(spec)
+    try:
+        script = (
+            "import sys\n"
+            "try:\n open('/workspace/.cursor/hooks.json','w').write('{}');print('written')\n"
+            "except OSError as e:\n print('refused', e.errno)\n"
+            "open('/workspace/.cursor/notes.md','w').write('ok')\n"
+        )
+        proc = await sandbox.spawn(["python3", "-c", script], env={})
+        proc.stdin.close()
+        out = await asyncio.wait_for(proc.stdout.read(), 120)
+        err = await asyncio.wait_for(proc.stderr.read(), 120)
+        assert await asyncio.wait_for(proc.wait(), 120) == 0, err.decode()
+        assert out.startswith(b"refused"), out
+    finally:
+        await backend.destroy(sandbox.sandbox_id)

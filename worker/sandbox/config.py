@@ -203,6 +203,20 @@ class DaytonaConfig(_BackendSettings):
         description="The base image id the pushed pack images were built on: with the "
         "closure's digest it gives each pack image's identity.",
     )
+    daytona_registry_username: str | None = Field(
+        default=None,
+        description="The user Daytona pulls the pack images from daytona_image_registry as "
+        "(a private registry); with daytona_registry_password.",
+    )
+    daytona_registry_password: SecretStr | None = Field(
+        default=None,
+        description="That user's password or token (`ACPW_DAYTONA_REGISTRY_PASSWORD`); or "
+        "daytona_registry_password_file.",
+    )
+    daytona_registry_password_file: Path | None = Field(
+        default=None,
+        description="A file holding it (a mounted secret), read when the variable is unset.",
+    )
     daytona_os_user: str | None = Field(
         default=None, description="The sandbox's OS user (default: the snapshot's)."
     )
@@ -221,11 +235,28 @@ class DaytonaConfig(_BackendSettings):
     daytona_snapshot_timeout_s: float = Field(
         default=900.0, gt=0, description="A snapshot still pending after this fails."
     )
+    daytona_snapshot_rebuilds: int = Field(
+        default=2,
+        ge=0,
+        description="A snapshot whose build failed is deleted and built again this many "
+        "times, with back-off, before snapshot_failed.",
+    )
+    daytona_snapshot_rebuild_backoff_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The first rebuild's wait; each next one waits twice as long.",
+    )
     daytona_start_timeout_s: float = Field(
         default=120.0, gt=0, description="A sandbox not started after this fails."
     )
     daytona_retry_attempts: int = Field(
         default=5, ge=1, description="Attempts of a call Daytona answers 429 or 5xx."
+    )
+    daytona_max_concurrent_calls: int = Field(
+        default=16,
+        ge=1,
+        description="Most Daytona API calls in flight at once from this process for one "
+        "organisation (API URL and key), however many jobs it runs.",
     )
     daytona_input_frame_bytes: int = Field(
         default=64 * 1024,
@@ -263,6 +294,18 @@ class DaytonaConfig(_BackendSettings):
         if self.daytona_api_key_file is None:
             return None
         return self.daytona_api_key_file.read_text().strip() or None
+
+    def registry_password(self) -> str | None:
+        """The registry password: the setting, else the file's first line.
+
+        Raises:
+            OSError: the password file cannot be read.
+        """
+        if self.daytona_registry_password is not None:
+            return self.daytona_registry_password.get_secret_value()
+        if self.daytona_registry_password_file is None:
+            return None
+        return self.daytona_registry_password_file.read_text().strip() or None
 
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"

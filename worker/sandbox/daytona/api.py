@@ -3,7 +3,7 @@ tenacity while Daytona answers 429 or a transient 5xx, and every SDK exception t
 into the error tree (``translate``) with the API key scrubbed from what is kept.
 
     DaytonaAuthenticationError, 403 (not quota)    → BackendAuthFailed     backend_auth_failed
-    any answer that names a quota                  → BackendQuotaExceeded  backend_quota_exceeded
+    an answer that names a quota or a limit hit    → BackendQuotaExceeded  backend_quota_exceeded
     DaytonaRateLimitError after every retry        → BackendRateLimited    backend_rate_limited
     DaytonaTimeoutError while creating a sandbox   → SandboxStartTimeout   sandbox_start_timeout
     any other DaytonaError                         → SandboxError          sandbox_failed
@@ -11,7 +11,10 @@ into the error tree (``translate``) with the API key scrubbed from what is kept.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
@@ -38,6 +41,22 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _TRANSIENT = frozenset({429, 502, 503, 504})
+#: What Daytona's answers say when an organisation's limit refuses a request: a 400
+#: "Total CPU limit exceeded. Maximum allowed: N." (memory, disk alike), "Sandbox
+#: resource limit reached (N)", or a message naming a quota.
+_QUOTA_MARKERS = ("quota", "limit exceeded", "resource limit reached")
+
+#: event loop → (API URL, key digest) → the bound on calls in flight to that
+#: organisation from this process, shared by every backend and job using it.
+_BOUNDS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str, int], asyncio.Semaphore]
+] = weakref.WeakKeyDictionary()
+
+
+def _bound(url: str, key: str, size: int) -> asyncio.Semaphore:
+    bounds = _BOUNDS.setdefault(asyncio.get_running_loop(), {})
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return bounds.setdefault((url, digest, size), asyncio.Semaphore(size))
 
 
 def _transient(exc: BaseException) -> bool:
@@ -49,8 +68,9 @@ def _transient(exc: BaseException) -> bool:
 
 def _retry_after(exc: BaseException | None) -> float | None:
     headers = getattr(exc, "headers", None) or {}
+    value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), "")
     try:
-        return min(float(headers.get("Retry-After", "")), 30.0)
+        return min(max(float(value), 0.0), 30.0)
     except (TypeError, ValueError):
         return None
 
@@ -111,9 +131,20 @@ class Api:
         finally:
             await close_client(client)
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]], **context: object) -> T:
+    async def call(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        bounded: bool = True,
+        **context: object,
+    ) -> T:
         """``await fn()``, retried while Daytona answers 429/502/503/504 (its
-        ``Retry-After`` honoured, else exponential back-off), translated at the end.
+        ``Retry-After`` honoured, else exponential back-off), translated at the end; at
+        most ``daytona_max_concurrent_calls`` such calls to one organisation are in
+        flight from this process at once (the others wait their turn); ``bounded=False``
+        for a stream that lasts as long as a command runs (its log), which would
+        otherwise hold a place for the whole job.
 
         Raises:
             SandboxError: (or a subclass) what the last attempt raised, translated.
@@ -124,10 +155,16 @@ class Api:
             wait=_wait,
             reraise=True,
         )
+        bound = _bound(
+            self.config.daytona_api_url, self.key(), self.config.daytona_max_concurrent_calls
+        )
         with self.translating(what, **context):
             async for attempt in attempts:
                 with attempt:
-                    return await fn()
+                    if not bounded:  # a stream that lasts the command's run
+                        return await fn()
+                    async with bound:  # the back-off waits outside it
+                        return await fn()
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     @contextlib.contextmanager
@@ -177,7 +214,7 @@ def translate(exc: DaytonaError, what: str, *, secret: str | None, **context: ob
     message = scrub(str(exc), secret)
     details = {"operation": what, "status": exc.status_code, **context}
     text = f"daytona: {what} failed: {message}"
-    if "quota" in message.lower():
+    if any(marker in message.lower() for marker in _QUOTA_MARKERS):
         raise BackendQuotaExceeded(text, **details) from None
     d = sdk.module()
     if isinstance(exc, d.DaytonaAuthenticationError | d.DaytonaForbiddenError):

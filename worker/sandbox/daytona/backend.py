@@ -9,12 +9,14 @@ import contextlib
 import logging
 import math
 import re
+import secrets
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.errors import SandboxError, SnapshotFailed
+from worker.errors import BackendAuthFailed, SandboxError, SnapshotFailed
 from worker.images.identity import PACK_REPO, ImageIdentity
 from worker.network import parse_endpoint
 from worker.sandbox.base import (
@@ -30,7 +32,7 @@ from worker.sandbox.daytona import sdk, sync, view
 from worker.sandbox.daytona.api import Api, close_client
 from worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
-from worker.sandbox.daytona.relay import launch_header, relay_command
+from worker.sandbox.daytona.relay import launch_header, lease_frame, relay_command
 from worker.sandbox.shared import check_command, check_id, make_sandbox_id
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ class _Command(CommandControl):
             lambda: process.get_session_command_logs_async(
                 self._session, self._cmd, on_stdout, on_stderr
             ),
+            bounded=False,
         )
 
     async def exit_code(self) -> int | None:
@@ -85,6 +88,17 @@ class _Command(CommandControl):
         await self._box.api.call(
             "send input",
             lambda: process.send_session_command_input(self._session, self._cmd, data),
+        )
+
+    async def send_lease(self, deadline: LeaseDeadline) -> None:
+        """Tell the relay the lease now ends at ``deadline``: the remaining time is
+        computed for each attempt, so a retried call never extends the lease."""
+        process = self._box.remote.process
+        await self._box.api.call(
+            "renew lease",
+            lambda: process.send_session_command_input(
+                self._session, self._cmd, lease_frame(deadline.at - time.monotonic())
+            ),
         )
 
     async def kill_session(self) -> None:
@@ -118,6 +132,7 @@ class DaytonaSandbox:
         self.remote = remote
         self._count = 0
         self.processes: list[DaytonaProcess] = []
+        self._controls: list[_Command] = []
         self._unfollow: Callable[[], None] | None = None
         self._last_refresh = 0.0
         self._refreshes: set[asyncio.Task[None]] = set()
@@ -149,15 +164,16 @@ class DaytonaSandbox:
         self._count += 1
         session = f"acpw-{self._count}"
         process = self.remote.process
+        header = await self._upload_header(argv, env, cwd)
         await self.api.call("create session", lambda: process.create_session(session))
         request = sdk.module().SessionExecuteRequest(
-            command=relay_command(), run_async=True, suppress_input_echo=True
+            command=relay_command(header), run_async=True, suppress_input_echo=True
         )
         started = await self.api.call(
             "execute command", lambda: process.execute_session_command(session, request)
         )
         control = _Command(self, session, started.cmd_id)
-        await control.send(launch_header(argv, env, cwd))
+        self._controls.append(control)
         proc = DaytonaProcess(
             control,
             stdout_limit=stdout_limit,
@@ -165,6 +181,28 @@ class DaytonaSandbox:
         )
         self.processes.append(proc)
         return proc
+
+    async def _upload_header(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+        """Upload the relay's launch header (argv, the environment with its credentials,
+        the masks, the lease) as a 0600 file in a fresh 0700 directory below ``/tmp``
+        through the file API; the relay reads and removes both. Returns its path.
+
+        Credentials never travel as an input call, which a runner ignoring
+        ``suppressInputEcho`` would echo into the command's log.
+        """
+        folder = f"/tmp/acpw-launch-{secrets.token_hex(12)}"  # noqa: S108 - in the sandbox
+        path = f"{folder}/header.json"
+        deadline = self._spec.lease_deadline
+        body = launch_header(
+            argv, env, cwd,
+            masks=[(m.kind.value, f"{WORKSPACE}/{m.path}") for m in self.masks],
+            lease_s=None if deadline is None else deadline.at - time.monotonic(),
+        )  # fmt: skip
+        fs = self.remote.fs
+        await self.api.call("make header folder", lambda: fs.create_folder(folder, "700"))
+        await self.api.call("upload header", lambda: fs.upload_file(body, path))
+        await self.api.call("protect header", lambda: fs.set_file_permissions(path, mode="600"))
+        return path
 
     def admission_view(self, *, provider: str = "cursor") -> AdmissionResult:
         """Admission in the sandbox's own view, rebuilt from its file API (``view.py``).
@@ -212,15 +250,27 @@ class DaytonaSandbox:
         every = self.backend.config.daytona_activity_every_s
 
         def renewed(_at: float) -> None:
+            for control, process in zip(self._controls, self.processes, strict=True):
+                if process.returncode is None:
+                    self._spawn_task(self._renew(control, deadline))
             now = loop.time()
             if now - self._last_refresh < every:
                 return
             self._last_refresh = now
-            task = loop.create_task(self._refresh())
-            self._refreshes.add(task)
-            task.add_done_callback(self._refreshes.discard)
+            self._spawn_task(self._refresh())
 
         self._unfollow = deadline.follow(renewed)
+
+    def _spawn_task(self, call: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(call)
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    async def _renew(self, control: _Command, deadline: LeaseDeadline) -> None:
+        try:
+            await control.send_lease(deadline)
+        except SandboxError as exc:
+            log.warning("daytona: lease renewal of %s not delivered: %s", self._sandbox_id, exc)
 
     async def _refresh(self) -> None:
         try:
@@ -325,36 +375,54 @@ class DaytonaBackend:
         return name, image, (cpu, memory)
 
     async def ensure_snapshot(self, client: AsyncDaytona, spec: SandboxSpec) -> str:
-        """The spec's snapshot, active and verified: reused when present, else created.
+        """The spec's snapshot, active and verified: reused when present, else created;
+        an inactive one activated; one whose build failed deleted and built again
+        (``daytona_snapshot_rebuilds`` times, the wait doubling from
+        ``daytona_snapshot_rebuild_backoff_s``).
 
         Raises:
-            SnapshotFailed: it failed to build, stayed pending past
-                ``daytona_snapshot_timeout_s``, or names another image.
+            SnapshotFailed: it still failed to build after the rebuilds
+                (``reason: build_failed``), stayed short of ``active`` past
+                ``daytona_snapshot_timeout_s`` (``reason: pending``, its last ``state``
+                in the details), or names another image (``reason: identity``).
             SandboxError: (or a subclass) Daytona refused otherwise.
         """
         name, image, (cpu, memory) = self.snapshot_plan(spec)
         d = sdk.module()
-        snapshots = client.snapshot
-        try:
-            found = await self._get_snapshot(client, name)
-            if found is None:
-                resources = d.Resources(cpu=cpu, memory=memory)
-                params = d.CreateSnapshotParams(name=name, image=image, resources=resources)
+        params = d.CreateSnapshotParams(
+            name=name, image=image, resources=d.Resources(cpu=cpu, memory=memory)
+        )
+        seen: dict[str, str] = {}
+        rebuilds = 0
+        while True:
+            try:
                 found = await asyncio.wait_for(
-                    self._create_snapshot(snapshots, params),
+                    self._snapshot_active(client, params, seen),
                     timeout=self.config.daytona_snapshot_timeout_s,
                 )
-            found = await asyncio.wait_for(
-                self._until_active(client, name, found),
-                timeout=self.config.daytona_snapshot_timeout_s,
-            )
-        except TimeoutError:
-            raise SnapshotFailed(
-                f"daytona: snapshot {name} still pending after "
-                f"{self.config.daytona_snapshot_timeout_s:g} s",
-                snapshot=name,
-                reason="pending",
-            ) from None
+                break
+            except TimeoutError:
+                state = seen.get("state") or await self._state_now(client, name)
+                raise SnapshotFailed(
+                    f"daytona: snapshot {name} not active after "
+                    f"{self.config.daytona_snapshot_timeout_s:g} s (it is {state})",
+                    snapshot=name, reason="pending", state=state,
+                ) from None  # fmt: skip
+            except SnapshotFailed as exc:
+                if exc.details.get("reason") not in ("build_failed", "error"):
+                    raise
+                if rebuilds >= self.config.daytona_snapshot_rebuilds:
+                    raise SnapshotFailed(
+                        exc.message, **{**exc.details, "rebuilds": rebuilds}
+                    ) from None
+                wait = self.config.daytona_snapshot_rebuild_backoff_s * 2**rebuilds
+                rebuilds += 1
+                log.warning(
+                    "daytona: snapshot %s failed to build (%s); rebuilding in %g s (%d of %d)",
+                    name, exc.message, wait, rebuilds, self.config.daytona_snapshot_rebuilds,
+                )  # fmt: skip
+                await self._delete_snapshot(client, name)
+                await asyncio.sleep(wait)
         recorded = getattr(found, "image_name", None)
         if recorded != image:
             raise SnapshotFailed(
@@ -362,6 +430,104 @@ class DaytonaBackend:
                 snapshot=name, reason="identity", expected=image, recorded=recorded,
             )  # fmt: skip
         return name
+
+    async def _snapshot_active(
+        self, client: AsyncDaytona, params: CreateSnapshotParams, seen: dict[str, str]
+    ) -> Any:
+        """The snapshot once ``active``: made when missing, activated when inactive,
+        polled while on its way (its last state kept in ``seen``).
+
+        Raises:
+            SnapshotFailed: its build failed (``reason`` the state) or it vanished.
+        """
+        name = params.name
+        found = await self._get_snapshot(client, name)
+        if found is None:
+            await self.ensure_registry(client)
+            found = await self._create_snapshot(client.snapshot, params)
+        snapshots = client.snapshot
+        activated = False
+        while True:
+            state = str(getattr(found.state, "value", found.state))
+            seen["state"] = state
+            if state == "active":
+                return found
+            if state in ("error", "build_failed"):
+                raise SnapshotFailed(
+                    f"daytona: snapshot {name} failed: {found.error_reason or state}",
+                    snapshot=name,
+                    reason=state,
+                )
+            if state == "inactive" and not activated:
+                found = await self.api.call(
+                    "activate snapshot", lambda: snapshots.activate(name), snapshot=name
+                )
+                activated = True
+                continue
+            await asyncio.sleep(1.0)
+            found = await self._get_snapshot(client, name)
+            if found is None:
+                raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
+
+    async def ensure_registry(self, client: AsyncDaytona) -> None:
+        """With registry credentials set, register them with Daytona for the pack images'
+        registry (a Docker registry of the organisation named ``acpw-<host>``, made or
+        updated), so its snapshot builds can pull from a private registry. The password
+        travels in that request's body only; it is never logged nor in an error.
+
+        Raises:
+            BackendAuthFailed: the password file cannot be read.
+            SandboxError: Daytona refused.
+        """
+        user = self.config.daytona_registry_username
+        try:
+            password = self.config.registry_password()
+        except OSError as exc:
+            raise BackendAuthFailed(
+                "the Daytona registry password file cannot be read",
+                path=str(self.config.daytona_registry_password_file),
+            ) from exc
+        registry = self.config.daytona_image_registry
+        if not user or not password or not registry:
+            return
+        host = registry.split("/", 1)[0]
+        name = "acpw-" + re.sub(r"[^a-z0-9-]", "-", host.lower())
+        models = sdk.api_models()
+        registries = models.DockerRegistryApi(client._api_client)  # the SDK has no service for it
+        found = await self.api.call("list registries", registries.list_registries)
+        have = next((r for r in found if r.name == name), None)
+        if have is None:
+            body = models.CreateDockerRegistry(
+                name=name, url=host, username=user, password=password, project=""
+            )
+            await self.api.call(
+                "register registry", lambda: registries.create_registry(body), registry=host
+            )
+        else:
+            update = models.UpdateDockerRegistry(
+                name=name, url=host, username=user, password=password, project=""
+            )
+            await self.api.call(
+                "update registry",
+                lambda: registries.update_registry(have.id, update),
+                registry=host,
+            )
+
+    async def _state_now(self, client: AsyncDaytona, name: str) -> str | None:
+        """The snapshot's state as Daytona answers now (``None``: not known)."""
+        with contextlib.suppress(SandboxError, TimeoutError):
+            found = await asyncio.wait_for(self._get_snapshot(client, name), 30)
+            if found is not None:
+                return str(getattr(found.state, "value", found.state))
+        return None
+
+    async def _delete_snapshot(self, client: AsyncDaytona, name: str) -> None:
+        snapshots = client.snapshot
+        try:
+            await self.api.call("delete snapshot", lambda: snapshots.delete(name), snapshot=name)
+        except SandboxError as exc:
+            if exc.details.get("status") != 404:
+                raise
 
     async def _get_snapshot(self, client: AsyncDaytona, name: str) -> Any:
         snapshots = client.snapshot
@@ -386,22 +552,6 @@ class DaytonaBackend:
                 raise  # auth, quota, rate limit: not the snapshot's fault
             details = {**exc.details, "snapshot": params.name, "reason": "build_failed"}
             raise SnapshotFailed(exc.message, **details) from None
-
-    async def _until_active(self, client: AsyncDaytona, name: str, found: Any) -> Any:
-        while True:
-            state = str(getattr(found.state, "value", found.state))
-            if state == "active":
-                return found
-            if state in ("error", "build_failed"):
-                raise SnapshotFailed(
-                    f"daytona: snapshot {name} failed: {found.error_reason or state}",
-                    snapshot=name,
-                    reason=state,
-                )
-            await asyncio.sleep(1.0)
-            found = await self._get_snapshot(client, name)
-            if found is None:
-                raise SnapshotFailed(f"daytona: snapshot {name} vanished", snapshot=name)
 
     # --- sandboxes ---------------------------------------------------------------------
 

@@ -2,7 +2,11 @@
 
 stdin is a ``StreamWriter`` over :class:`InputTransport`: what the agent's client writes
 is buffered, cut into frames of at most ``frame_bytes`` (at a UTF-8 boundary, the input
-call carries text) and sent one input call at a time, in order; the writer is paused
+call carries text) and sent one input call at a time, in order. Everything buffered while
+a call is out goes in the next one (up to ``frame_bytes``): a burst of messages costs one
+round trip per frame, not one per message. Each frame carries a sequence number, so a
+call retried after the daemon had applied it (a 5xx on the way back) is dropped by the
+relay: every retry is safe. The writer is paused
 (``drain`` waits) while more than ``4 * frame_bytes`` are unsent, so a fast writer is
 back-pressured by the HTTP calls. ``close``/``write_eof`` sends the relay's EOF frame
 after what is buffered. stdout and stderr are followed from Daytona's log stream
@@ -65,6 +69,7 @@ class InputTransport(asyncio.WriteTransport):
         self._eof = False
         self._paused = False
         self._failed: BaseException | None = None
+        self._seq = 0
         self._pump = asyncio.create_task(self._run())
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -127,7 +132,8 @@ class InputTransport(asyncio.WriteTransport):
         cut = utf8_cut(self._buffer, self._frame)
         chunk = bytes(self._buffer[:cut])
         del self._buffer[:cut]
-        await self._send(data_frame(chunk.decode("utf-8", "replace")))
+        self._seq += 1
+        await self._send(data_frame(self._seq, chunk.decode("utf-8", "replace")))
         if self._paused and len(self._buffer) <= self._frame:
             self._paused = False
             self._protocol.resume_writing()

@@ -46,3 +46,10 @@ def module() -> Any:
 
 def loaded() -> bool:
     return _loaded is not None
+
+
+def api_models() -> Any:
+    """The SDK's generated async API client (``daytona_api_client_async``), which the
+    SDK imports with itself: the calls the SDK has no service for (registries)."""
+    module()
+    return importlib.import_module("daytona_api_client_async")

@@ -17,15 +17,14 @@ links come back as they went in). A hard link, device or other special file the 
 left refuses the whole archive (``archive_refused``): nothing is replaced, the error is
 the destroy's.
 
-Masks by content (Daytona has no bind mounts): when the spec asks for masks
+Masks (Daytona has no bind mounts from the host): when the spec asks for masks
 (``spec.mask_config``), what a mask of ``worker.admission.mask_plan`` covers is left out
 of the upload, so an admitted ``.claude/settings.json`` or a ``.codex`` directory never
-reaches the agent (it reads as absent). On the way back a masked path is neither
-reported deleted (the host copy stays exactly as it was) nor taken back: what the agent
-created there is discarded and logged (``daytona: discarded …``). Unlike a read-only
-mask on local/docker, the agent *can* create config at those paths mid-run (its own
-permission policy still gates writes); it acts on it inside the sandbox only and it
-never reaches the host.
+reaches the agent; for the agent's run the relay makes those paths locked read-only mounts
+inside the sandbox (``relay.py``), so it reads them as empty and cannot write there. On
+the way back a masked path is neither reported deleted (the host copy stays exactly as it
+was) nor taken back: whatever is there (say, the relay's empty mask points when it was
+killed before removing them) is discarded and logged (``daytona: discarded …``).
 """
 
 from __future__ import annotations
