@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from worker.errors import ServiceUnavailable
-from worker.store import keys, scripts
+from worker.settings import Settings
+from worker.store import connect, keys, scripts
 from worker.store.keys import job_keys
 from worker.store.state import JobState, read_state, text
 
@@ -49,15 +50,19 @@ def still_cancelling() -> None:
         raise asyncio.CancelledError
 
 
-def redis_client(url: str | None) -> aioredis.Redis:
-    """An asyncio Redis client with timeouts (a hung Redis must not hang a job).
+def redis_client(url: str | None, settings: Settings | None = None) -> aioredis.Redis:
+    """An asyncio Redis client with timeouts (a hung Redis must not hang a job), made by
+    :mod:`.connect` with ``settings``' TLS, ACL user and sentinel master.
 
     Raises:
         ServiceUnavailable: no Redis URL is configured.
+        InvalidInput: the URL or the sentinel settings do not make sense.
     """
     if not url:
         raise ServiceUnavailable("no Redis configured: set ACPW_REDIS_URL")
-    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+    return connect.async_client(
+        connect.target(url, settings), socket_connect_timeout=2.0, socket_timeout=10.0
+    )
 
 
 @dataclass(frozen=True, slots=True)
