@@ -161,6 +161,12 @@ class Server:
             self.proc.kill()
         self.proc.wait(10)
 
+    def sentinel(self) -> redis.Redis:
+        """A client of this redis-sentinel."""
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, password=SENTINEL_PASSWORD, socket_timeout=5
+        )
+
     def admin(self, certs: Certs | None = None) -> redis.Redis:
         kwargs: dict[str, object] = {"password": ADMIN_PASSWORD, "socket_timeout": 5}
         if self.tls and certs is not None:
@@ -246,3 +252,46 @@ def running(server: Server) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+SENTINEL_PASSWORD = "sentinel-pw-61a0c2"  # the sentinels' own AUTH (requirepass)
+MASTER = "acpw-master"
+
+
+def start_sentinel(where: Path, primary_port: int, *, quorum: int = 2) -> Server:
+    """A redis-sentinel watching the primary on ``primary_port`` (failover after 1 s
+    unreachable), asking clients for ``SENTINEL_PASSWORD``."""
+    where.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    lines = [
+        f"port {port}",
+        "bind 127.0.0.1",
+        f"dir {where}",
+        "daemonize no",
+        f"logfile {where / 'redis.log'}",
+        f"requirepass {SENTINEL_PASSWORD}",
+        f"sentinel sentinel-pass {SENTINEL_PASSWORD}",
+        f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} {quorum}",
+        f"sentinel auth-pass {MASTER} {ADMIN_PASSWORD}",
+        f"sentinel down-after-milliseconds {MASTER} 1000",
+        f"sentinel failover-timeout {MASTER} 10000",
+        f"sentinel parallel-syncs {MASTER} 1",
+    ]
+    conf = where / "sentinel.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen(
+        [REDIS_SENTINEL, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    server = Server(proc, port, where, tls=False)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with contextlib.closing(server.sentinel()) as client:
+                client.ping()
+        except redis.exceptions.RedisError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop()
+                raise
+            time.sleep(0.05)
+        else:
+            return server

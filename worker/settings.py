@@ -203,6 +203,19 @@ class Settings(BaseSettings):
         default=None,
         description="The ACL user's password as a secret reference (`env:NAME`, `file:PATH`).",
     )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas that must acknowledge the writes a failover must not lose "
+        "(lease acquire and renewal, a job's terminal event and settling) before the worker "
+        "goes on (Redis `WAIT`); default 1 with `sentinel://`, else 0 (no wait).",
+    )
+    redis_wait_ms: int = Field(
+        default=1000,
+        gt=0,
+        description="The bound of each such `WAIT` in ms: past it the worker goes on and logs "
+        "how many replicas had acknowledged.",
+    )
     redis_sentinel_master: str | None = Field(
         default=None, description="The master's name the sentinels of a `sentinel://` URL watch."
     )

@@ -69,7 +69,7 @@ def test_the_acl_password_is_a_secret_reference(tmp_path: Path) -> None:
     filed = settings.model_copy(update={"redis_password": "file:pw"})
     assert connect.target("redis://h/0", filed, {}).password == "from-file"
     config = celery_config(filed.model_copy(update={"redis_url": "redis://h/0"}))
-    assert (config["broker_user"], config["broker_password"]) == ("acpw", "from-file")
+    assert config["broker_url"] == "redis://acpw:from-file@h/0"
     with pytest.raises(CredentialRefused):
         connect.target("redis://h/0", settings, {})
 
@@ -90,7 +90,12 @@ def test_sentinel_urls_need_a_master_and_name_their_sentinels() -> None:
     assert t.sentinels == (("a", 26379), ("b", 26380), ("c", 26379))
     assert (t.master, t.db, t.tls) == ("mymaster", 2, False)
     broker = connect.broker_options(t)
-    assert broker["broker_url"] == url
+    # kombu reads the database from the URL it fails over to: each one names it
+    assert broker["broker_url"] == "sentinel://a:26379/2;sentinel://b:26380/2;sentinel://c/2"
+    with_user = connect.target(url, Settings(redis_sentinel_master="m", redis_username="u"), {})
+    assert connect.broker_options(with_user)["broker_url"] == (
+        "sentinel://u@a:26379/2;sentinel://u@b:26380/2;sentinel://u@c/2"
+    )  # each URL of the list: kombu fails over to the next with its own credentials
     assert broker["broker_transport_options"]["master_name"] == "mymaster"
 
 

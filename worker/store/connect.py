@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -127,11 +128,21 @@ def target(
     for p in parts:
         query.update(dict(parse_qsl(p.query)))
     url_ssl = {k: query.pop(k) for k in SSL_QUERY if k in query}
+    sentinel = scheme == "sentinel"
+    db = max((int(p.path.strip("/")) for p in parts if p.path.strip("/").isdigit()), default=0)
+    # Every sentinel URL names the database: kombu takes it from the URL it fails over to.
     clean = ";".join(
-        urlunsplit((p.scheme, p.netloc, p.path, urlencode(list(_rest(p.query))), p.fragment))
+        urlunsplit(
+            (
+                p.scheme,
+                p.netloc,
+                f"/{db}" if sentinel else p.path,
+                urlencode(list(_rest(p.query))),
+                p.fragment,
+            )
+        )
         for p in parts
     )
-    sentinel = scheme == "sentinel"
     tls = scheme == "rediss" or (sentinel and (settings.redis_tls or bool(url_ssl)))
     ssl_opts = _ssl_options(settings, url_ssl) if tls else {}
     if tls and ssl_opts.get("ssl_cert_reqs") == "none":
@@ -144,7 +155,6 @@ def target(
     password = next((p.password for p in parts if p.password), None)
     if password is None and settings.redis_password:
         password = _secret("ACPW_REDIS_PASSWORD", settings.redis_password, settings, environ)
-    db = max((int(p.path.strip("/")) for p in parts if p.path.strip("/").isdigit()), default=0)
     if sentinel:
         if not settings.redis_sentinel_master:
             raise InvalidInput(
@@ -245,6 +255,49 @@ def _sentinel_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
     return kwargs
 
 
+@dataclass(frozen=True, slots=True)
+class WaitPolicy:
+    """How many replicas must acknowledge a write that must survive a failover, and for
+    how long the worker waits for them (``WAIT replicas ms``)."""
+
+    replicas: int
+    ms: int
+
+
+_policies: weakref.WeakKeyDictionary[Any, WaitPolicy] = weakref.WeakKeyDictionary()
+
+
+def wait_policy(t: RedisTarget, settings: Settings | None) -> WaitPolicy:
+    replicas = settings.redis_wait_replicas if settings is not None else None
+    if replicas is None:
+        replicas = 1 if t.master else 0
+    return WaitPolicy(replicas, settings.redis_wait_ms if settings is not None else 1000)
+
+
+async def replicated(client: aioredis.Redis, what: str) -> int | None:
+    """``WAIT`` for the replicas ``client``'s policy asks for, bounded; None without a
+    policy. Fewer replicas than asked is logged, never raised: the write stands on the
+    master, and a failover before a replica has it may still undo it (docs/durability.md,
+    What a failover does)."""
+    policy = _policies.get(client)
+    if policy is None or policy.replicas <= 0:
+        return None
+    try:
+        acked = int(await client.execute_command("WAIT", policy.replicas, policy.ms))  # type: ignore[no-untyped-call]
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        log.warning("%s: could not wait for a replica: %s", what, exc)
+        return None
+    if acked < policy.replicas:
+        log.warning(
+            "%s: %d of %d replicas acknowledged within %d ms",
+            what,
+            acked,
+            policy.replicas,
+            policy.ms,
+        )
+    return acked
+
+
 def sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
     """A synchronous client of ``t`` (``timeouts``: redis-py's socket_* arguments)."""
     kwargs = _conn_kwargs(t, **timeouts)
@@ -260,8 +313,17 @@ def sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
     return redis.Redis.from_url(t.url, **t.ssl, **kwargs)
 
 
-def async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
-    """An asyncio client of ``t``."""
+def async_client(
+    t: RedisTarget, settings: Settings | None = None, **timeouts: Any
+) -> aioredis.Redis:
+    """An asyncio client of ``t``; its writes that must survive a failover wait for the
+    replicas ``settings`` ask for (:func:`replicated`)."""
+    client = _async_client(t, **timeouts)
+    _policies[client] = wait_policy(t, settings)
+    return client
+
+
+def _async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
     kwargs = _conn_kwargs(t, **timeouts)
     if t.master:
         manager = asentinel.Sentinel(
@@ -279,11 +341,7 @@ def broker_options(t: RedisTarget) -> dict[str, Any]:
     """The Celery settings that connect to ``t`` as the broker: ``broker_url`` (its TLS
     query parameters moved to ``broker_use_ssl``, which kombu would otherwise fill with
     ``CERT_NONE`` for a ``rediss://`` URL without them), the ACL user, the sentinel master."""
-    opts: dict[str, Any] = {"broker_url": t.url}
-    if t.username and "@" not in t.url:
-        opts["broker_user"] = t.username
-    if t.password is not None and "@" not in t.url:
-        opts["broker_password"] = t.password
+    opts: dict[str, Any] = {"broker_url": _with_user(t)}
     if t.tls:
         reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL}
         opts["broker_use_ssl"] = {
@@ -298,6 +356,23 @@ def broker_options(t: RedisTarget) -> dict[str, Any]:
             transport["sentinel_kwargs"] = sentinel_kwargs
     opts["broker_transport_options"] = transport
     return opts
+
+
+def _with_user(t: RedisTarget) -> str:
+    """``t``'s URL with its ACL user in every part: kombu reconnects to the next URL of a
+    list (a failover) with that URL's own credentials only, not ``broker_user``'s."""
+    if not t.username and t.password is None:
+        return t.url
+    userinfo = quote(t.username or "", safe="")
+    if t.password is not None:
+        userinfo += ":" + quote(t.password, safe="")
+    parts = []
+    for part in t.url.split(";"):
+        split = urlsplit(part)
+        if "@" not in split.netloc:
+            split = split._replace(netloc=f"{userinfo}@{split.netloc}")
+        parts.append(urlunsplit(split))
+    return ";".join(parts)
 
 
 def refused(exc: BaseException, t: RedisTarget | None = None) -> ServiceUnavailable:

@@ -61,7 +61,7 @@ def redis_client(url: str | None, settings: Settings | None = None) -> aioredis.
     if not url:
         raise ServiceUnavailable("no Redis configured: set ACPW_REDIS_URL")
     return connect.async_client(
-        connect.target(url, settings), socket_connect_timeout=2.0, socket_timeout=10.0
+        connect.target(url, settings), settings, socket_connect_timeout=2.0, socket_timeout=10.0
     )
 
 
@@ -108,6 +108,7 @@ async def acquire(
         return Refusal(job_id, outcome, int(got_attempt), detail)
     lease = Lease(job_id, int(got_attempt), int(detail), worker_id)
     await _index(client, job_id, ttl)
+    await connect.replicated(client, f"lease of {job_id}")
     return lease
 
 
@@ -122,6 +123,7 @@ async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
     ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.token, int(ttl * 1000)])
     if ok:
         await _index(client, lease.job_id, ttl)
+        await connect.replicated(client, f"lease renewal of {lease.job_id}")
     return bool(ok)
 
 
@@ -187,6 +189,8 @@ async def settle_lost(
         verdict = text(reply) if reply is not None else ""
         if verdict != "retry":
             break
+    if verdict == "lost":
+        await connect.replicated(client, f"settling {job_id} lost")
     return verdict, state
 
 
