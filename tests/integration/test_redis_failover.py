@@ -30,6 +30,7 @@ from tests.redis_servers import (
     start_redis,
     start_sentinel,
 )
+from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
 from worker.events.models import Notice
 from worker.metrics import readiness
@@ -83,6 +84,31 @@ async def test_lines_a_failover_lost_are_written_again_or_the_gap_is_recorded(
     assert await _seqs(aredis, job_id) == stored
     state = await aredis.hget(keys.state(job_id), fields.EV_GAP)
     assert (state.decode() if state else None) == gap
+
+
+async def test_an_acquire_a_failover_lost_cannot_let_two_owners_write(
+    aredis: aioredis.Redis,
+) -> None:
+    """Worker A's acquire is lost (the replica never had it: counter, lease and status as
+    before), so worker B is granted the same token again. The fence compares the
+    lease's own value, token and nonce: A can neither write, renew nor release."""
+    job_id = "failover-lost-acquire"
+    a = await leases.acquire(aredis, job_id, worker_id="a", ttl=30)
+    assert isinstance(a, Lease)
+    await aredis.delete(keys.lease(job_id))  # the failover: as before A's acquire
+    await aredis.hset(keys.state(job_id), mapping={fields.FENCE: 0, fields.STATUS: "queued"})
+    b = await leases.acquire(aredis, job_id, worker_id="b", ttl=30)
+    assert isinstance(b, Lease)
+    assert b.token == a.token  # the counter came back: the same token
+    stale = FencedStreamSink(aredis, a, policy=SinkPolicy())
+    emitter = EventEmitter(job_id=job_id, attempt=a.attempt, sinks=[stale])
+    await emitter.emit(Notice(level="info", code="t", message="from A"))
+    with pytest.raises(LeaseLost):
+        await stale.close()
+    assert await _seqs(aredis, job_id) == []
+    assert not await leases.renew(aredis, a, ttl=30)
+    assert not await leases.release(aredis, a)
+    assert await leases.held(aredis, b)
 
 
 # --- a real failover ----------------------------------------------------------------------

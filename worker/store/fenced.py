@@ -250,7 +250,7 @@ class FencedStreamSink:
     async def _append(self, batch: list[_Pending]) -> int | tuple[int, int]:
         gap = bool(self.gaps) and batch[0].seq == self.gaps[-1][1] + 1
         args: list[str | int] = [
-            self._lease.token,
+            self._lease.holder,
             self._lease.attempt,
             self._policy.maxlen,
             self._policy.ttl_s,

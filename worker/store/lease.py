@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -73,6 +74,12 @@ class Lease:
     attempt: int
     token: int
     worker_id: str
+    nonce: str = ""  # this acquire's own: the lease holds ``holder``
+
+    @property
+    def holder(self) -> str:
+        """The lease key's value while this lease holds it: ``<token>:<nonce>``."""
+        return f"{self.token}:{self.nonce}" if self.nonce else str(self.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +106,21 @@ async def acquire(
     job_json: str = "{}",
 ) -> Lease | Refusal:
     """Take the lease of ``job_id`` for ``attempt`` (default: the state's), or say why not."""
+    nonce = secrets.token_hex(8)
     reply = await scripts.bound(client, scripts.ACQUIRE)(
         keys=job_keys(job_id),
-        args=[int(ttl * 1000), worker_id, "" if attempt is None else str(attempt), job_json],
+        args=[
+            int(ttl * 1000),
+            worker_id,
+            "" if attempt is None else str(attempt),
+            job_json,
+            nonce,
+        ],
     )
     outcome, got_attempt, detail = (text(part) for part in reply)
     if outcome != "acquired":
         return Refusal(job_id, outcome, int(got_attempt), detail)
-    lease = Lease(job_id, int(got_attempt), int(detail), worker_id)
+    lease = Lease(job_id, int(got_attempt), int(detail), worker_id, nonce)
     await _index(client, job_id, ttl)
     await connect.replicated(client, f"lease of {job_id}")
     return lease
@@ -120,7 +134,7 @@ async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
 async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
     """Extend the lease; False when it is not ours any more (expired or taken over)."""
     renew_lease = scripts.bound(client, scripts.RENEW)
-    ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.token, int(ttl * 1000)])
+    ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.holder, int(ttl * 1000)])
     if ok:
         await _index(client, lease.job_id, ttl)
         await connect.replicated(client, f"lease renewal of {lease.job_id}")
@@ -129,14 +143,14 @@ async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
 
 async def held(client: aioredis.Redis, lease: Lease) -> bool:
     """Whether ``lease`` is still the job's current lease (a read: nothing renewed)."""
-    return await client.get(keys.lease(lease.job_id)) == str(lease.token).encode()
+    return await client.get(keys.lease(lease.job_id)) == lease.holder.encode()
 
 
 async def release(client: aioredis.Redis, lease: Lease) -> bool:
     """Give the lease up; False when it was not ours any more (then the reaper's index
     entry stays: it may be another owner's, or the hint that settles an expired one)."""
     release_lease = scripts.bound(client, scripts.RELEASE)
-    ok = await release_lease(keys=[keys.lease(lease.job_id)], args=[lease.token])
+    ok = await release_lease(keys=[keys.lease(lease.job_id)], args=[lease.holder])
     if ok:
         await client.zrem(keys.LEASES, lease.job_id)
     return bool(ok)
