@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from tests.integration.test_redis_tls import operators_acl
+from tests.conftest import REPO
+from tests.integration.test_redis_tls import ACP_WORKER, operators_acl
 from tests.integration.test_run_job import _check_stream, _env, _job
 from tests.procs import finish
 from tests.redis_servers import (
@@ -262,3 +265,100 @@ def test_a_running_job_follows_a_failover_and_settles_once(tmp_path: Path, ha: H
     assert fields.EV_GAP not in state
     assert denied == []
     print(f"failover: primary killed -> replica promoted in {failover_s:.1f} s")
+
+
+def test_a_served_worker_follows_a_failover_for_its_broker_and_store(
+    tmp_path: Path, ha: Ha
+) -> None:
+    """``serve`` with ``sentinel://`` store and broker: a job running when the primary is
+    SIGKILLed settles once, and a job submitted after it is taken from the new master by
+    the same worker process (kombu's sentinel transport reconnects), both succeeded."""
+    base = ha.url.rsplit("/", 1)[0]
+    env = ha.env(
+        tmp_path,
+        ACPW_REDIS_URL=f"{base}/0",
+        ACPW_BROKER_URL=f"{base}/1",
+        ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
+        ACPW_LEASE_TTL="15",
+        ACPW_LEASE_RENEW="1",
+    )
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        serve = subprocess.Popen(
+            [ACP_WORKER, "serve", "--concurrency", "1", "--loglevel", "INFO", "--no-reaper"],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _until(lambda: " ready." in log.read_text(), serve, log)
+        first = _submit(tmp_path, env, "failover-served-1", _ticks(40), follow=False)
+        _, submit_err = finish(first, timeout=60)
+        assert first.returncode == 0, submit_err
+        admin = ha.primary.admin()
+        try:
+            _until(lambda: _said(admin, "failover-served-1", "tick-005"), serve, log)
+        finally:
+            admin.close()
+        ha.primary.stop()
+        ha.promoted()
+        new = ha.replica.admin()
+        try:
+            _until(lambda: _said(new, "failover-served-1", "job.completed"), serve, log, 120)
+        finally:
+            new.close()
+        second = _submit(tmp_path, env, "failover-served-2", "scenario: hello")
+        out2, err2 = finish(second, timeout=120)
+        assert second.returncode == 0, err2[-3000:] + log.read_text()[-3000:]
+        assert serve.poll() is None  # the same worker process, never restarted
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGTERM)
+            try:
+                serve.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+    new = ha.replica.admin()
+    try:
+        for job_id in ("failover-served-1", "failover-served-2"):
+            events = [json.loads(f[b"event"]) for _, f in new.xrange(keys.events(job_id))]
+            assert _check_stream(events)["status"] == "succeeded", job_id
+            assert new.hget(keys.state(job_id), fields.EV_GAP) is None
+    finally:
+        new.close()
+    for text in (out2, err2, log.read_text()):
+        assert PASSWORD not in text
+        assert SENTINEL_PASSWORD not in text
+
+
+def _until(check: Any, serve: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert serve.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def _said(client: Any, job_id: str, what: str) -> bool:
+    return what.encode() in b"".join(f[b"event"] for _, f in client.xrange(keys.events(job_id)))
+
+
+def _submit(
+    tmp_path: Path, env: dict[str, str], job_id: str, prompt: str, *, follow: bool = True
+) -> subprocess.Popen[str]:
+    data = json.loads((REPO / "examples" / "hello.json").read_text())
+    data.update(job_id=job_id, prompt=prompt)
+    data["workspace"]["path"] = str(REPO / "examples" / "hello-workspace")
+    spec = tmp_path / f"{job_id}.json"
+    spec.write_text(json.dumps(data))
+    return subprocess.Popen(
+        [ACP_WORKER, "submit", str(spec), "--json", *(["--follow"] if follow else [])],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
