@@ -210,7 +210,7 @@ def _error(stderr: str) -> dict[str, Any]:
 def test_a_wrong_ca_or_server_name_is_refused(
     tmp_path: Path, clean: Server, certs: Certs, host: str, ca: str, reason: str
 ) -> None:
-    url = f"rediss://{host}:{clean.port}/0"
+    url = f"rediss://acpw:{PASSWORD}@{host}:{clean.port}/0"  # credentials in the URL
     env = _user_env(tmp_path, ACPW_REDIS_TLS_CA=str(getattr(certs, ca)))
     status = _cli(env, "status", "some-job", "--json", "--redis", url)
     assert status.returncode == 1
@@ -221,6 +221,8 @@ def test_a_wrong_ca_or_server_name_is_refused(
     report = readiness(url, lambda: None, settings)
     assert report["redis"] == f"error: redis_refused ({reason})"
     assert not report["ready"]
+    assert report["redis_at"]["url"] == f"rediss://acpw:***@{host}:{clean.port}/0"
+    assert PASSWORD not in json.dumps(report)
 
 
 def test_run_redis_refuses_an_unverified_server(

@@ -103,3 +103,13 @@ def test_sentinel_urls_need_a_master_and_name_their_sentinels() -> None:
 def test_other_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidInput):
         connect.target(url, Settings(redis_sentinel_master="m"), {})
+
+
+def test_the_store_label_of_a_sentinel_url_names_its_sentinels_not_a_password() -> None:
+    from worker.store.owner import store_label
+
+    one = store_label("sentinel://u:p1@a:26379;sentinel://b:26379/0")
+    assert one == store_label("sentinel://u:p2@a:26379;sentinel://b:26379/0")
+    assert one != store_label("sentinel://a:26379;sentinel://c:26379/0")
+    # a single URL's label is what it always was (labels on running sandboxes keep matching)
+    assert store_label("redis://:pw@h:6379/0") == store_label("redis://h:6379/0")
