@@ -120,7 +120,7 @@ def target(
     """
     if not url:
         raise ServiceUnavailable("no Redis configured: set ACPW_REDIS_URL")
-    settings = settings or Settings()
+    settings = settings or Settings.model_construct()  # defaults, not the environment
     environ = os.environ if environ is None else environ
     parts = _split(url)
     scheme = parts[0].scheme
