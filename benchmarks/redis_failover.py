@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +120,7 @@ def main() -> None:
                 os.killpg(serve.pid, signal.SIGKILL)
                 serve.wait()
         ha.stop()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 _SETTINGS = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main() -> None:
     finally:
         for server in (replica, tls, plain):
             server.stop()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 if __name__ == "__main__":
