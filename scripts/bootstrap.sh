@@ -16,6 +16,8 @@ at_least() { [ "$(printf '%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# The Sentinel failover tests start their own sentinels on loopback ports.
+command -v redis-sentinel >/dev/null 2>&1 || need_apt+=(redis-sentinel)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 # Debian's python3 makes venvs only with python3-venv (ensurepip); not needed for a venv

@@ -58,6 +58,7 @@ human ``message`` and keyword-only context in ``details``. The same
     ├── EventTooLarge                event_too_large          1
     ├── SinkUnavailable              sink_unavailable         1
     ├── ServiceUnavailable           service_unavailable      1
+    │   └── StoreRefused             redis_refused            1
     ├── EventsTrimmed                events_trimmed           1
     ├── HandedBack                   handed_back              4
     └── LeaseError                   lease_error              1
@@ -394,6 +395,16 @@ class ServiceUnavailable(WorkerError):
     """Redis or the Celery broker did not answer (control-plane side)."""
 
     code = "service_unavailable"
+
+
+class StoreRefused(ServiceUnavailable):
+    """Redis answered but refused the connection: its TLS certificate is not trusted or
+    does not name the host (``reason``: ``certificate_unverified``,
+    ``server_name_mismatch``, ``tls_failed``), or its ACL refused the user
+    (``auth_failed``, ``not_permitted``). Retrying does not help; the configuration must
+    change."""
+
+    code = "redis_refused"
 
 
 class EventsTrimmed(WorkerError):

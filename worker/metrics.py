@@ -41,7 +41,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from worker.errors import WorkerError
 from worker.settings import Settings
+from worker.store import connect
 from worker.store.keys import LEASES
 
 log = logging.getLogger(__name__)
@@ -136,16 +138,20 @@ class BacklogCollector(Collector):
         )
 
 
-def backlog(broker_url: str, redis_url: str, queue: str) -> Backlog | None:
+def backlog(
+    broker_url: str, redis_url: str, queue: str, settings: Settings | None = None
+) -> Backlog | None:
     """LLEN of ``queue`` on the broker, and the leases held and expired in the job store;
     None if either Redis does not answer."""
     try:
-        with redis.Redis.from_url(broker_url, socket_timeout=2) as broker:
+        broker_at = connect.target(broker_url, settings)
+        store_at = connect.target(redis_url, settings)
+        with connect.sync_client(broker_at, socket_timeout=2) as broker:
             queued = int(broker.llen(queue))
-        with redis.Redis.from_url(redis_url, socket_timeout=2) as store:
+        with connect.sync_client(store_at, socket_timeout=2) as store:
             running = int(store.zcard(LEASES))
             expired = int(store.zcount(LEASES, "-inf", time.time()))
-    except (redis.exceptions.RedisError, OSError):
+    except (redis.exceptions.RedisError, OSError, WorkerError):
         return None
     return Backlog(queued=queued, running=running, expired=expired)
 
@@ -154,7 +160,8 @@ def backlog_of(settings: Settings) -> Backlog | None:
     """:func:`backlog` of the broker, job store and queue ``settings`` name."""
     if not settings.redis_url:
         return None
-    return backlog(settings.broker_url or settings.redis_url, settings.redis_url, settings.queue)
+    broker = settings.broker_url or settings.redis_url
+    return backlog(broker, settings.redis_url, settings.queue, settings)
 
 
 #: Set by ``serve`` to the multiprocess directory it made for the worker: the worker's
@@ -234,16 +241,33 @@ def start_server(
     return server
 
 
-def readiness(redis_url: str | None, backend_check: Callable[[], object]) -> dict[str, Any]:
-    """``{"ready", "redis", "backend"}``: both must answer."""
+def readiness(
+    redis_url: str | None, backend_check: Callable[[], object], settings: Settings | None = None
+) -> dict[str, Any]:
+    """``{"ready", "redis", "backend", "redis_at"}``: both must answer. ``redis_at`` says
+    which Redis was reached and how (its redacted URL, TLS and whether it is verified, the
+    ACL user, the sentinel master and the address the sentinels gave for it), no secret;
+    a refusal's ``redis`` names its code and reason (``error: redis_refused
+    (certificate_unverified)``)."""
     report: dict[str, Any] = {"redis": "unconfigured", "backend": "unknown"}
     if redis_url:
         try:
-            with redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2) as r:
+            at = connect.target(redis_url, settings)
+            report["redis_at"] = at.describe()
+            with connect.sync_client(at, socket_connect_timeout=2, socket_timeout=2) as r:
                 r.ping()
+                if at.master:
+                    host, port = r.connection_pool.get_master_address()
+                    report["redis_at"]["master_address"] = f"{host}:{port}"
             report["redis"] = "ok"
+        except WorkerError as exc:
+            report["redis"] = f"error: {exc.code}"
         except (redis.exceptions.RedisError, OSError) as exc:
-            report["redis"] = f"error: {type(exc).__name__}"
+            typed = connect.refused(exc)
+            reason = typed.details.get("reason")
+            report["redis"] = f"error: {typed.code}" + (f" ({reason})" if reason else "")
+            if not reason:
+                report["redis"] = f"error: {type(exc).__name__}"
     try:
         backend_check()
         report["backend"] = "ok"
@@ -260,4 +284,4 @@ def readiness_of(settings: Settings) -> dict[str, Any]:
     def backend_answers() -> object:
         return asyncio.run(get_backend(backend_config(settings)).list({}))
 
-    return readiness(settings.redis_url, backend_answers)
+    return readiness(settings.redis_url, backend_answers, settings)

@@ -176,7 +176,61 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    redis_url: str | None = Field(default=None, description="Redis for events and state.")
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis for events and state: `redis://`, `rediss://` (TLS; redis-py's "
+        "`ssl_*` query parameters are honoured) or `sentinel://h:p;sentinel://h:p/DB` with "
+        "`redis_sentinel_master` (docs/durability.md, Connecting to Redis).",
+    )
+    redis_tls: bool = Field(
+        default=False,
+        description="Reach the master behind `sentinel://` URLs over TLS (`rediss://` always is).",
+    )
+    redis_tls_ca: Path | None = Field(
+        default=None, description="CA bundle (PEM) that signs the Redis server's certificate."
+    )
+    redis_tls_cert: Path | None = Field(
+        default=None, description="Client certificate (PEM) for a Redis that asks for one."
+    )
+    redis_tls_key: Path | None = Field(default=None, description="The client certificate's key.")
+    redis_tls_verify: bool = Field(
+        default=True,
+        description="Check the Redis server's certificate and name; `false` turns both off "
+        "(logged as a warning on every connection setup).",
+    )
+    redis_username: str | None = Field(
+        default=None, description="ACL user for Redis (store and broker); the URL's wins."
+    )
+    redis_password: str | None = Field(
+        default=None,
+        description="The ACL user's password as a secret reference (`env:NAME`, `file:PATH`).",
+    )
+    redis_wait_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas that must acknowledge the writes a failover must not lose "
+        "(lease acquire and renewal, a job's terminal event and settling) before the worker "
+        "goes on (Redis `WAIT`); default 1 with `sentinel://`, else 0 (no wait).",
+    )
+    redis_wait_ms: int = Field(
+        default=1000,
+        gt=0,
+        description="The bound of each such `WAIT` in ms: past it the worker goes on and logs "
+        "how many replicas had acknowledged.",
+    )
+    redis_sentinel_master: str | None = Field(
+        default=None, description="The master's name the sentinels of a `sentinel://` URL watch."
+    )
+    redis_sentinel_tls: bool = Field(
+        default=False, description="Talk to the sentinels themselves over TLS (same files)."
+    )
+    redis_sentinel_username: str | None = Field(
+        default=None, description="ACL user on the sentinels (their own AUTH)."
+    )
+    redis_sentinel_password: str | None = Field(
+        default=None,
+        description="The sentinels' password as a secret reference (`env:NAME`, `file:PATH`).",
+    )
     worker_id: str = Field(default_factory=default_worker_id, description="Labels sandboxes.")
     backend: str = Field(
         default="local",

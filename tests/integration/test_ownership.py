@@ -40,7 +40,9 @@ async def _indexed(client: aioredis.Redis, job_id: str) -> bool:
 
 async def test_a_settled_job_gives_its_lease_back(client: aioredis.Redis) -> None:
     async with owning(client, Claim("own-1"), settings=SETTINGS, cancel=asyncio.Event()) as owned:
-        assert await client.get(keys.lease("own-1")) == str(owned.lease.token).encode()
+        # the token and this acquire's own nonce (docs/contracts.md, Redis keys)
+        assert await client.get(keys.lease("own-1")) == owned.lease.holder.encode()
+        assert owned.lease.holder.startswith(f"{owned.lease.token}:")
         assert owned.labels == {"acpw.token": str(owned.lease.token)}
         emitter = EventEmitter(job_id="own-1", attempt=owned.lease.attempt, sinks=[owned.sink])
         await emitter.emit(DONE)

@@ -468,7 +468,9 @@ def test_metrics_and_readiness(worker: Worker, client: Client) -> None:
     client.submit(job("metrics-1"))
     list(client.events("metrics-1", follow=True, timeout=60))
     status, body = _get(worker.metrics_port, "/ready")
-    assert (status, json.loads(body)) == (200, {"redis": "ok", "backend": "ok", "ready": True})
+    report = json.loads(body)
+    assert report.pop("redis_at") == {"url": REDIS_URL, "tls": False}  # which Redis, how
+    assert (status, report) == (200, {"redis": "ok", "backend": "ok", "ready": True})
     status, text = wait_for(
         lambda: (r := _get(worker.metrics_port, "/metrics")) and 'status="succeeded"' in r[1] and r,
         "the job in the metrics",

@@ -1134,3 +1134,62 @@ def test_placement_the_schema_passes_the_worker_still_refuses(
     docs = render(_merge(BASE, {"sandbox": {"kubernetes": {"pods": pods}}}))
     with pytest.raises(ValidationError, match="no value"):
         config_of(docs, monkeypatch)
+
+
+# --- Redis over TLS, with an ACL user, behind Sentinel ----------------------------------------
+
+
+def test_redis_tls_acl_and_sentinel_values_reach_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TLS files from a Secret, the ACL password as a reference to a variable the Secret
+    fills (never a value in the manifest), the sentinel master: the worker's settings and
+    its connection factory read them as docs/durability.md says."""
+    from worker.store import connect
+
+    sentinels = "sentinel://s1:26379;sentinel://s2:26379;sentinel://s3:26379/0"
+    docs = render(
+        _merge(
+            BASE,
+            {
+                "redis": {
+                    "url": sentinels,
+                    "tlsSecret": "redis-tls",
+                    "tlsClientCert": True,
+                    "username": "acpw",
+                    "passwordSecret": {"name": "redis-acl"},
+                    "sentinelMaster": "mymaster",
+                    "sentinelPasswordSecret": {"name": "redis-sentinel", "key": "pw"},
+                }
+            },
+        )
+    )
+    env = env_of(docs)
+    assert env["REDIS_ACL_PASSWORD"] == {"secretKeyRef": {"name": "redis-acl", "key": "password"}}
+    assert env["REDIS_SENTINEL_PASSWORD"] == {
+        "secretKeyRef": {"name": "redis-sentinel", "key": "pw"}
+    }
+    mounts = {m["name"]: m for m in worker_container(docs)["volumeMounts"]}
+    assert mounts["redis-tls"] == {
+        "name": "redis-tls",
+        "mountPath": "/etc/acp-worker/redis-tls",
+        "readOnly": True,
+    }
+    (deployment,) = by_kind(docs, "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["redis-tls"]["secret"]["secretName"] == "redis-tls"
+    for name, value in env.items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ACPW_REDIS_URL", sentinels)
+    monkeypatch.setenv("REDIS_ACL_PASSWORD", "acl-secret")
+    monkeypatch.setenv("REDIS_SENTINEL_PASSWORD", "sentinel-secret")
+    t = connect.target(sentinels, Settings())
+    assert (t.username, t.password, t.master) == ("acpw", "acl-secret", "mymaster")
+    assert t.sentinel_password == "sentinel-secret"
+    settings = Settings()
+    assert settings.redis_tls_ca == Path("/etc/acp-worker/redis-tls/ca.crt")
+    assert settings.redis_tls_key == Path("/etc/acp-worker/redis-tls/tls.key")
+    assert settings.redis_tls_verify
+    plain = env_of(render(BASE))
+    assert [n for n in plain if n.startswith(("ACPW_REDIS_", "REDIS_"))] == ["ACPW_REDIS_URL"]

@@ -58,7 +58,7 @@ def _with_client(
     budgets.check_tenant(args.tenant)
 
     async def run() -> T:
-        client = redis_client(with_redis(args, settings).redis_url)
+        client = redis_client(with_redis(args, settings).redis_url, settings)
         try:
             return await work(client)
         finally:

@@ -155,7 +155,7 @@ async def _own(
     from worker.service.ownership import Claim, LeaseRefusedError
     from worker.store.lease import redis_client
 
-    client = redis_client(url)
+    client = redis_client(url, settings)
     stack.push_async_callback(client.aclose)
     claim = Claim(spec.job_id, _recorded(spec, base_dir))
     with _reaching_redis():
@@ -225,9 +225,15 @@ def _refused(refusal: Refusal) -> InvalidInput:
 def _reaching_redis() -> Iterator[None]:
     import redis.exceptions
 
+    from worker.errors import StoreRefused
+    from worker.store.connect import refused
+
     try:
         yield
     except (redis.exceptions.RedisError, OSError) as exc:
+        typed = refused(exc)
+        if isinstance(typed, StoreRefused):  # TLS or ACL: retrying does not help
+            raise typed from exc
         raise SinkUnavailable(f"cannot reach Redis: {exc}") from exc
 
 

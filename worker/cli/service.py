@@ -223,7 +223,21 @@ def _ready(args: argparse.Namespace, settings: Settings) -> int:
 
 def _ready_text(report: dict[str, Any]) -> str:
     head = "ready" if report["ready"] else "NOT ready"
-    return f"{head}: redis {report['redis']}, backend {report['backend']}"
+    where = report.get("redis_at")
+    how = ""
+    if where:
+        tls = (
+            ("TLS verified" if where["verify"] else "TLS UNVERIFIED") if where["tls"] else "no TLS"
+        )
+        how = f"{where['url']}, {tls}"
+        if where.get("username"):
+            how += f", user {where['username']}"
+        if where.get("sentinel_master"):
+            how += f", sentinel master {where['sentinel_master']}"
+            if where.get("master_address"):
+                how += f" at {where['master_address']}"
+        how = f" ({how})"
+    return f"{head}: redis {report['redis']}{how}, backend {report['backend']}"
 
 
 def _reap(args: argparse.Namespace, settings: Settings) -> int:

@@ -37,11 +37,13 @@ from worker.errors import (
     JobConflict,
     JobNotFound,
     ServiceUnavailable,
+    StoreRefused,
 )
 from worker.events.models import Event, JobCompleted
 from worker.interactions.send import list_records, send_answer
 from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
+from worker.store import connect
 from worker.store import jobs as store
 from worker.store.control import CANCEL, append_control, control_fields
 from worker.store.state import JobState
@@ -96,7 +98,8 @@ class Client:
 
     def __init__(self, redis_url: str, *, settings: Settings | None = None) -> None:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
-        self._redis = redis.Redis.from_url(redis_url, socket_connect_timeout=5)
+        self._target = connect.target(redis_url, self._settings)
+        self._redis = connect.sync_client(self._target, socket_connect_timeout=5)
         self._celery = queue.make_celery(self._settings, name="acp-worker-client", current=False)
         self._events = _EventReader(self._redis)
 
@@ -479,7 +482,10 @@ def _translated() -> Iterator[None]:
     """Redis and broker failures become ``ServiceUnavailable`` at this seam."""
     try:
         yield
-    except _REDIS_ERRORS as exc:
-        raise ServiceUnavailable(f"Redis did not answer: {exc}") from exc
+    except (*_REDIS_ERRORS, redis.exceptions.NoPermissionError) as exc:
+        raise connect.refused(exc) from exc
     except kombu.exceptions.OperationalError as exc:
+        typed = connect.refused(exc)
+        if isinstance(typed, StoreRefused):
+            raise typed from exc
         raise ServiceUnavailable(f"the Celery broker did not answer: {exc}") from exc

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from worker.errors import InvalidJobSpec
 from worker.jobs.spec import JobSpec, parse_job
 from worker.settings import Settings
+from worker.store import connect
 from worker.store.url import choose_redis
 
 if TYPE_CHECKING:
@@ -61,9 +62,16 @@ def broker_url(settings: Settings) -> str:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
+    """The app's configuration; the broker connection (URL, TLS, ACL user, sentinel
+    master) is :func:`worker.store.connect.broker_options`'s, as the store's."""
     soft, hard = time_limits(MAX_JOB_TIMEOUT_S, settings)
+    broker = connect.broker_options(connect.target(broker_url(settings), settings))
+    transport = {
+        **broker.pop("broker_transport_options"),
+        "visibility_timeout": visibility_timeout(settings),
+    }
     return {
-        "broker_url": broker_url(settings),
+        **broker,
         "result_backend": settings.result_backend,
         "task_ignore_result": settings.result_backend is None,
         "task_default_queue": settings.queue,
@@ -77,7 +85,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # A worker fetches a message only for a free pool process: a draining worker holds
         # none it has not started (docs/operating.md, Draining a worker).
         "worker_disable_prefetch": True,
-        "broker_transport_options": {"visibility_timeout": visibility_timeout(settings)},
+        "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
         "accept_content": ["json"],

@@ -85,7 +85,7 @@ async def run_delivery(
     Once ``hand_back`` is tripped (a draining worker, ``worker.service.drain``) the job
     stops, is handed back (outcome ``handed_back``) and its next attempt is published.
     """
-    client = redis_client(settings.redis_url)
+    client = redis_client(settings.redis_url, settings)
     try:
         return await _GuardedRun(client, settings, environ, delivery, hand_back).run()
     finally:

@@ -379,7 +379,7 @@ async def reap_pass(settings: Settings) -> ReapReport:
     backends = {
         name: get_backend(backend_config(settings, name)) for name in settings.reap_backends
     }
-    client = redis_client(settings.redis_url)
+    client = redis_client(settings.redis_url, settings)
     try:
         async with _host_turn(settings.work_dir):
             return await reap_once(client, settings, backends)

@@ -34,7 +34,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from worker.errors import LeaseLost, SinkUnavailable, WorkerError
 from worker.events.models import TERMINAL_TYPE
-from worker.store import scripts
+from worker.store import connect, scripts
 from worker.store.keys import job_keys
 from worker.store.lease import REDIS_ERRORS, Lease
 
@@ -100,6 +100,9 @@ class FencedStreamSink:
         self._on_written = on_written
         self._raise_when_broken = raise_when_broken
         self._queue: collections.deque[_Pending] = collections.deque()
+        # What Redis took, kept to write again if a failover loses it (``_refill``).
+        self._recent: collections.deque[_Pending] = collections.deque(maxlen=policy.buffer_events)
+        self.gaps: list[tuple[int, int]] = []  # seqs lost for good (recorded in ev_gap)
         self._wakeup = asyncio.Event()
         self._space = asyncio.Condition()
         self._flusher: asyncio.Task[None] | None = None
@@ -181,17 +184,46 @@ class FencedStreamSink:
     async def _send_front(self) -> None:
         batch = self._front_batch()
         written = await self._append_with_retry(batch)
+        if isinstance(written, tuple):  # lines Redis had taken are gone: a failover
+            self._refill(batch[0].seq, written[1])
+            return
         if written < 0:
             self._fenced = True
             self.dropped += len(self._queue)
             log.warning("lease of %s is gone: its events are refused", self._lease.job_id)
             return
         for _ in batch:
-            self._queue.popleft()
+            self._recent.append(self._queue.popleft())
+        if any(item.status for item in batch):  # settled or handed back: must survive
+            await connect.replicated(self._client, f"terminal event of {self._lease.job_id}")
         self._settled = self._settled or any(item.status for item in batch)
         self._handed_back = self._handed_back or any(item.status == HANDED_BACK for item in batch)
         self._on_written(written)
         await self._notify_space()
+
+    def _refill(self, first: int, last: int) -> None:
+        """Redis has this attempt's lines up to ``last`` only, not up to ``first - 1``:
+        put the ones this sink still keeps back in front of the queue, so the stream stays
+        contiguous; what it no longer keeps is written past, its seqs recorded as a gap."""
+        missing = [item for item in self._recent if last < item.seq < first]
+        self._recent.clear()
+        self._queue.extendleft(reversed(missing))
+        front = self._queue[0].seq
+        if front > last + 1:
+            self.gaps.append((last + 1, front - 1))
+            log.warning(
+                "events %d-%d of %s were lost in a Redis failover; recorded in ev_gap",
+                last + 1,
+                front - 1,
+                self._lease.job_id,
+            )
+        else:
+            log.warning(
+                "Redis lost events %d-%d of %s (a failover): written again",
+                last + 1,
+                first - 1,
+                self._lease.job_id,
+            )
 
     def _front_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -203,7 +235,7 @@ class FencedStreamSink:
             size += len(item.line)
         return batch
 
-    async def _append_with_retry(self, batch: list[_Pending]) -> int:
+    async def _append_with_retry(self, batch: list[_Pending]) -> int | tuple[int, int]:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(REDIS_ERRORS),
             wait=wait_exponential(multiplier=0.02, max=1.0),
@@ -215,17 +247,22 @@ class FencedStreamSink:
                 return await self._append(batch)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    async def _append(self, batch: list[_Pending]) -> int:
+    async def _append(self, batch: list[_Pending]) -> int | tuple[int, int]:
+        gap = bool(self.gaps) and batch[0].seq == self.gaps[-1][1] + 1
         args: list[str | int] = [
-            self._lease.token,
+            self._lease.holder,
             self._lease.attempt,
             self._policy.maxlen,
             self._policy.ttl_s,
             self._policy.settled_ttl_s,
+            "1" if gap else "0",
         ]
         for item in batch:
             args.extend((item.seq, item.status, item.line))
-        return int(await self._script(keys=self._keys, args=args))
+        reply = await self._script(keys=self._keys, args=args)
+        if isinstance(reply, list):
+            return (int(reply[0]), int(reply[1]))
+        return int(reply)
 
     async def _notify_space(self) -> None:
         async with self._space:

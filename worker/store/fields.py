@@ -17,6 +17,7 @@ name those programs use is one of these).
     attempt_after   stream id after which the current attempt's events begin
     events_trimmed_until    id of the last event trimmed off the stream (absent: none)
     duplicates  deliveries refused since the job began; last_refusal: the last one's reason
+    ev_gap      seqs of the current attempt a Redis failover lost for good (``from-to``, …)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ ATTEMPT_AFTER: Final = "attempt_after"
 TRIMMED_UNTIL: Final = "events_trimmed_until"
 DUPLICATES: Final = "duplicates"
 LAST_REFUSAL: Final = "last_refusal"
+EV_GAP: Final = "ev_gap"
 
 ALL: Final = frozenset(
     {
@@ -62,6 +64,7 @@ ALL: Final = frozenset(
         TRIMMED_UNTIL,
         DUPLICATES,
         LAST_REFUSAL,
+        EV_GAP,
     }
 )
 """Every field the worker and the client write."""

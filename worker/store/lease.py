@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from worker.errors import ServiceUnavailable
-from worker.store import keys, scripts
+from worker.settings import Settings
+from worker.store import connect, keys, scripts
 from worker.store.keys import job_keys
 from worker.store.state import JobState, read_state, text
 
@@ -49,15 +51,19 @@ def still_cancelling() -> None:
         raise asyncio.CancelledError
 
 
-def redis_client(url: str | None) -> aioredis.Redis:
-    """An asyncio Redis client with timeouts (a hung Redis must not hang a job).
+def redis_client(url: str | None, settings: Settings | None = None) -> aioredis.Redis:
+    """An asyncio Redis client with timeouts (a hung Redis must not hang a job), made by
+    :mod:`.connect` with ``settings``' TLS, ACL user and sentinel master.
 
     Raises:
         ServiceUnavailable: no Redis URL is configured.
+        InvalidInput: the URL or the sentinel settings do not make sense.
     """
     if not url:
         raise ServiceUnavailable("no Redis configured: set ACPW_REDIS_URL")
-    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0)
+    return connect.async_client(
+        connect.target(url, settings), settings, socket_connect_timeout=2.0, socket_timeout=10.0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,12 @@ class Lease:
     attempt: int
     token: int
     worker_id: str
+    nonce: str = ""  # this acquire's own: the lease holds ``holder``
+
+    @property
+    def holder(self) -> str:
+        """The lease key's value while this lease holds it: ``<token>:<nonce>``."""
+        return f"{self.token}:{self.nonce}" if self.nonce else str(self.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +106,23 @@ async def acquire(
     job_json: str = "{}",
 ) -> Lease | Refusal:
     """Take the lease of ``job_id`` for ``attempt`` (default: the state's), or say why not."""
+    nonce = secrets.token_hex(8)
     reply = await scripts.bound(client, scripts.ACQUIRE)(
         keys=job_keys(job_id),
-        args=[int(ttl * 1000), worker_id, "" if attempt is None else str(attempt), job_json],
+        args=[
+            int(ttl * 1000),
+            worker_id,
+            "" if attempt is None else str(attempt),
+            job_json,
+            nonce,
+        ],
     )
     outcome, got_attempt, detail = (text(part) for part in reply)
     if outcome != "acquired":
         return Refusal(job_id, outcome, int(got_attempt), detail)
-    lease = Lease(job_id, int(got_attempt), int(detail), worker_id)
+    lease = Lease(job_id, int(got_attempt), int(detail), worker_id, nonce)
     await _index(client, job_id, ttl)
+    await connect.replicated(client, f"lease of {job_id}")
     return lease
 
 
@@ -114,22 +134,23 @@ async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
 async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
     """Extend the lease; False when it is not ours any more (expired or taken over)."""
     renew_lease = scripts.bound(client, scripts.RENEW)
-    ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.token, int(ttl * 1000)])
+    ok = await renew_lease(keys=[keys.lease(lease.job_id)], args=[lease.holder, int(ttl * 1000)])
     if ok:
         await _index(client, lease.job_id, ttl)
+        await connect.replicated(client, f"lease renewal of {lease.job_id}")
     return bool(ok)
 
 
 async def held(client: aioredis.Redis, lease: Lease) -> bool:
     """Whether ``lease`` is still the job's current lease (a read: nothing renewed)."""
-    return await client.get(keys.lease(lease.job_id)) == str(lease.token).encode()
+    return await client.get(keys.lease(lease.job_id)) == lease.holder.encode()
 
 
 async def release(client: aioredis.Redis, lease: Lease) -> bool:
     """Give the lease up; False when it was not ours any more (then the reaper's index
     entry stays: it may be another owner's, or the hint that settles an expired one)."""
     release_lease = scripts.bound(client, scripts.RELEASE)
-    ok = await release_lease(keys=[keys.lease(lease.job_id)], args=[lease.token])
+    ok = await release_lease(keys=[keys.lease(lease.job_id)], args=[lease.holder])
     if ok:
         await client.zrem(keys.LEASES, lease.job_id)
     return bool(ok)
@@ -182,6 +203,8 @@ async def settle_lost(
         verdict = text(reply) if reply is not None else ""
         if verdict != "retry":
             break
+    if verdict == "lost":
+        await connect.replicated(client, f"settling {job_id} lost")
     return verdict, state
 
 

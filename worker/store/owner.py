@@ -43,8 +43,15 @@ def store_label(redis_url: str | None) -> str | None:
     database), or None without one."""
     if not redis_url:
         return None
-    parts = urlsplit(redis_url)
-    where = f"{parts.scheme}://{parts.hostname}:{parts.port}{parts.path or '/0'}"
+    wheres = []
+    for part in sorted(redis_url.split(";")):  # sentinel://a;sentinel://b/0: its sentinels
+        parts = urlsplit(part)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        wheres.append(f"{parts.scheme}://{parts.hostname}:{port}{parts.path or '/0'}")
+    where = ";".join(wheres)
     return hashlib.sha256(where.encode()).hexdigest()[:16]
 
 

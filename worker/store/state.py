@@ -123,5 +123,7 @@ async def issued_fence(client: aioredis.Redis, job_id: str) -> int | None:
 
 
 async def lease_holder(client: aioredis.Redis, job_id: str) -> str | None:
-    """The token holding the job's lease now (None: nobody holds it)."""
-    return text_or_none(await client.get(keys.lease(job_id)))
+    """The token holding the job's lease now (None: nobody holds it); the lease's value
+    is ``<token>:<nonce>`` (``lua/acquire.lua``), the nonce is left out."""
+    value = text_or_none(await client.get(keys.lease(job_id)))
+    return None if value is None else value.split(":", 1)[0]

@@ -1,4 +1,7 @@
--- ARGV: ttl_ms, worker_id, attempt ('' = the state's), job JSON for a job never submitted
+-- ARGV: ttl_ms, worker_id, attempt ('' = the state's), job JSON for a job never submitted,
+-- nonce. The lease holds '<token>:<nonce>', this acquire's own value: a fence compares
+-- all of it, so if a failover loses an acquire and the counter grants its token again,
+-- the two owners still differ.
 local st = redis.call('HMGET', KEYS[2], 'attempt', 'status')
 local current = tonumber(st[1])
 if current == nil then
@@ -19,12 +22,14 @@ if current ~= nil then
   end
 end
 local holder = redis.call('GET', KEYS[1])
-if holder then return {'held', tostring(attempt), holder} end
+if holder then return {'held', tostring(attempt), string.match(holder, '^[^:]*')} end
 if attempt == current and st[2] == 'running' then
   return {'orphaned', tostring(attempt), 'running'}
 end
 local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
-redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+local value = tostring(token)
+if ARGV[5] and ARGV[5] ~= '' then value = value .. ':' .. ARGV[5] end
+redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
 redis.call('HSET', KEYS[2], 'attempt', attempt, 'status', 'running', 'token', token,
   'worker', ARGV[2], 'started_at', now_ms())
 if redis.call('HEXISTS', KEYS[2], 'job') == 0 then redis.call('HSET', KEYS[2], 'job', ARGV[4]) end
