@@ -80,8 +80,15 @@ class Teardown:
         finally:
             if state.agent is not None:
                 await self._await_recording()
+                # No EOF can reach it (a stream without half-close): escalate at once.
+                eof = state.agent.process.stdin_eof
+                if state.agent_exits_on_eof and not eof and state.agent.process.returncode is None:
+                    term_grace = settings.shutdown_term_grace
+                    await self._ctx.emitter.emit(notices.stdin_eof_unavailable(term_grace))
                 await state.agent.shutdown(
-                    eof_grace=settings.shutdown_eof_grace if state.agent_exits_on_eof else 0.0,
+                    eof_grace=settings.shutdown_eof_grace
+                    if state.agent_exits_on_eof and eof
+                    else 0.0,
                     term_grace=settings.shutdown_term_grace,
                 )
                 await self._diagnose(state.agent)
