@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ from worker.sandbox.lookups import LookedUp
 
 if TYPE_CHECKING:
     from worker.sandbox.kubernetes.api import PodApi
+
+log = logging.getLogger(__name__)
 
 #: Runs in the pod: ``argv = [op, limit, rel...]``; answers one line per path, ``ok
 #: <size>`` (after it, for ``read``, the file's bytes) or ``no <reason>``. ``write``
@@ -138,7 +141,13 @@ class KubernetesWorkspaceFiles(LookedUp):
         try:
             out = await self._exchange("look", 0, rels, bound=_LINE * len(rels))
             answers = [_answer(line) for line in _lines(out, len(rels))]
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning(
+                "looking up %d paths in the sandbox pod %s failed: %s",
+                len(rels),
+                self._pod,
+                exc.details,
+            )
             answers = [("unreadable", 0)] * len(rels)
         for rel, (reason, size) in zip(rels, answers, strict=True):
             self.remember(rel, _verdict(rel, reason, size))
@@ -152,7 +161,8 @@ class KubernetesWorkspaceFiles(LookedUp):
             out = await self._exchange("read", limit, [rel], bound=_LINE + limit)
             head, _, data = out.partition(b"\n")
             reason, size = _answer(head)
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning("reading in the sandbox pod %s failed: %s", self._pod, exc.details)
             raise PathRefused("unreadable") from None
         if reason != "ok":
             raise PathRefused(reason)
@@ -169,7 +179,8 @@ class KubernetesWorkspaceFiles(LookedUp):
         try:
             out = await self._exchange("write", len(data), [rel], bound=_LINE, data=data)
             reason, size = _answer(_lines(out, 1)[0])
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning("writing in the sandbox pod %s failed: %s", self._pod, exc.details)
             raise PathRefused("not_writable") from None
         if reason != "ok":
             raise PathRefused(reason)
