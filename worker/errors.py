@@ -41,6 +41,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── ImagePullFailed          image_pull_failed        1
     │   ├── SandboxUnschedulable     sandbox_unschedulable    1
     │   ├── SandboxEvicted           sandbox_evicted          1
+    │   ├── SandboxConnectionLost    sandbox_connection_lost  1
     │   ├── SandboxOomKilled         oom_killed               1
     │   └── SandboxDeadlineExceeded  sandbox_deadline_exceeded 1
     ├── AgentError                   agent_error              1
@@ -300,6 +301,14 @@ class SandboxEvicted(SandboxError):
     """The node evicted the sandbox (its pressure: memory, disk, pids)."""
 
     code = "sandbox_evicted"
+
+
+class SandboxConnectionLost(SandboxError):
+    """The stream to a program in the sandbox ended without its exit status (the
+    connection broke: a load balancer's idle cut-off, an API server restart) and the
+    sandbox itself was intact: what the program did is unknown."""
+
+    code = "sandbox_connection_lost"
 
 
 class SandboxOomKilled(SandboxError):

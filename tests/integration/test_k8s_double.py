@@ -12,6 +12,7 @@ as the kubelet ends it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -23,10 +24,11 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
+from websocket import WebSocketConnectionClosedException
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
 from tests.k8s_double.fixtures import NAMESPACE, base_by_digest, k8s_double, kubeconfig
-from tests.k8s_double.server import ApiDouble
+from tests.k8s_double.server import V4, ApiDouble
 
 __all__ = [
     "base_by_digest",
@@ -189,3 +191,52 @@ def test_the_kubelet_ends_pods_past_their_deadline_and_evicted_ones(
     assert core.read_namespaced_pod("intact", NAMESPACE).status.phase == "Running"
     # The eviction was the test's own call: the API saw only reads of that pod.
     assert {m for m, p in k8s_double.requests if p.endswith("/pods/evicted")} == {"GET"}
+
+
+def _open(core: client.CoreV1Api, name: str, command: list[str]) -> Any:
+    return stream(
+        core.connect_get_namespaced_pod_exec, name, NAMESPACE, command=command,
+        stdin=True, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True,
+    )  # fmt: skip
+
+
+def _to_end(ws: Any, ping_s: float | None = None) -> tuple[bytes, bytes]:
+    """stdout and the status channel until the stream ends or drops (pinging every
+    ``ping_s``)."""
+    out, status, pinged = b"", b"", time.monotonic()
+    with contextlib.suppress(WebSocketConnectionClosedException):
+        while ws.is_open():
+            if ping_s is not None and time.monotonic() - pinged > ping_s:
+                ws.sock.ping()
+                pinged = time.monotonic()
+            ws.update(timeout=0.2)
+            out += ws.read_channel(1)
+            status += ws.read_channel(3)
+    ws.close()
+    ws.sock.shutdown()
+    return out, status
+
+
+def test_a_v4_only_double_has_no_eof_and_its_idle_cut_off_drops_silent_streams(
+    core: client.CoreV1Api, base_by_digest: str, k8s_double: ApiDouble
+) -> None:
+    """``protocols=(V4,)``: v4 is negotiated and v5's close message is data nobody reads
+    (no EOF); ``idle_cutoff_s``: a stream with no frame either way for that long is
+    dropped without a Status, and pings keep one alive."""
+    k8s_double.protocols, k8s_double.idle_cutoff_s = (V4,), 1.5
+    core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(_pod("v4-probe", base_by_digest)))
+    assert _running(core, "v4-probe").status.phase == "Running"
+    ws = _open(core, "v4-probe", ["cat"])
+    assert ws.subprotocol == V4
+    ws.write_stdin(b"x")
+    ws.sock.send(bytes([255, 0]), opcode=0x2)  # v5's close of stdin, sent anyway
+    began = time.monotonic()
+    out, status = _to_end(ws)  # cat never sees an EOF: the idle cut-off ends the stream
+    assert (out, status) == (b"x", b"")
+    assert time.monotonic() - began >= 1.5
+    # Silent for twice the cut-off: pinged, the stream lasts to its Status.
+    out, status = _to_end(_open(core, "v4-probe", ["/bin/sh", "-c", "sleep 3; echo ok"]), 0.5)
+    assert (out, json.loads(status)["status"]) == (b"ok\n", "Success")
+    out, status = _to_end(_open(core, "v4-probe", ["/bin/sh", "-c", "sleep 3; echo ok"]))
+    assert (out, status) == (b"", b"")
+    core.delete_namespaced_pod("v4-probe", NAMESPACE)

@@ -1,7 +1,8 @@
 """``KubernetesWorkspaceFiles`` against the API double (a real pod on Podman): what the
 whole-job tests (``job_backend``'s ``kubernetes``: fs, links, artifacts) do not reach —
 the read limit, links in a component for fs/*, FIFOs and directories, new files owned by
-the sandbox user, and artifacts answered only once looked up. One pod for all of it."""
+the sandbox user, and artifacts answered only once looked up. One pod for all of it, on
+a v5 server and on a v4-only one."""
 
 from __future__ import annotations
 
@@ -46,9 +47,12 @@ async def _reason(files: KubernetesWorkspaceFiles, op: str, path: str) -> str:
     return refused.value.reason
 
 
+@pytest.mark.parametrize("cluster", ["v5", "v4"], indirect=True)
 async def test_fs_and_artifacts_in_the_pod(
     tmp_path: Path, cluster: Cluster, images: EngineConfig, base_by_digest: str
 ) -> None:
+    """On a v5 server and on one that negotiates only v4 (no stdin EOF: writes and the
+    copy in and out must not wait for it)."""
     backend = _on_base(_backend(tmp_path, cluster, images), base_by_digest)
     spec = _spec(tmp_path)
     (spec.workspace / ".claude").mkdir()

@@ -7,6 +7,10 @@ run on the shared Podman service. ``make test-k8s`` sets ``ACPW_TEST_KUBECONFIG`
 images from ``ACPW_TEST_K8S_REGISTRY`` (required then), where the tests push them, and
 its namespace is ``ACPW_TEST_K8S_NAMESPACE`` (default ``NAMESPACE``, which must exist
 with the backend's Role bound to the kubeconfig's user: docs/kubernetes.md).
+
+``cluster`` takes an indirect parameter: ``"v4"`` makes the double negotiate only
+``v4.channel.k8s.io`` (no stdin half-close, as API servers before 1.30); a real cluster
+negotiates what it speaks, so such a test is skipped there.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.k8s_double.server import ApiDouble
+from tests.k8s_double.server import V4, ApiDouble
 from worker.images.engine import EngineConfig
 
 NAMESPACE = "acpw-test-sandboxes"
@@ -71,13 +75,17 @@ def kubeconfig(k8s_double: ApiDouble, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cluster(docker_host: str, tmp_path: Path) -> Iterator[Cluster]:
-    """The API double, or the real cluster of ``make test-k8s``."""
+def cluster(request: pytest.FixtureRequest, docker_host: str, tmp_path: Path) -> Iterator[Cluster]:
+    """The API double, or the real cluster of ``make test-k8s`` (parameter ``"v4"``: a
+    double that negotiates only v4; skipped on a real cluster)."""
+    v4 = getattr(request, "param", None) == "v4"
     real = real_cluster()
     if real is not None:
+        if v4:
+            pytest.skip("a real cluster negotiates the channel protocol it speaks")
         yield Cluster(real[0], real[1], None, real[2])
         return
-    double = ApiDouble(docker_host)
+    double = ApiDouble(docker_host, protocols=(V4,)) if v4 else ApiDouble(docker_host)
     double.start()
     try:
         path = double.kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)

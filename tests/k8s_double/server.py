@@ -6,7 +6,9 @@ backend uses, as the API does:
 
 - pods: create, get, list (``labelSelector``, equality terms and existence), delete;
 - ``pods/exec`` as a WebSocket with the real channel protocol: ``v5.channel.k8s.io``
-  when the client offers it (the official client does), else ``v4.channel.k8s.io``;
+  when the client offers it (the official client does), else ``v4.channel.k8s.io``
+  (``protocols=(V4,)``: only v4, as API servers before 1.30 and proxies that do not
+  know v5: the close message is then data nobody reads, stdin has no EOF);
   channel 0 stdin, 1 stdout, 2 stderr, 3 the final ``Status`` (JSON; a non-zero exit is
   ``NonZeroExitCode`` with the code as the ``ExitCode`` cause), 4 resize (ignored: no
   TTY), and in v5 the close message ``[255, channel]`` (stdin's EOF);
@@ -26,7 +28,10 @@ ends a pod that passes its ``activeDeadlineSeconds`` (counted from its creation)
 (``ApiDouble.evict``, standing in for the node's pressure; no request reaches it). What
 the double does not do: watches, scheduling (no node, quota, or eviction of its own),
 NetworkPolicy enforcement (objects are kept, not enforced), graceful deletion (a delete
-removes the pod at once).
+removes the pod at once). ``idle_cutoff_s`` puts a load balancer's idle timer in front
+of every exec stream: one that carried no frame either way (data, ping or pong) for that
+long is dropped, no close frame and no ``Status``, as a cloud load balancer drops an
+idle connection.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import json
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,8 +95,17 @@ class ApiDouble:
     """The double's state: pods and NetworkPolicies by (namespace, name), every request
     seen (``requests``: method and path), the engine the pods run on."""
 
-    def __init__(self, docker_host: str) -> None:
+    def __init__(
+        self,
+        docker_host: str,
+        *,
+        protocols: tuple[str, ...] = (V5, V4),
+        idle_cutoff_s: float | None = None,
+    ) -> None:
+        """``protocols``: the exec channel protocols negotiated, by preference;
+        ``idle_cutoff_s``: drop an exec stream idle that long (None: never)."""
         self.docker_host = docker_host
+        self.protocols, self.idle_cutoff_s = protocols, idle_cutoff_s
         self.token = secrets.token_hex(16)
         self.pods: dict[tuple[str, str], podman_pods.PodmanPod] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
@@ -411,7 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
         if pod.status(self.double.engine)["phase"] != "Running":
             raise ApiError(400, "BadRequest", f"container {container} is not running")
         offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        protocol = V5 if V5 in offered else V4 if V4 in offered else None
+        protocol = next((p for p in self.double.protocols if p in offered), None)
         if protocol is None:
             raise ApiError(400, "BadRequest", "no supported channel protocol offered")
         stdin = _flag(query, "stdin")
@@ -435,7 +450,8 @@ def _session(
     handler: _Handler, container: str, command: list[str], *, stdin: bool
 ) -> Iterator[_ExecSession]:
     proc = podman_pods.exec_process(handler.double.docker_host, container, command, stdin=stdin)
-    session = _ExecSession(Connection(handler.rfile, handler.wfile), proc)
+    conn = Connection(handler.rfile, handler.wfile, handler.connection)
+    session = _ExecSession(conn, proc, handler.double.idle_cutoff_s)
     try:
         yield session
     finally:
@@ -446,8 +462,9 @@ class _ExecSession:
     """One exec stream: the client's stdin to the process, its output and final status
     to the client."""
 
-    def __init__(self, conn: Connection, proc: Any) -> None:
-        self.conn, self.proc = conn, proc
+    def __init__(self, conn: Connection, proc: Any, idle_cutoff_s: float | None) -> None:
+        self.conn, self.proc, self.idle_cutoff_s = conn, proc, idle_cutoff_s
+        self._over = threading.Event()
 
     def run(self, *, v5: bool) -> None:
         pumps = [
@@ -458,12 +475,23 @@ class _ExecSession:
             pump.start()
         ender = threading.Thread(target=self._end, args=(pumps,), daemon=True)
         ender.start()
+        if self.idle_cutoff_s is not None:
+            threading.Thread(
+                target=self._idle_timer, args=(self.idle_cutoff_s,), daemon=True
+            ).start()
         try:
             self._stdin(v5=v5)
         except ProtocolError:
             self.conn.close(1002)
         podman_pods.close_quietly(self.proc)
         ender.join()
+        self._over.set()
+
+    def _idle_timer(self, cutoff_s: float) -> None:
+        while not self._over.wait(min(0.1, cutoff_s)) and not self.conn.closed:
+            if time.monotonic() - self.conn.last_active > cutoff_s:
+                self.conn.abort()
+                return
 
     def _stdin(self, *, v5: bool) -> None:
         while (message := self.conn.recv()) is not None:

@@ -2,15 +2,20 @@
 opening handshake, unfragmented or fragmented binary/text messages, ping/pong, close.
 
 Frames from the client are masked (the RFC requires it, websocket-client does it);
-frames to the client are not.
+frames to the client are not. ``last_active`` is when a frame last passed either way
+(what a load balancer's idle timer counts); ``abort`` drops the connection as one does
+at its idle cut-off: no close frame, the socket shut.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import socket
 import struct
 import threading
+import time
 from typing import BinaryIO
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -33,10 +38,19 @@ class Connection:
     """One upgraded connection: ``recv`` messages (one reader thread), ``send`` from any
     thread."""
 
-    def __init__(self, rfile: BinaryIO, wfile: BinaryIO) -> None:
-        self._rfile, self._wfile = rfile, wfile
+    def __init__(self, rfile: BinaryIO, wfile: BinaryIO, sock: socket.socket | None = None) -> None:
+        self._rfile, self._wfile, self._sock = rfile, wfile, sock
         self._lock = threading.Lock()
         self.closed = False
+        self.last_active = time.monotonic()
+
+    def abort(self) -> None:
+        """Drop the connection without a close frame (a load balancer's idle cut-off)."""
+        with self._lock:
+            self.closed = True
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     def send(self, payload: bytes, opcode: int = OP_BINARY) -> None:
         """One unmasked, final frame; a closed connection drops it."""
@@ -53,6 +67,7 @@ class Connection:
             try:
                 self._wfile.write(head + payload)
                 self._wfile.flush()
+                self.last_active = time.monotonic()
             except OSError:
                 self.closed = True
 
@@ -104,6 +119,7 @@ class Connection:
         data = self._read(size) if size else b""
         if mask is None or data is None:
             return None
+        self.last_active = time.monotonic()
         return fin, opcode, _unmask(data, mask)
 
     def _read(self, n: int) -> bytes | None:

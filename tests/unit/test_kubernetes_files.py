@@ -104,10 +104,14 @@ class _BrokenStream:
 
 
 class _Api:
+    exec_timeout_s = ping_s = 5.0
+
     def __init__(self) -> None:
         self.streams: list[_BrokenStream] = []
 
-    def exec(self, name: str, container: str, command: list[str], *, stdin: bool) -> Any:
+    def exec(
+        self, name: str, container: str, command: list[str], *, stdin: bool, timeout_s: float
+    ) -> Any:
         self.streams.append(_BrokenStream())
         return self.streams[-1]
 

@@ -260,6 +260,19 @@ def oom_killed(memory_mb: int) -> Notice:
     )
 
 
+def stdin_eof_unavailable(term_grace_s: float) -> Notice:
+    """The agent's stdin cannot be closed (its sandbox's stream has no half-close: a
+    Kubernetes API server that negotiated only ``v4.channel.k8s.io``): the agent, which
+    would have exited on EOF, is stopped by SIGTERM and, after the grace, SIGKILL."""
+    return Notice(
+        level="warning",
+        code="stdin_eof_unavailable",
+        message="the agent's stdin could not be closed (the sandbox's stream has no "
+        "half-close): it is stopped by SIGTERM, then SIGKILL",
+        details={"term_grace_s": term_grace_s},
+    )
+
+
 def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
     """A line from the agent over ``ACPW_ACP_LINE_LIMIT``, skipped without being read
     whole: its size, what its first bytes told, and what was lost (``tool_event``: a tool

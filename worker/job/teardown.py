@@ -99,11 +99,17 @@ class Teardown:
             await launched.acp.terminals.close_all()
         finally:
             await self._await_recording(launched)
-            await launched.agent.shutdown(
-                eof_grace=settings.shutdown_eof_grace if launched.exits_on_eof else 0.0,
+            agent = launched.agent
+            # No EOF can reach it (a stream without half-close): escalate at once.
+            eof = agent.process.stdin_eof
+            if launched.exits_on_eof and not eof and agent.process.returncode is None:
+                term_grace = settings.shutdown_term_grace
+                await self._ctx.emitter.emit(notices.stdin_eof_unavailable(term_grace))
+            await agent.shutdown(
+                eof_grace=settings.shutdown_eof_grace if launched.exits_on_eof and eof else 0.0,
                 term_grace=settings.shutdown_term_grace,
             )
-            await self._diagnose(launched.agent)
+            await self._diagnose(agent)
 
     async def _await_recording(self, launched: Launched) -> None:
         """Give an agent that records a turn after answering it (its pack's

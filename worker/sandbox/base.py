@@ -244,6 +244,13 @@ class SandboxProcess(Protocol):
     @property
     def returncode(self) -> int | None: ...
 
+    @property
+    def stdin_eof(self) -> bool:
+        """Closing ``stdin`` reaches the process as EOF. False where the sandbox's stream
+        has no half-close (a Kubernetes API server speaking only ``v4.channel.k8s.io``):
+        the shutdown then escalates to signals at once."""
+        ...
+
     async def wait(self) -> int: ...
 
     def terminate(self) -> None:
@@ -285,6 +292,10 @@ class StdioProcess:
     @property
     def stderr(self) -> asyncio.StreamReader:
         return self._stderr
+
+    @property
+    def stdin_eof(self) -> bool:
+        return True
 
 
 class SignalledByCall(StdioProcess):

@@ -609,6 +609,25 @@ class KubernetesConfig(_BackendSettings):
         description="Labels of the worker pods' namespace when it is not the sandbox "
         "namespace (that policy's namespaceSelector).",
     )
+    k8s_exec_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Deadline of every short exec in a sandbox pod (its handshake, a "
+        "file operation, a look-up, a signal, a view read): past it the exec is abandoned "
+        "and its operation fails.",
+    )
+    k8s_copy_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Deadline of copying the workspace and the state mounts into or out "
+        "of a sandbox pod (tar over exec).",
+    )
+    k8s_exec_ping_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Period of the WebSocket pings on every exec stream, so that an idle "
+        "agent's stream outlives a load balancer's idle cut-off (kubectl pings every 5 s).",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="The worker's pack cache: a closure under `cache_dir/closures` runs "

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -138,8 +140,24 @@ def _client(made: Any) -> client.ApiClient:
 class PodApi:
     """The pod and NetworkPolicy calls of one namespace (blocking)."""
 
-    def __init__(self, api_client: client.ApiClient, namespace: str) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        namespace: str,
+        *,
+        exec_timeout_s: float = 60.0,
+        copy_timeout_s: float = 1800.0,
+        ping_s: float = 5.0,
+    ) -> None:
+        """``exec_timeout_s``: the deadline of a short exec (and of opening any);
+        ``copy_timeout_s``: of a tree copied in or out; ``ping_s``: the exec streams'
+        ping period."""
         self.api_client = api_client
+        self.exec_timeout_s, self.copy_timeout_s, self.ping_s = (
+            exec_timeout_s,
+            copy_timeout_s,
+            ping_s,
+        )
         self.core = client.CoreV1Api(api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.namespace = namespace
@@ -221,14 +239,59 @@ class PodApi:
                 )
             time.sleep(POLL_S)
 
-    def exec(self, name: str, container: str, command: list[str], *, stdin: bool) -> Any:
-        """An exec WebSocket to ``command`` in the pod (binary channels)."""
-        with translate("exec", pod=name):
-            ws: Any = stream(
-                self.core.connect_get_namespaced_pod_exec, name, self.namespace,
-                command=command, container=container, stdin=stdin, stdout=True,
-                stderr=True, tty=False, _preload_content=False, binary=True,
-            )  # fmt: skip
+    def exec(
+        self, name: str, container: str, command: list[str], *, stdin: bool, timeout_s: float
+    ) -> Any:
+        """An exec WebSocket to ``command`` in the pod (binary channels), opened within
+        ``timeout_s`` (its socket's sends bounded by it too).
+
+        Each exec gets an ``ApiClient`` of its own (same configuration): the client's
+        ``stream()`` swaps ``call_api`` on the client it is given for the length of the
+        call, so two overlapping calls on one client can leave it in WebSocket mode for
+        good, and a REST call made meanwhile (a read, the final delete) goes astray.
+
+        Raises:
+            SandboxError: the exec could not be opened (``reason`` ``ExecTimeout`` when
+                the handshake did not finish in time).
+        """
+        opened: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        abandoned = threading.Event()
+
+        def open_() -> None:
+            own = client.ApiClient(self.api_client.configuration)
+            try:
+                ws: Any = stream(
+                    client.CoreV1Api(own).connect_get_namespaced_pod_exec, name,
+                    self.namespace, command=command, container=container, stdin=stdin,
+                    stdout=True, stderr=True, tty=False, _preload_content=False, binary=True,
+                )  # fmt: skip
+            except BaseException as exc:  # handed to the caller
+                opened.put((None, exc))
+                return
+            finally:
+                own.close()
+            if abandoned.is_set():  # too late: nobody reads it
+                with contextlib.suppress(Exception):
+                    ws.close()
+                return
+            with contextlib.suppress(Exception):
+                ws.sock.settimeout(timeout_s)
+            opened.put((ws, None))
+
+        threading.Thread(target=open_, name="k8s-exec-open", daemon=True).start()
+        try:
+            ws, error = opened.get(timeout=timeout_s)
+        except queue.Empty:
+            abandoned.set()
+            with contextlib.suppress(queue.Empty, Exception):  # opened as we gave up
+                opened.get_nowait()[0].close()
+            raise SandboxError(
+                "kubernetes exec: the stream did not open in time",
+                reason="ExecTimeout", pod=name, timeout_s=timeout_s,
+            ) from None  # fmt: skip
+        if error is not None:
+            with translate("exec", pod=name):
+                raise error
         return ws
 
     def ensure_policy(self, policy: Mapping[str, Any]) -> None:

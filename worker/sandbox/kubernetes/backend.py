@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from worker.admission import MaskEntry, MaskKind, mask_plan
-from worker.errors import SandboxError
+from worker.errors import SandboxConnectionLost, SandboxError
 from worker.sandbox.base import (
     HOME,
     WORKSPACE,
@@ -31,7 +31,7 @@ from worker.sandbox.kubernetes.api import PodApi, cluster_end, connect
 from worker.sandbox.kubernetes.files import KubernetesWorkspaceFiles
 from worker.sandbox.kubernetes.names import pod_labels
 from worker.sandbox.kubernetes.netproxy import PodNetwork
-from worker.sandbox.kubernetes.stream import KILLED, ExecStream
+from worker.sandbox.kubernetes.stream import ExecStream
 from worker.sandbox.kubernetes.view import pod_admission
 from worker.sandbox.launcher import exit_status, launch_header, launcher_argv
 from worker.sandbox.shared import check_command, check_id, check_spec
@@ -67,16 +67,22 @@ _PID_WAIT_S = 60.0
 #: How long a diagnosis waits for the pod's status: the job is settling, and a pod the
 #: API cannot show quickly tells nothing a job needs to wait for.
 DIAGNOSIS_READ_S = 10.0
+#: An exec'd program's status when SIGKILL ended it (``NonZeroExitCode`` 137).
+KILLED = 128 + signal.SIGKILL
 
 
 class KubernetesProcess(SignalledByCall):
     """A program exec'd in the sandbox pod. ``pid`` is its pid in the pod (its process
-    group); signals are sent by a short exec of ``os.killpg``."""
+    group); signals are sent by a short exec of ``os.killpg``. A stream that ended
+    without the program's status was lost (``lost``): it reads as SIGKILL (the pod is
+    deleted with it), and its diagnosis is the pod's end or ``sandbox_connection_lost``,
+    never an OOM kill."""
 
     def __init__(self, sandbox: KubernetesSandbox, stream: ExecStream, pid: int) -> None:
         super().__init__(stdin=stream.stdin, stdout=stream.stdout, stderr=stream.stderr)
         self._sandbox, self._stream, self._pid = sandbox, stream, pid
         self._status: int | None = None
+        self.lost = False
         self._waiter = asyncio.ensure_future(self._watch())
 
     @property
@@ -84,10 +90,16 @@ class KubernetesProcess(SignalledByCall):
         return self._pid
 
     @property
+    def stdin_eof(self) -> bool:
+        """Closing stdin is the program's EOF: False when the API server negotiated
+        ``v4.channel.k8s.io`` (no half-close; the shutdown escalates to signals)."""
+        return self._stream.stdin_eof
+
+    @property
     def oom_killed(self) -> bool:
         """SIGKILL that no terminate/kill/destroy of ours explains: in a pod whose memory
         is bounded, the kernel's OOM killer (an exec'd program's end says no more)."""
-        return self._status == KILLED and not self.signalled
+        return self._status == KILLED and not self.signalled and not self.lost
 
     async def wait(self) -> int:
         return await asyncio.shield(self._waiter)
@@ -103,12 +115,21 @@ class KubernetesProcess(SignalledByCall):
         if self._returncode is None or self.signalled or self._sandbox.destroying:
             return plain
         cause = await self._sandbox.cluster_end()
+        if self.lost:
+            lost = cause or SandboxConnectionLost(
+                "the stream to the program in the sandbox pod ended without its exit "
+                "status (the connection was lost); the pod is intact",
+                pod=self._sandbox.sandbox_id, reason="StreamLost",
+            )  # fmt: skip
+            return ExitDiagnosis(None, None, sandbox_error=lost)
         if cause is None:
             return plain
         return dataclasses.replace(plain, oom_killed=False, sandbox_error=cause)
 
     async def _watch(self) -> int:
-        self._status = await self._stream.status
+        status = await self._stream.status
+        self.lost = status is None
+        self._status = KILLED if status is None else status
         self._returncode = exit_status(self._status)
         return self._returncode
 
@@ -167,9 +188,10 @@ class KubernetesSandbox:
         argv, env = self.backend.network.wrap(self._pod, argv, env, self._spec.network_tunnels)
         api = self.backend.api
         ws = await asyncio.to_thread(
-            api.exec, self._pod, manifests.CONTAINER, LAUNCHER_ARGV, stdin=True
-        )
-        stream = ExecStream(ws, stdout_limit=stdout_limit)
+            api.exec, self._pod, manifests.CONTAINER, LAUNCHER_ARGV, stdin=True,
+            timeout_s=api.exec_timeout_s,
+        )  # fmt: skip
+        stream = ExecStream(ws, stdout_limit=stdout_limit, ping_s=api.ping_s)
         stream.stdin.write(launch_header(argv, env, cwd))
         try:
             pid = int(await asyncio.wait_for(stream.stdout.readexactly(_PID_DIGITS), _PID_WAIT_S))
@@ -257,7 +279,11 @@ class KubernetesBackend:
     @property
     def api(self) -> PodApi:
         if self._api is None:
-            self._api = PodApi(connect(self.config), self.config.k8s_namespace)
+            cfg = self.config
+            self._api = PodApi(
+                connect(cfg), cfg.k8s_namespace, exec_timeout_s=cfg.k8s_exec_timeout_s,
+                copy_timeout_s=cfg.k8s_copy_timeout_s, ping_s=cfg.k8s_exec_ping_s,
+            )  # fmt: skip
         return self._api
 
     def stage_owner(self) -> tuple[int, int]:
@@ -269,9 +295,10 @@ class KubernetesBackend:
         Raises:
             SandboxError: it could not run or did not exit 0.
         """
-        ws = self.api.exec(pod, manifests.CONTAINER, command, stdin=False)
+        api = self.api
+        ws = api.exec(pod, manifests.CONTAINER, command, stdin=False, timeout_s=api.exec_timeout_s)
         try:
-            _, err, code = transfer.drain(ws)
+            _, err, code = transfer.drain(ws, timeout_s=api.exec_timeout_s, ping_s=api.ping_s)
         finally:
             transfer.close(ws)
         if code != 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -41,9 +42,12 @@ from worker.sandbox.lookups import LookedUp
 if TYPE_CHECKING:
     from worker.sandbox.kubernetes.api import PodApi
 
+log = logging.getLogger(__name__)
+
 #: Runs in the pod: ``argv = [op, limit, rel...]``; answers one line per path, ``ok
 #: <size>`` (after it, for ``read``, the file's bytes) or ``no <reason>``. ``write``
-#: reads the content from stdin before it touches anything.
+#: reads exactly ``limit`` bytes, the content, from stdin before it touches anything:
+#: it never waits for stdin's EOF, which a v4 server cannot send.
 HELPER = (
     "import os,sys,stat,errno\n"
     "F=os.O_NOFOLLOW|os.O_CLOEXEC|os.O_NONBLOCK\n"
@@ -95,13 +99,14 @@ HELPER = (
     " if len(b)>lim: raise R('too_large')\n"
     " o.write(b'ok %d\\n'%len(b)+b)\n"
     "def write(rel,lim):\n"
+    " if len(DATA)!=lim: raise R('not_writable')\n"
     " fd,name=walk(rel,True,'not_writable')\n"
     " f=opened(fd,name,os.O_WRONLY|os.O_CREAT,'not_writable')\n"
     " os.ftruncate(f,0); v=memoryview(DATA)\n"
     " while v: v=v[os.write(f,v):]\n"
     " os.close(f); o.write(b'ok %d\\n'%len(DATA))\n"
     "op,lim=sys.argv[1],int(sys.argv[2])\n"
-    "DATA=sys.stdin.buffer.read() if op=='write' else b''\n"
+    "DATA=sys.stdin.buffer.read(lim) if op=='write' else b''\n"
     "for rel in sys.argv[3:]:\n"
     " try: {'look':look,'read':read,'write':write}[op](rel,lim)\n"
     " except R as r: o.write(b'no %s\\n'%r.args[0].encode())\n"
@@ -136,7 +141,13 @@ class KubernetesWorkspaceFiles(LookedUp):
         try:
             out = await self._exchange("look", 0, rels, bound=_LINE * len(rels))
             answers = [_answer(line) for line in _lines(out, len(rels))]
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning(
+                "looking up %d paths in the sandbox pod %s failed: %s",
+                len(rels),
+                self._pod,
+                exc.details,
+            )
             answers = [("unreadable", 0)] * len(rels)
         for rel, (reason, size) in zip(rels, answers, strict=True):
             self.remember(rel, _verdict(rel, reason, size))
@@ -150,7 +161,8 @@ class KubernetesWorkspaceFiles(LookedUp):
             out = await self._exchange("read", limit, [rel], bound=_LINE + limit)
             head, _, data = out.partition(b"\n")
             reason, size = _answer(head)
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning("reading in the sandbox pod %s failed: %s", self._pod, exc.details)
             raise PathRefused("unreadable") from None
         if reason != "ok":
             raise PathRefused(reason)
@@ -165,9 +177,10 @@ class KubernetesWorkspaceFiles(LookedUp):
         rel = self.relative(path)
         data = content.encode("utf-8")
         try:
-            out = await self._exchange("write", 0, [rel], bound=_LINE, data=data)
+            out = await self._exchange("write", len(data), [rel], bound=_LINE, data=data)
             reason, size = _answer(_lines(out, 1)[0])
-        except SandboxError:
+        except SandboxError as exc:
+            log.warning("writing in the sandbox pod %s failed: %s", self._pod, exc.details)
             raise PathRefused("not_writable") from None
         if reason != "ok":
             raise PathRefused(reason)
@@ -189,14 +202,19 @@ class KubernetesWorkspaceFiles(LookedUp):
             SandboxError: the exec failed, the helper did not exit 0 or sent too much.
         """
         command = [*HELPER_ARGV, op, str(limit), *rels]
-        ws = self._api.exec(self._pod, self._container, command, stdin=data is not None)
+        api = self._api
+        ws = api.exec(
+            self._pod, self._container, command, stdin=data is not None,
+            timeout_s=api.exec_timeout_s,
+        )  # fmt: skip
         sink = io.BytesIO()
         try:
             if data is not None:
                 for start in range(0, len(data), transfer.CHUNK):
                     ws.write_channel(STDIN, data[start : start + transfer.CHUNK])
-                ws.close_channel(STDIN)
-            _, err, code = transfer.drain(ws, sink=sink, limit=bound)
+            _, err, code = transfer.drain(
+                ws, sink=sink, limit=bound, timeout_s=api.exec_timeout_s, ping_s=api.ping_s
+            )
         except (OSError, WebSocketException) as exc:  # the stream broke mid-way
             raise SandboxError(
                 "the file helper's stream in the sandbox pod failed", pod=self._pod,

@@ -2,10 +2,14 @@
 
 The client's ``WSClient`` is blocking: a reader thread runs its ``update`` loop and feeds
 stdout (channel 1) and stderr (channel 2) into ``asyncio.StreamReader``\\ s; the final
-``Status`` (channel 3) becomes the exit status. stdin (channel 0) is an
-``asyncio.StreamWriter`` over a transport whose writes a sender thread puts on the
-socket in order; closing it sends v5's close of channel 0, the program's EOF (on a v4
-server there is no EOF: the shutdown escalates to a signal).
+``Status`` (channel 3) becomes the exit status, and a stream that ends without one was
+lost (``None``: the connection broke; what the program did is unknown). stdin (channel
+0) is an ``asyncio.StreamWriter`` over a transport whose writes a sender thread puts on
+the socket in order; closing it sends v5's close of channel 0, the program's EOF (a
+server that negotiated v4 has no EOF: ``stdin_eof`` is False, and the shutdown escalates
+to a signal). The sender thread also pings every ``ping_s`` while the stream lives, so
+an idle program's stream outlives a load balancer's idle cut-off (kubectl's WebSocket
+executor pings every 5 s; the Python client sends none of its own).
 """
 
 from __future__ import annotations
@@ -18,34 +22,40 @@ import threading
 from typing import Any
 
 STDIN, STDOUT, STDERR, ERROR = 0, 1, 2, 3
-#: The exit status given when the stream ended without a Status (the pod was deleted).
-KILLED = 137
-_EOF = object()
+V5 = "v5.channel.k8s.io"
+_EOF, _STOP = object(), object()
 
 
-def exit_code(status: bytes) -> int:
-    """The exit code a channel-3 ``Status`` says (``KILLED`` when there is none)."""
+def exit_code(status: bytes) -> int | None:
+    """The exit code a channel-3 ``Status`` says; None when there is none (the stream
+    was lost) or it names no exit code."""
     try:
         data = json.loads(status) if status else None
     except ValueError:
-        return KILLED
+        return None
     if not isinstance(data, dict):
-        return KILLED
+        return None
     if data.get("status") == "Success":
         return 0
     for cause in (data.get("details") or {}).get("causes") or []:
         if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
             with contextlib.suppress(TypeError, ValueError):
                 return int(str(cause.get("message")))
-    return KILLED
+    return None
+
+
+def has_eof(ws: Any) -> bool:
+    """Whether closing stdin reaches the program as EOF (``v5.channel.k8s.io``)."""
+    return getattr(ws, "subprotocol", None) == V5
 
 
 class _StdinTransport(asyncio.WriteTransport):
-    """Writes go to channel 0 in order (a sender thread); ``close`` is stdin's EOF."""
+    """Writes go to channel 0 in order (a sender thread); ``close`` is stdin's EOF; the
+    same thread pings every ``ping_s`` until ``stop``."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, ping_s: float) -> None:
         super().__init__()
-        self._ws = ws
+        self._ws, self._ping_s = ws, ping_s
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closing = False
         self._thread = threading.Thread(target=self._send, name="k8s-stdin", daemon=True)
@@ -75,14 +85,28 @@ class _StdinTransport(asyncio.WriteTransport):
     def get_write_buffer_size(self) -> int:
         return 0
 
+    def stop(self) -> None:
+        """The stream ended: no more writes nor pings."""
+        self._closing = True
+        self._queue.put(_STOP)
+
     def _send(self) -> None:
-        while (item := self._queue.get()) is not _EOF:
+        while True:
             try:
-                self._ws.write_channel(STDIN, item)
+                item = self._queue.get(timeout=self._ping_s)
+            except queue.Empty:
+                item = None
+            try:
+                if item is _STOP:
+                    return
+                if item is None:
+                    self._ws.sock.ping()
+                elif item is _EOF:
+                    self._ws.close_channel(STDIN)
+                else:
+                    self._ws.write_channel(STDIN, item)
             except Exception:  # the stream is gone: later writes are moot
                 return
-        with contextlib.suppress(Exception):
-            self._ws.close_channel(STDIN)
 
 
 class StdinWriter(asyncio.StreamWriter):
@@ -95,14 +119,18 @@ class StdinWriter(asyncio.StreamWriter):
 class ExecStream:
     """The three streams and the exit status of one exec'd program."""
 
-    def __init__(self, ws: Any, *, stdout_limit: int) -> None:
+    def __init__(self, ws: Any, *, stdout_limit: int, ping_s: float) -> None:
         loop = asyncio.get_running_loop()
         self._ws, self._loop = ws, loop
         self.stdout = asyncio.StreamReader(limit=stdout_limit)
         self.stderr = asyncio.StreamReader(limit=stdout_limit)
-        self.status: asyncio.Future[int] = loop.create_future()
+        #: The exit code; None: the stream ended without a ``Status`` (lost).
+        self.status: asyncio.Future[int | None] = loop.create_future()
+        #: Closing stdin is the program's EOF (v5); False on a v4 server.
+        self.stdin_eof = has_eof(ws)
         protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-        self.stdin = StdinWriter(_StdinTransport(ws), protocol, None, loop)
+        self._transport = _StdinTransport(ws, ping_s)
+        self.stdin = StdinWriter(self._transport, protocol, None, loop)
         self._thread = threading.Thread(target=self._read, name="k8s-exec", daemon=True)
         self._thread.start()
 
@@ -120,7 +148,8 @@ class ExecStream:
         finally:
             self._finish(exit_code(status))
 
-    def _finish(self, code: int) -> None:
+    def _finish(self, code: int | None) -> None:
+        self._transport.stop()
         with contextlib.suppress(Exception):
             self._ws.close()
         with contextlib.suppress(Exception):

@@ -14,6 +14,11 @@ nothing is copied in over a mask (those members are left out of the archive, and
 keeps an existing directory's metadata, so an anchor's mount point is only written
 into), nothing is copied out of one (``tar --exclude``), and the host entries at masked
 paths are kept as they were.
+
+Nothing waits for stdin's EOF, which a server that negotiated ``v4.channel.k8s.io``
+cannot send: the archive goes to the pod in length-prefixed frames (``UNFRAME`` reads
+them up to an empty frame and gives tar the EOF itself). Every exec has a deadline
+(``drain``), and pings while it runs.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
+
+from websocket import WebSocketException
 
 from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
@@ -36,18 +44,48 @@ if TYPE_CHECKING:
 
 CHUNK = 256 * 1024
 _STDERR_KEPT = 4096
+#: Runs in the pod: reads stdin as frames (8-byte big-endian length, then the bytes) and
+#: feeds them to ``argv[1:]``'s stdin until an empty frame, then closes it: the program's
+#: EOF without stdin's. Input that ends before the empty frame kills the program (exit 3).
+UNFRAME = (
+    "import subprocess,sys\n"
+    "i=sys.stdin.buffer\n"
+    "p=subprocess.Popen(sys.argv[1:],stdin=subprocess.PIPE)\n"
+    "ok=False\n"
+    "try:\n"
+    " while 1:\n"
+    "  h=i.read(8)\n"
+    "  if len(h)!=8: break\n"
+    "  n=int.from_bytes(h,'big')\n"
+    "  if not n:\n"
+    "   ok=True; break\n"
+    "  d=i.read(n)\n"
+    "  if len(d)!=n: break\n"
+    "  p.stdin.write(d)\n"
+    "except BrokenPipeError: pass\n"
+    "if not ok: p.kill()\n"
+    "try: p.stdin.close()\n"
+    "except BrokenPipeError: pass\n"
+    "r=p.wait()\n"
+    "sys.exit(r if ok else 3)\n"
+)
 
 
 class _ChannelWriter:
-    """A write-only file whose bytes go to the exec's stdin in chunks."""
+    """A write-only file whose bytes go to the exec's stdin in length-prefixed frames
+    (``UNFRAME``'s); ``end`` sends the empty frame."""
 
     def __init__(self, ws: Any) -> None:
         self._ws = ws
 
     def write(self, data: bytes) -> int:
         for start in range(0, len(data), CHUNK):
-            self._ws.write_channel(STDIN, bytes(data[start : start + CHUNK]))
+            chunk = bytes(data[start : start + CHUNK])
+            self._ws.write_channel(STDIN, len(chunk).to_bytes(8, "big") + chunk)
         return len(data)
+
+    def end(self) -> None:
+        self._ws.write_channel(STDIN, bytes(8))
 
 
 def masked(masks: Sequence[MaskEntry], rel: str) -> bool:
@@ -73,20 +111,24 @@ def put_tree(
     Raises:
         SandboxError: the stream failed or tar in the pod did not succeed.
     """
-    script = 'mkdir -p "$1" && exec tar -x --no-overwrite-dir -f - -C "$1"'
-    command = ["/bin/sh", "-c", script, "sh", target]
+    script = (
+        'mkdir -p "$1" && exec /usr/bin/python3 -I -S -c "$2" '
+        'tar -x --no-overwrite-dir -f - -C "$1"'
+    )
+    command = ["/bin/sh", "-c", script, "sh", target, UNFRAME]
 
     def unmasked(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
         return None if masked(masks, member.name) else member
 
-    ws = api.exec(pod, container, command, stdin=True)
+    ws = api.exec(pod, container, command, stdin=True, timeout_s=api.exec_timeout_s)
     try:
-        with tarfile.open(fileobj=_ChannelWriter(ws), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        writer = _ChannelWriter(ws)
+        with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for entry in sorted(os.listdir(source)):
                 tar.add(source / entry, arcname=entry, filter=unmasked)
-        ws.close_channel(STDIN)
-        _, err, code = drain(ws, sink=None, limit=0)
-    except OSError as exc:
+        writer.end()
+        _, err, code = drain(ws, timeout_s=api.copy_timeout_s, ping_s=api.ping_s)
+    except (OSError, WebSocketException) as exc:
         raise SandboxError("copying into the sandbox pod failed", pod=pod, error=str(exc)) from exc
     finally:
         close(ws)
@@ -118,10 +160,12 @@ def get_tree(
     kept = [e.path for e in masks if e.kind is not MaskKind.ANCHOR]
     excludes = [f"--exclude=./{path}" for path in kept]
     command = ["tar", "-c", "-f", "-", "--anchored", *excludes, "-C", source, "."]
-    ws = api.exec(pod, container, command, stdin=False)
+    ws = api.exec(pod, container, command, stdin=False, timeout_s=api.exec_timeout_s)
     with tempfile.TemporaryFile() as spool:
         try:
-            _, err, code = drain(ws, sink=spool, limit=max_bytes)
+            _, err, code = drain(
+                ws, sink=spool, limit=max_bytes, timeout_s=api.copy_timeout_s, ping_s=api.ping_s
+            )
         finally:
             close(ws)
         if code != 0:
@@ -132,20 +176,43 @@ def get_tree(
         _replace(target, spool, owner, kept)
 
 
-def drain(ws: Any, *, sink: Any = None, limit: int = 0) -> tuple[int, str, int]:
-    """Read the exec to its end: stdout into ``sink`` (at most ``limit`` bytes), the
-    tail of stderr, the exit code."""
+def drain(
+    ws: Any, *, sink: Any = None, limit: int = 0, timeout_s: float, ping_s: float
+) -> tuple[int, str, int | None]:
+    """Read the exec to its end, within ``timeout_s``, pinging every ``ping_s``: stdout
+    into ``sink`` (at most ``limit`` bytes), the tail of stderr, the exit code (None: the
+    stream ended without one).
+
+    Raises:
+        SandboxError: over ``limit``, past ``timeout_s``, or the stream broke.
+    """
     size, err, status = 0, b"", b""
-    while ws.is_open():
-        ws.update(timeout=1)
-        out = ws.read_channel(STDOUT)
-        if out and sink is not None:
-            size += len(out)
-            if size > limit:
-                raise SandboxError("what the sandbox pod sent is over its bound", bound=limit)
-            sink.write(out)
-        err = (err + ws.read_channel(STDERR))[-_STDERR_KEPT:]
-        status += ws.read_channel(ERROR)
+    deadline = time.monotonic() + timeout_s
+    pinged = time.monotonic()
+    try:
+        while ws.is_open():
+            now = time.monotonic()
+            if now > deadline:
+                raise SandboxError(
+                    "a command in the sandbox pod did not end in time",
+                    reason="ExecTimeout", timeout_s=timeout_s,
+                )  # fmt: skip
+            if now - pinged >= ping_s:
+                ws.sock.ping()
+                pinged = now
+            ws.update(timeout=min(1.0, ping_s, max(0.0, deadline - now)))
+            out = ws.read_channel(STDOUT)
+            if out and sink is not None:
+                size += len(out)
+                if size > limit:
+                    raise SandboxError("what the sandbox pod sent is over its bound", bound=limit)
+                sink.write(out)
+            err = (err + ws.read_channel(STDERR))[-_STDERR_KEPT:]
+            status += ws.read_channel(ERROR)
+    except (OSError, WebSocketException) as exc:
+        raise SandboxError(
+            "the stream of a command in the sandbox pod broke", error=str(exc)
+        ) from exc
     return size, err.decode(errors="replace"), exit_code(status)
 
 
@@ -162,10 +229,12 @@ def read_output(api: PodApi, pod: str, container: str, command: list[str], limit
     Raises:
         SandboxError: it could not run, did not exit 0 or wrote more.
     """
-    ws = api.exec(pod, container, command, stdin=False)
+    ws = api.exec(pod, container, command, stdin=False, timeout_s=api.exec_timeout_s)
     sink = io.BytesIO()
     try:
-        _, err, code = drain(ws, sink=sink, limit=limit)
+        _, err, code = drain(
+            ws, sink=sink, limit=limit, timeout_s=api.exec_timeout_s, ping_s=api.ping_s
+        )
     finally:
         close(ws)
     if code != 0:
