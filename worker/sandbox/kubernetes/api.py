@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import tenacity
 import urllib3.exceptions
 from kubernetes import client, config
+from kubernetes.client import rest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.stream import stream
@@ -227,14 +228,26 @@ def connect(cfg: KubernetesConfig) -> client.ApiClient:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             incluster = client.Configuration()
             config.load_incluster_config(client_configuration=incluster)
-            return client.ApiClient(incluster)
+            return _own_retries(client.ApiClient(incluster))
         return _client(config.new_client_from_config())
 
 
 def _client(made: Any) -> client.ApiClient:
     if not isinstance(made, client.ApiClient):
         raise SandboxError("the kubernetes configuration gave no API client", reason="Config")
-    return made
+    return _own_retries(made)
+
+
+def _own_retries(api_client: client.ApiClient) -> client.ApiClient:
+    """The client's transport without urllib3's own wait for ``Retry-After``, which has
+    no bound (a server saying 3600 would hold a worker thread an hour): ``retrying``
+    honours it, cut at ``RETRY_WAIT_MAX_S``. urllib3 still retries a connection that
+    failed before a request was sent, as it does by default."""
+    configuration = api_client.configuration
+    configuration.retries = urllib3.util.Retry(total=3, respect_retry_after_header=False)
+    api_client.rest_client.close()
+    api_client.rest_client = rest.RESTClientObject(configuration)
+    return api_client
 
 
 class PodApi:
