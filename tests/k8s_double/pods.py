@@ -128,10 +128,10 @@ class PodmanPod:
                 return
         self.obj["spec"]["nodeName"] = NODE
         image = self.obj["spec"]["containers"][0].get("image", "")
-        for attempt in range(gate.pull_failures):
+        for _ in range(gate.pull_failures):
             failed = (
                 f'Failed to pull image "{image}": rpc error: code = Unknown desc = failed '
-                f"to pull and unpack image: 503 Service Unavailable (try {attempt + 1})"
+                "to pull and unpack image: 503 Service Unavailable"
             )
             self.waiting = ("ErrImagePull", failed)
             self._event("Warning", "Failed", failed, "kubelet")
