@@ -43,7 +43,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── SandboxEvicted           sandbox_evicted          1
     │   ├── SandboxConnectionLost    sandbox_connection_lost  1
     │   ├── SandboxOomKilled         oom_killed               1
-    │   └── SandboxDeadlineExceeded  sandbox_deadline_exceeded 1
+    │   ├── SandboxDeadlineExceeded  sandbox_deadline_exceeded 1
+    │   └── WorkerDiskExceeded       worker_disk_exceeded     1
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
     │   │   └── OomKilled            oom_killed               1
@@ -323,6 +324,14 @@ class SandboxDeadlineExceeded(SandboxError):
     job's timeout plus the setup and teardown margin) and was stopped."""
 
     code = "sandbox_deadline_exceeded"
+
+
+class WorkerDiskExceeded(SandboxError):
+    """What a sandbox sends back (its workspace, its session store) would pass the disk
+    the worker may give it (``ACPW_K8S_COPY_OUT_MAX_BYTES``): refused as the bytes
+    arrive, before the worker's own volume fills."""
+
+    code = "worker_disk_exceeded"
 
 
 class AgentError(WorkerError):

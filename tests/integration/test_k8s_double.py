@@ -13,21 +13,26 @@ as the kubelet ends it.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 from websocket import WebSocketConnectionClosedException
 
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.k8s_double import server
 from tests.k8s_double.fixtures import NAMESPACE, base_by_digest, k8s_double, kubeconfig
+from tests.k8s_double.pods import Gate, podman
 from tests.k8s_double.server import V4, ApiDouble
 
 __all__ = [
@@ -42,6 +47,11 @@ __all__ = [
 pytestmark = pytest.mark.integration
 
 KEEPER = ["/usr/bin/python3", "-I", "-S", "-c", "import signal; signal.pause()"]
+#: A main process that outlives SIGTERM (it traps it and sleeps on): only SIGKILL ends it.
+DEAF = [
+    "/usr/bin/python3", "-I", "-S", "-c",
+    "import signal,time; signal.signal(signal.SIGTERM, lambda *a: None); time.sleep(600)",
+]  # fmt: skip
 
 
 @contextmanager
@@ -240,3 +250,186 @@ def test_a_v4_only_double_has_no_eof_and_its_idle_cut_off_drops_silent_streams(
     out, status = _to_end(_open(core, "v4-probe", ["/bin/sh", "-c", "sleep 3; echo ok"]))
     assert (out, status) == (b"", b"")
     core.delete_namespaced_pod("v4-probe", NAMESPACE)
+
+
+# --- a cluster under load, as the double plays one -----------------------------------
+
+
+def _double_api(double: ApiDouble, tmp_path: Path) -> Any:
+    return _api(double.kubeconfig(tmp_path / "kc-own", namespace=NAMESPACE))
+
+
+def test_rbac_is_enforced_as_requests_arrive(
+    docker_host: str, base_by_digest: str, tmp_path: Path
+) -> None:
+    """A verb the Role lacks is a 403 when it is asked, as the API server's authorizer
+    answers (not found afterwards in the log): a delete, and an exec, whose WebSocket
+    handshake is refused."""
+    granted = set(server.ROLE) - {("", "pods", "delete"), ("", "pods/exec", "create")}
+    double = ApiDouble(docker_host, granted=granted)
+    double.start()
+    try:
+        with _double_api(double, tmp_path) as core:
+            core.create_namespaced_pod(
+                NAMESPACE, client.V1Pod.from_dict(_pod("rbac", base_by_digest))
+            )
+            _running(core, "rbac")
+            with pytest.raises(ApiException) as refused:
+                core.delete_namespaced_pod("rbac", NAMESPACE)
+            assert refused.value.status == 403
+            answer = json.loads(refused.value.body)
+            assert answer["reason"] == "Forbidden"
+            assert 'cannot delete resource "pods"' in answer["message"]
+            with pytest.raises(ApiException) as handshake:
+                _exec(core, "rbac", ["/bin/true"], b"")
+            assert "Handshake status 403" in str(handshake.value.reason)
+            assert core.read_namespaced_pod("rbac", NAMESPACE).metadata.deletion_timestamp is None
+    finally:
+        double.close()
+
+
+def test_faults_are_injected_per_route_deterministically(
+    core: client.CoreV1Api, k8s_double: ApiDouble
+) -> None:
+    """The next N calls of a route fail as told (503; 429 with Retry-After; a reset),
+    then it answers again; other routes are untouched."""
+    k8s_double.faults.inject("list pods", 2, status=503)
+    k8s_double.faults.inject("list pods", 1, status=429, retry_after=1)
+    answers = []
+    for _ in range(3):
+        # Raw HTTP: urllib3 under the client would itself wait out a 429's Retry-After.
+        connection = http.client.HTTPConnection(urlsplit(k8s_double.url).netloc)
+        connection.request(
+            "GET",
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            headers={"Authorization": f"Bearer {k8s_double.token}"},
+        )
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        answers.append((response.status, answer["reason"], response.getheader("Retry-After")))
+        connection.close()
+    assert answers == [
+        (503, "ServiceUnavailable", None),
+        (503, "ServiceUnavailable", None),
+        (429, "TooManyRequests", "1"),
+    ]
+    assert core.list_namespaced_pod(NAMESPACE).items == []
+    assert k8s_double.faults.served == {"list pods": 3}
+    # A reset: no answer at all (urllib3 gives up on a POST at once).
+    k8s_double.faults.inject("create pods", 1, reset=True)
+    absent = _pod("reset", "localhost/x@sha256:" + "0" * 64)
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(absent))
+    assert core.list_namespaced_pod(NAMESPACE).items == []
+    assert k8s_double.faults.served == {"list pods": 3, "create pods": 1}
+
+
+def test_a_reset_after_serving_loses_only_the_answer(
+    core: client.CoreV1Api, k8s_double: ApiDouble, base_by_digest: str
+) -> None:
+    k8s_double.faults.inject("create pods", 1, reset="after")
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(_pod("late", base_by_digest)))
+    assert [p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items] == ["late"]
+    with pytest.raises(ApiException) as again:
+        core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(_pod("late", base_by_digest)))
+    assert again.value.status == 409
+
+
+def _phases(core: client.CoreV1Api, name: str, timeout: float = 90) -> list[str]:
+    """What the pod waited on, in order (each change once), until it ran."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = core.read_namespaced_pod(name, NAMESPACE).status
+        if status.phase == "Running":
+            return seen
+        now = "?"
+        for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                now = cond.reason
+        for cs in status.container_statuses or []:
+            if cs.state.waiting is not None and now == "?":
+                now = cs.state.waiting.reason
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        time.sleep(0.1)
+    raise AssertionError(f"pod {name} did not run: {seen}: {status}")
+
+
+def test_a_pod_waits_unschedulable_then_fails_its_pulls_then_runs(
+    core: client.CoreV1Api, k8s_double: ApiDouble, base_by_digest: str
+) -> None:
+    """As on a cluster adding a node: Unschedulable (the scheduler's condition and its
+    FailedScheduling event) for a while, then scheduled; the pull fails twice (the
+    container waiting ErrImagePull, then ImagePullBackOff, with the kubelet's events),
+    then the pod runs."""
+    k8s_double.gate = Gate(unschedulable_s=2, pull_failures=2, pull_backoff_s=2)
+    core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(_pod("slow", base_by_digest)))
+    pod = core.read_namespaced_pod("slow", NAMESPACE)
+    assert pod.spec.node_name is None
+    (condition,) = pod.status.conditions
+    assert (condition.type, condition.status, condition.reason) == (
+        "PodScheduled", "False", "Unschedulable",
+    )  # fmt: skip
+    assert "nodes are available" in condition.message
+    phases = _phases(core, "slow")
+    assert [p for p in phases if p != "ContainerCreating"] == [
+        "Unschedulable", "ErrImagePull", "ImagePullBackOff", "ErrImagePull", "ImagePullBackOff",
+    ]  # fmt: skip
+    assert core.read_namespaced_pod("slow", NAMESPACE).spec.node_name == "double-node"
+    events = core.list_namespaced_event(
+        NAMESPACE, field_selector="involvedObject.kind=Pod,involvedObject.name=slow"
+    ).items
+    # A repeat of one reason and message counts up (the API's event aggregation).
+    assert [(e.reason, e.count) for e in events] == [
+        ("FailedScheduling", 1), ("Failed", 2), ("BackOff", 2),
+    ]  # fmt: skip
+    assert all(e.involved_object.name == "slow" for e in events)
+    with pytest.raises(ApiException) as unsupported:
+        core.list_namespaced_event(NAMESPACE, field_selector="reason=Failed")
+    assert unsupported.value.status == 400
+
+
+def _engine_running(double: ApiDouble, name: str) -> bool:
+    pod = double.pods.get((NAMESPACE, name)) or _gone[name]
+    state = podman(double.docker_host, "inspect", "--format", "{{.State.Running}}",
+                   pod.container_name("agent"))  # fmt: skip
+    assert state.returncode == 0 or "no such" in state.stderr.lower(), state.stderr
+    return state.stdout.strip() == "true"
+
+
+_gone: dict[str, Any] = {}
+
+
+def test_deletion_is_graceful_and_grace_zero_leaves_containers_running(
+    core: client.CoreV1Api, k8s_double: ApiDouble, base_by_digest: str
+) -> None:
+    """A graceful delete keeps the pod (deletionTimestamp, deletionGracePeriodSeconds)
+    while its container gets SIGTERM, here ignored, until SIGKILL at the grace's end;
+    only then is it gone. Grace 0 removes the object at once
+    and its container is still running after that."""
+    k8s_double.force_lag_s = 15
+    for name in ("graceful", "forced"):
+        pod = _pod(name, base_by_digest)
+        pod["spec"]["containers"][0]["command"] = DEAF
+        core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(pod))
+        _running(core, name)
+        _gone[name] = k8s_double.pods[(NAMESPACE, name)]
+    core.delete_namespaced_pod("graceful", NAMESPACE, grace_period_seconds=10)
+    terminating = core.read_namespaced_pod("graceful", NAMESPACE)
+    assert terminating.metadata.deletion_timestamp is not None
+    assert terminating.metadata.deletion_grace_period_seconds == 10
+    deadline = time.monotonic() + 120
+    while (NAMESPACE, "graceful") in k8s_double.pods and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(ApiException) as gone:
+        core.read_namespaced_pod("graceful", NAMESPACE)
+    assert gone.value.status == 404
+    assert not _engine_running(k8s_double, "graceful")
+    core.delete_namespaced_pod("forced", NAMESPACE, grace_period_seconds=0)
+    with pytest.raises(ApiException) as removed:
+        core.read_namespaced_pod("forced", NAMESPACE)
+    assert removed.value.status == 404
+    assert _engine_running(k8s_double, "forced")  # the name is free, the container not yet
+    assert k8s_double.deletions == [("graceful", 10), ("forced", 0)]

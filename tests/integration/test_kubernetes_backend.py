@@ -128,7 +128,8 @@ async def _run(
 async def test_a_pack_image_that_cannot_be_pulled_is_a_typed_error(
     tmp_path: Path, cluster: Cluster, images: EngineConfig
 ) -> None:
-    backend = _backend(tmp_path, cluster, images)
+    # The kubelet retries a failed pull: waited out for k8s_image_pull_timeout_s first.
+    backend = _backend(tmp_path, cluster, images, k8s_image_pull_timeout_s=3)
     backend._image = lambda spec: "localhost/acpw-k8s-double-absent@sha256:" + "0" * 64  # type: ignore[method-assign]
     outcome, events = await _run(tmp_path, backend, "scenario: hello")
     assert outcome.status == "failed"

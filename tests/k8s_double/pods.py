@@ -10,6 +10,14 @@ be had: ``ErrImagePull``), ``Running``, then ``Succeeded``/``Failed`` with the c
 exit code and ``OOMKilled`` as its reason when the engine says so. A pod the double ended
 as the kubelet would (``end``: evicted, past its ``activeDeadlineSeconds``) is ``Failed``
 with that reason and message from then on, whatever its containers say.
+
+Before it is played, a pod may be made to wait as on a busy cluster (``Gate``): no node
+for it for some seconds (``PodScheduled`` ``False``, ``Unschedulable``, with the
+scheduler's message and a ``FailedScheduling`` event, as while cluster-autoscaler or
+Karpenter adds a node), then scheduled (``spec.nodeName``); and its image pull failing a
+number of times (the container waiting ``ErrImagePull`` right after a failed pull, then
+``ImagePullBackOff`` until the kubelet's next try, with its ``Failed`` and ``BackOff``
+events), then pulled and played.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import secrets
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,23 @@ import docker.errors
 #: What ``podman kube play`` prints when the image cannot be had (no registry here).
 _PULL_FAILURES = ("initializing source", "manifest unknown", "pull", "no such image", "unable to")
 MAX_ANNOTATION = 63
+#: The node the double "schedules" every pod on (it has none: a name for ``nodeName``).
+NODE = "double-node"
+#: What the scheduler says of a pod no node can take, as it words it.
+UNSCHEDULABLE_MESSAGE = (
+    "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: "
+    "3 No preemption victims found for incoming pod."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """How long a pod waits before it is played: ``unschedulable_s`` without a node,
+    then ``pull_failures`` failed pulls, ``pull_backoff_s`` apart."""
+
+    unschedulable_s: float = 0.0
+    pull_failures: int = 0
+    pull_backoff_s: float = 1.0
 
 
 def podman(host: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -45,9 +72,28 @@ def podman(host: str, *args: str, timeout: float = 60) -> subprocess.CompletedPr
 class PodmanPod:
     """One pod: its object as the API stores it, and its containers on Podman."""
 
-    def __init__(self, host: str, obj: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        host: str,
+        obj: dict[str, Any],
+        *,
+        gate: Gate = Gate(),
+        event: Callable[..., None] | None = None,
+    ) -> None:
+        """``gate``: what the pod waits out before it is played; ``event(pod, type,
+        reason, message, component)``: records an event of the pod."""
         self.host = host
         self.obj = obj
+        self.gate = gate
+        self._event = event or (lambda *a, **k: None)
+        #: While gated: what the pod waits on (``Unschedulable`` or a pull reason) and
+        #: the cluster's message; None once played (or never gated).
+        self.waiting: tuple[str, str] | None = None
+        if gate.unschedulable_s > 0:
+            self.waiting = ("Unschedulable", UNSCHEDULABLE_MESSAGE)
+        else:
+            obj["spec"]["nodeName"] = NODE
+        self._cancelled = threading.Event()
         self.name: str = obj["metadata"]["name"]
         #: The pod's name on the engine: its own name and a suffix of its own, so two
         #: doubles (two test sessions on one Podman) never play pods of one name.
@@ -67,10 +113,43 @@ class PodmanPod:
 
     def start(self) -> None:
         """Play the pod in the background (the API answers before it runs)."""
-        threading.Thread(target=self._play, name=f"play-{self.name}", daemon=True).start()
+        threading.Thread(target=self._run, name=f"play-{self.name}", daemon=True).start()
+
+    @property
+    def scheduled(self) -> bool:
+        return bool(self.obj["spec"].get("nodeName"))
+
+    def _run(self) -> None:
+        gate = self.gate
+        if gate.unschedulable_s > 0:
+            self._event("Warning", "FailedScheduling", UNSCHEDULABLE_MESSAGE, "default-scheduler")
+            if self._cancelled.wait(gate.unschedulable_s):
+                self._played.set()
+                return
+        self.obj["spec"]["nodeName"] = NODE
+        image = self.obj["spec"]["containers"][0].get("image", "")
+        for _ in range(gate.pull_failures):
+            failed = (
+                f'Failed to pull image "{image}": rpc error: code = Unknown desc = failed '
+                "to pull and unpack image: 503 Service Unavailable"
+            )
+            self.waiting = ("ErrImagePull", failed)
+            self._event("Warning", "Failed", failed, "kubelet")
+            half = gate.pull_backoff_s / 2
+            if self._cancelled.wait(half):
+                self._played.set()
+                return
+            backoff = f'Back-off pulling image "{image}"'
+            self.waiting = ("ImagePullBackOff", backoff)
+            self._event("Normal", "BackOff", backoff, "kubelet")
+            if self._cancelled.wait(half):
+                self._played.set()
+                return
+        self._play()
 
     def _play(self) -> None:
         played = copy.deepcopy(self.obj)
+        played["spec"].pop("nodeName", None)
         annotations = played["metadata"].get("annotations") or {}
         for key in [k for k, v in annotations.items() if len(v) > MAX_ANNOTATION]:
             del annotations[key]
@@ -86,6 +165,7 @@ class PodmanPod:
                 done = None if self._removed else podman(self.host, "kube", "play", str(path))
         if done is not None and done.returncode != 0:
             self._play_error = done.stderr.strip()[-2000:] or "podman kube play failed"
+        self.waiting = None
         self._played.set()
 
     def _own_volumes(self, played: dict[str, Any]) -> None:
@@ -107,10 +187,13 @@ class PodmanPod:
     def wait_played(self, timeout: float) -> bool:
         return self._played.wait(timeout)
 
-    def kill(self) -> None:
-        """SIGKILL every process of the pod (its removal takes seconds on Podman)."""
+    def stop(self, grace_s: int) -> None:
+        """Stop the pod's containers as the kubelet does for a deletion: SIGTERM, then
+        SIGKILL after ``grace_s``; returns once they stopped. A pod not played yet is
+        never played."""
+        self._cancelled.set()
         if self._played.wait(60):
-            podman(self.host, "pod", "kill", self.engine_name)
+            podman(self.host, "pod", "stop", "--time", str(grace_s), self.engine_name)
 
     def end(self, reason: str, message: str, *, grace_s: int) -> None:
         """End the pod as the kubelet does (evicted, past its deadline): its status says
@@ -125,6 +208,7 @@ class PodmanPod:
 
     def remove(self) -> None:
         """Remove the pod and its containers from the engine (idempotent)."""
+        self._cancelled.set()
         with self._lock:
             self._removed = True
             podman(self.host, "pod", "rm", "--force", "--time", "0", self.engine_name)
@@ -133,6 +217,11 @@ class PodmanPod:
 
     def status(self, client: docker.DockerClient) -> dict[str, Any]:
         """The pod's ``status`` now."""
+        waiting = self.waiting
+        if waiting is not None and waiting[0] == "Unschedulable":
+            return {"phase": "Pending", "conditions": [_scheduled("False", *waiting)]}
+        if waiting is not None:
+            return {**_pending(*waiting), "conditions": [_scheduled("True")]}
         if not self._played.is_set():
             return _pending("ContainerCreating", "the pod is being started")
         if self._play_error is not None:
@@ -166,6 +255,16 @@ class PodmanPod:
         except docker.errors.APIError:  # NotFound, or Podman's 500 mid-removal
             return {"Running": False, "ExitCode": 137}
         return state
+
+
+def _scheduled(
+    status: str, reason: str | None = None, message: str | None = None
+) -> dict[str, Any]:
+    """The ``PodScheduled`` condition, as the scheduler writes it."""
+    condition: dict[str, Any] = {"type": "PodScheduled", "status": status}
+    if reason is not None:
+        condition |= {"reason": reason, "message": message}
+    return condition
 
 
 def _pending(reason: str, message: str) -> dict[str, Any]:

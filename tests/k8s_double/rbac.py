@@ -39,6 +39,14 @@ def needed(method: str, path: str) -> set[Permission]:
     return {(group, resource, _VERBS[method])}
 
 
+def route(method: str, path: str) -> str:
+    """The route a request is (``"<verb> <resource>"``, as ``needed`` reads it: an exec
+    is ``get pods/exec``), by which the double injects faults."""
+    found = needed(method, path)
+    _, resource, verb = min(found, key=lambda p: p[2] != "get")
+    return f"{verb} {resource}"
+
+
 def outside(requests: Iterable[tuple[str, str]], granted: set[Permission]) -> set[Permission]:
     """What the ``requests`` needed that ``granted`` does not give."""
     return {p for method, path in requests for p in needed(method, path)} - granted

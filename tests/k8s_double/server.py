@@ -4,7 +4,9 @@ server, because none can run on the development machines or in CI.
 A real HTTP server on loopback that the tests start, speaking exactly the subset the
 backend uses, as the API does:
 
-- pods: create, get, list (``labelSelector``, equality terms and existence), delete;
+- pods: create, get, list (``labelSelector``, equality terms and existence), delete
+  (with the API server's graceful semantics, below);
+- events: list (``fieldSelector`` on ``involvedObject``);
 - ``pods/exec`` as a WebSocket with the real channel protocol: ``v5.channel.k8s.io``
   when the client offers it (the official client does), else ``v4.channel.k8s.io``
   (``protocols=(V4,)``: only v4, as API servers before 1.30 and proxies that do not
@@ -18,7 +20,28 @@ Every object created is checked twice, so that a request the real API would reje
 fails here too: with the official client's own models (``V1Pod``/``V1NetworkPolicy``
 ``from_dict``) and against the Kubernetes OpenAPI schema in strict mode
 (``kubernetes-validate``, the oldest minor the backend supports): a misspelt or unknown
-field is a 422. Requests need the bearer token of the double's kubeconfig (401 without).
+field is a 422. Requests need the bearer token of the double's kubeconfig (401 without)
+and are authorized as they arrive against the double's Role (``granted``; by default the
+backend's ``RBAC_RULES``, which the chart renders): a verb the Role lacks is a 403
+``Forbidden``, an exec's too (its WebSocket handshake is refused).
+
+As a cluster under load does, it can fail and be slow on purpose (``ApiDouble.faults``,
+``ApiDouble.gate``), deterministically: the next N calls of a route (``create pods``,
+``get pods``, ``list pods``, ``delete pods``, ``get pods/exec``, ``list events``, …) are
+answered 429 with ``Retry-After``, 500/502/503/504, or their connection reset (before the
+request is served, or after: a create made whose answer is lost); pods created while a
+``Gate`` is set wait unschedulable for some seconds, then fail their image pull some
+times, before they run (``pods.Gate``).
+
+Deletion is the API server's: a pod on a node deleted with a grace period (the
+request's ``gracePeriodSeconds``, else its ``terminationGracePeriodSeconds``) is kept,
+with ``deletionTimestamp`` and ``deletionGracePeriodSeconds``, while its containers get
+SIGTERM and, past the grace, SIGKILL; it is removed once they stopped. Grace 0 (or a pod
+never scheduled, or one already ended) removes the object at once, and a running pod's
+containers are stopped only later (``force_lag_s``: the kubelet notices at its next
+sync), so its name is free while they still run. With ``kubelet_down`` (a lost node)
+nothing stops the containers of a graceful deletion: the pod stays until deleted with
+grace 0.
 
 Each pod is then run for real on the shared Podman service (``pods.PodmanPod``: ``podman
 kube play``), and exec runs ``podman exec`` in its container: manifests, client and
@@ -26,9 +49,9 @@ containers are all real; only the API server is stood in for. As the kubelet doe
 ends a pod that passes its ``activeDeadlineSeconds`` (counted from its creation):
 ``Failed``, reason ``DeadlineExceeded``, its containers stopped. A test can evict a pod
 (``ApiDouble.evict``, standing in for the node's pressure; no request reaches it). What
-the double does not do: watches, scheduling (no node, quota, or eviction of its own),
-NetworkPolicy enforcement (objects are kept, not enforced), graceful deletion (a delete
-removes the pod at once). ``idle_cutoff_s`` puts a load balancer's idle timer in front
+the double does not do: watches, real scheduling (no node, quota, or eviction of its
+own; ``Unschedulable`` only as a ``Gate`` says), NetworkPolicy enforcement (objects are
+kept, not enforced). ``idle_cutoff_s`` puts a load balancer's idle timer in front
 of every exec stream: one that carried no frame either way (data, ping or pong) for that
 long is dropped, no close frame and no ``Status``, as a cloud load balancer drops an
 idle connection.
@@ -40,6 +63,8 @@ import copy
 import json
 import re
 import secrets
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -56,7 +81,9 @@ import kubernetes_validate
 from kubernetes import client as k8s
 
 from tests.k8s_double import pods as podman_pods
+from tests.k8s_double import rbac
 from tests.k8s_double.websocket import Connection, ProtocolError, accept_key
+from worker.sandbox.kubernetes.manifests import RBAC_RULES
 
 SCHEMA_VERSION = "1.29"
 V4, V5 = "v4.channel.k8s.io", "v5.channel.k8s.io"
@@ -67,6 +94,14 @@ _PODS = re.compile(
 #: What the kubelet says of a pod it ended, as it words it.
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 EVICTED_MESSAGE = "The node was low on resource: memory."
+_EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
+#: The ``reason`` the API server gives an answer of each status.
+_REASONS = {429: "TooManyRequests", 500: "InternalError", 502: "BadGateway",
+            503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
+#: The backend's Role: what the double grants by default.
+ROLE: frozenset[rbac.Permission] = frozenset(
+    (r.api_group, r.resource, v) for r in RBAC_RULES for v in r.verbs
+)
 _POLICIES = re.compile(
     r"^/apis/networking\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/networkpolicies(?:/(?P<name>[^/]+))?$"
 )
@@ -91,6 +126,48 @@ class ApiError(Exception):
         }
 
 
+class Fault:
+    """What the next ``count`` calls of a route get instead of their answer: ``status``
+    (with ``Retry-After: retry_after`` when given), or a connection reset (``reset``:
+    before the request is served; ``"after"``: once it was, its answer lost)."""
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        status: int | None = None,
+        retry_after: int | None = None,
+        reset: bool | str = False,
+    ) -> None:
+        self.count, self.status, self.retry_after, self.reset = count, status, retry_after, reset
+
+
+class Faults:
+    """Faults by route (``rbac.route``: ``"create pods"``, ``"get pods/exec"``, …), each
+    for its next calls, in order; ``served`` counts those answered so."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queued: dict[str, list[Fault]] = {}
+        self.served: dict[str, int] = {}
+
+    def inject(self, route: str, count: int, **how: Any) -> None:
+        with self._lock:
+            self._queued.setdefault(route, []).append(Fault(count, **how))
+
+    def next(self, route: str) -> Fault | None:
+        with self._lock:
+            queued = self._queued.get(route) or []
+            if not queued:
+                return None
+            fault = queued[0]
+            fault.count -= 1
+            if fault.count <= 0:
+                queued.pop(0)
+            self.served[route] = self.served.get(route, 0) + 1
+            return fault
+
+
 class ApiDouble:
     """The double's state: pods and NetworkPolicies by (namespace, name), every request
     seen (``requests``: method and path), the engine the pods run on."""
@@ -101,12 +178,26 @@ class ApiDouble:
         *,
         protocols: tuple[str, ...] = (V5, V4),
         idle_cutoff_s: float | None = None,
+        granted: set[rbac.Permission] | None = None,
     ) -> None:
         """``protocols``: the exec channel protocols negotiated, by preference;
-        ``idle_cutoff_s``: drop an exec stream idle that long (None: never)."""
+        ``idle_cutoff_s``: drop an exec stream idle that long (None: never); ``granted``:
+        the Role requests are authorized against (default ``ROLE``)."""
         self.docker_host = docker_host
         self.protocols, self.idle_cutoff_s = protocols, idle_cutoff_s
         self.token = secrets.token_hex(16)
+        self.granted = set(ROLE if granted is None else granted)
+        self.faults = Faults()
+        #: What pods created from now on wait out before they run.
+        self.gate = podman_pods.Gate()
+        #: Events of pods (core/v1 ``Event`` objects), kept after the pods are gone.
+        self.events: list[dict[str, Any]] = []
+        #: Every delete of a pod: (name, the grace it asked for; None: the pod's own).
+        self.deletions: list[tuple[str, int | None]] = []
+        #: A lost node: nothing stops a gracefully deleted pod's containers.
+        self.kubelet_down = False
+        #: How long after a grace-0 deletion the kubelet stops the containers.
+        self.force_lag_s = 3.0
         self.pods: dict[tuple[str, str], podman_pods.PodmanPod] = {}
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
@@ -172,9 +263,13 @@ class ApiDouble:
             if (ns, name) in self.pods:
                 raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
             _stamp(metadata, ns)
-            pod = podman_pods.PodmanPod(self.docker_host, body)
-            self.pods[(ns, name)] = pod
             self.created.append(copy.deepcopy(body))
+
+            def event(*args: str) -> None:
+                self._event(ns, metadata, *args)
+
+            pod = podman_pods.PodmanPod(self.docker_host, body, gate=self.gate, event=event)
+            self.pods[(ns, name)] = pod
         pod.start()
         self._enforce_deadline(pod)
         return self.pod_object(pod)
@@ -221,23 +316,107 @@ class ApiDouble:
         ]
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
 
-    def delete_pod(self, ns: str, name: str) -> dict[str, Any]:
-        """Kill the pod's processes now and remove it in the background: until it is
-        gone, reads still find it, with its ``deletionTimestamp`` (as a graceful
-        deletion looks)."""
-        pod = self.pod(ns, name)
-        if pod.obj["metadata"].get("deletionTimestamp") is None:
-            pod.obj["metadata"]["deletionTimestamp"] = _now()
-            pod.kill()
-            thread = threading.Thread(target=self._remove, args=(ns, name, pod), daemon=True)
-            self._removals.append(thread)
-            thread.start()
-        return self.pod_object(pod)
+    def _event(
+        self, ns: str, metadata: dict[str, Any], kind: str, reason: str, message: str, by: str
+    ) -> None:
+        """Record an event of a pod as the scheduler or the kubelet posts it (a repeat
+        of one reason and message counts up, as the API's event aggregation does)."""
+        now = _now()
+        with self.lock:
+            for seen in self.events:
+                involved = seen["involvedObject"]
+                same = (involved["uid"], seen["reason"], seen["message"])
+                if same == (metadata["uid"], reason, message):
+                    seen["count"] += 1
+                    seen["lastTimestamp"] = now
+                    return
+            self.events.append(
+                {
+                    "kind": "Event",
+                    "apiVersion": "v1",
+                    "metadata": {
+                        "name": f"{metadata['name']}.{secrets.token_hex(8)}",
+                        "namespace": ns,
+                    },
+                    "involvedObject": {
+                        "kind": "Pod",
+                        "namespace": ns,
+                        "name": metadata["name"],
+                        "uid": metadata["uid"],
+                        "apiVersion": "v1",
+                    },
+                    "reason": reason,
+                    "message": message,
+                    "type": kind,
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "source": {"component": by},
+                }
+            )
 
-    def _remove(self, ns: str, name: str, pod: podman_pods.PodmanPod) -> None:
+    def list_events(self, ns: str, selector: str) -> dict[str, Any]:
+        """Events of the namespace matching a field selector on ``involvedObject``
+        (``kind``, ``name``, ``namespace``, ``uid``; other fields are a 400, as the API
+        answers for a field label it does not support)."""
+        terms = {}
+        for term in filter(None, (t.strip() for t in selector.split(","))):
+            key, eq, value = term.replace("==", "=").partition("=")
+            field = key.removeprefix("involvedObject.")
+            if not eq or key == field or field not in {"kind", "name", "namespace", "uid"}:
+                raise ApiError(400, "BadRequest", f'field label not supported: "{key}"')
+            terms[field] = value
+        with self.lock:
+            items = [
+                copy.deepcopy(e)
+                for e in self.events
+                if e["metadata"]["namespace"] == ns
+                and all(e["involvedObject"].get(k) == v for k, v in terms.items())
+            ]
+        return {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}
+
+    def delete_pod(self, ns: str, name: str, grace: int | None) -> dict[str, Any]:
+        """Delete the pod as the API server does (the module's docstring): gracefully,
+        kept until its containers stopped; at once with grace 0, for a pod never
+        scheduled or one that ended."""
+        pod = self.pod(ns, name)
+        self.deletions.append((name, grace))
+        metadata = pod.obj["metadata"]
+        grace_s = int(pod.obj["spec"].get("terminationGracePeriodSeconds", 30))
+        grace_s = grace_s if grace is None else max(0, grace)
+        phase = pod.status(self.engine)["phase"]
+        answer = self.pod_object(pod)
+        if grace_s == 0 or not pod.scheduled or phase in {"Failed", "Succeeded"}:
+            with self.lock:
+                self.pods.pop((ns, name), None)
+            lag = self.force_lag_s if phase not in {"Failed", "Succeeded"} else 0.0
+            self._background(self._reap, pod, lag)
+        elif metadata.get("deletionTimestamp") is None:
+            metadata["deletionTimestamp"] = _now(grace_s)
+            metadata["deletionGracePeriodSeconds"] = grace_s
+            answer = self.pod_object(pod)
+            if not self.kubelet_down:
+                self._background(self._terminate, ns, name, pod, grace_s)
+        return answer
+
+    def _background(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._removals.append(thread)
+        thread.start()
+
+    def _reap(self, pod: podman_pods.PodmanPod, lag_s: float) -> None:
+        """The kubelet, at its next sync, stopping what a removed pod still ran."""
+        time.sleep(lag_s)
+        pod.remove()
+
+    def _terminate(self, ns: str, name: str, pod: podman_pods.PodmanPod, grace_s: int) -> None:
+        """The kubelet's graceful stop: SIGTERM, SIGKILL past the grace; then the API
+        removes the object (unless a grace-0 delete removed it already)."""
+        pod.stop(grace_s)
         pod.remove()
         with self.lock:
-            self.pods.pop((ns, name), None)
+            if self.pods.get((ns, name)) is pod:
+                del self.pods[(ns, name)]
 
     # --- NetworkPolicies ------------------------------------------------------------
 
@@ -273,8 +452,8 @@ def _stamp(metadata: dict[str, Any], ns: str) -> None:
     metadata["creationTimestamp"] = _now()
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(later_s: float = 0) -> str:
+    return datetime.fromtimestamp(time.time() + later_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _validate(body: dict[str, Any], kind: str, model: Any) -> None:
@@ -333,15 +512,65 @@ class _Handler(BaseHTTPRequestHandler):
         self.double.requests.append((method, url.path + watch))
         try:
             self._authorize()
+            route = self._authorize_rbac(method, url.path + watch)
             body = self._body()
+            fault = None if route is None else self.double.faults.next(route)
+            if fault is not None and fault.reset is True:
+                self._reset()
+                return
+            if fault is not None and fault.status is not None:
+                self._refuse(fault)
+                return
             if self.headers.get("Upgrade", "").lower() == "websocket":
                 self._exec(url.path, query)
                 return
-            self._reply(
-                200 if method != "POST" else 201, self._route(method, url.path, query, body)
-            )
+            answer = self._route(method, url.path, query, body)
+            if fault is not None and fault.reset == "after":
+                self._reset()
+                return
+            self._reply(200 if method != "POST" else 201, answer)
         except ApiError as exc:
             self._reply(exc.code, exc.status())
+
+    def _authorize_rbac(self, method: str, path: str) -> str | None:
+        """Refuse (403) a request whose verb the double's Role lacks, as the API
+        server's authorizer does before anything is served; the request's route."""
+        try:
+            needed = rbac.needed(method, path)
+        except ValueError:
+            return None
+        missing = sorted(needed - self.double.granted)
+        if missing:
+            group, resource, verb = missing[0]
+            name = path.rsplit("/", 1)[-1]
+            ns = found[1] if (found := re.search(r"/namespaces/([^/]+)", path)) else ""
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{resource} "{name}" is forbidden: User "system:serviceaccount:acp-worker:'
+                f'acp-worker" cannot {verb} resource "{resource}" in API group "{group}" '
+                f'in the namespace "{ns}"',
+            )
+        return rbac.route(method, path)
+
+    def _refuse(self, fault: Fault) -> None:
+        """A fault's answer: its status as the API words it (and ``Retry-After``)."""
+        code = int(fault.status or 500)
+        error = ApiError(code, _REASONS.get(code, "InternalError"), "injected by the double")
+        data = json.dumps(error.status()).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if fault.retry_after is not None:
+            self.send_header("Retry-After", str(fault.retry_after))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reset(self) -> None:
+        """Reset the connection (RST, no answer)."""
+        self.close_connection = True
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
 
     def _authorize(self) -> None:
         if self.headers.get("Authorization") != f"Bearer {self.double.token}":
@@ -364,6 +593,8 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> dict[str, Any]:
         if found := _PODS.match(path):
             answer = self._pods(method, found, query, body)
+        elif (found := _EVENTS.match(path)) and method == "GET":
+            answer = self.double.list_events(found["ns"], (query.get("fieldSelector") or [""])[0])
         elif found := _POLICIES.match(path):
             answer = self._policies(method, found, body)
         else:
@@ -392,7 +623,9 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if method == "GET":
             return api.pod_object(api.pod(ns, name))
-        return api.delete_pod(ns, name) if method == "DELETE" else None
+        if method != "DELETE":
+            return None
+        return api.delete_pod(ns, name, _grace(query, body))
 
     def _policies(
         self, method: str, found: re.Match[str], body: dict[str, Any] | None
@@ -439,6 +672,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         with _session(self, pod.container_name(container), command, stdin=stdin) as session:
             session.run(v5=protocol == V5)
+
+
+def _grace(query: dict[str, list[str]], body: dict[str, Any] | None) -> int | None:
+    """A delete's grace period: the query's ``gracePeriodSeconds``, else its
+    DeleteOptions body's; None: the pod's own."""
+    value: Any = (query.get("gracePeriodSeconds") or [None])[0]
+    if value is None and body is not None:
+        value = body.get("gracePeriodSeconds")
+    try:
+        return None if value is None else int(value)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequest", f"gracePeriodSeconds: {value}") from exc
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:

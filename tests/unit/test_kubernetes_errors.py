@@ -14,12 +14,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import urllib3.exceptions
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from worker.errors import (
     BackendAuthFailed,
     BackendQuotaExceeded,
+    BackendRateLimited,
     ImagePullFailed,
     SandboxDeadlineExceeded,
     SandboxError,
@@ -31,9 +33,12 @@ from worker.errors import (
 from worker.sandbox.base import ExitDiagnosis
 from worker.sandbox.kubernetes.api import (
     PULL_FAILURES,
+    PULL_RETRIED,
+    PodApi,
     cluster_end,
     ended_failure,
     pending_failure,
+    pending_wait,
     translate,
 )
 from worker.sandbox.kubernetes.backend import DIAGNOSIS_READ_S, KubernetesProcess, KubernetesSandbox
@@ -66,11 +71,20 @@ def _waiting(reason: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("reason", sorted(PULL_FAILURES))
+@pytest.mark.parametrize("reason", sorted(PULL_FAILURES - PULL_RETRIED))
 def test_an_image_the_kubelet_cannot_have(reason: str) -> None:
     error = pending_failure(_pod(_waiting(reason)))
     assert isinstance(error, ImagePullFailed)
     assert (error.code, error.details["reason"]) == ("image_pull_failed", reason)
+
+
+@pytest.mark.parametrize("reason", sorted(PULL_RETRIED))
+def test_a_pull_the_kubelet_retries_is_waited_out(reason: str) -> None:
+    """ErrImagePull and ImagePullBackOff are the kubelet between two tries: not a failure
+    yet (``wait_running`` bounds them with k8s_image_pull_timeout_s)."""
+    pod = _pod(_waiting(reason))
+    assert pending_failure(pod) is None
+    assert pending_wait(pod) == (reason, f"{reason} here")
 
 
 def test_a_container_that_cannot_be_created_stays_sandbox_failed() -> None:
@@ -84,10 +98,54 @@ def test_unschedulable() -> None:
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
         "message": "0/3 nodes are available: 3 Insufficient memory.",
     }  # fmt: skip
-    error = pending_failure(_pod({"phase": "Pending", "conditions": [condition]}))
-    assert isinstance(error, SandboxUnschedulable)
-    assert error.code == "sandbox_unschedulable"
-    assert "Insufficient memory" in str(error)
+    pod = _pod({"phase": "Pending", "conditions": [condition]})
+    # A node may be on its way (cluster-autoscaler, Karpenter): waited out, not failed.
+    assert pending_failure(pod) is None
+    assert pending_wait(pod) == ("Unschedulable", condition["message"])
+
+
+class _Waiting(PodApi):
+    """A PodApi over a pod that stays pending as ``status`` says, with one event."""
+
+    def __init__(self, status: dict[str, Any]) -> None:  # no client: no API
+        self.pod = _pod(status)
+
+    def read_pod(self, name: str, **_: Any) -> client.V1Pod:
+        return self.pod
+
+    def pod_events(self, name: str) -> list[dict[str, Any]]:
+        return [{"type": "Warning", "reason": "FailedScheduling", "message": "no node"}]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "code", "reason"),
+    [
+        ({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/3 nodes are available: 3 Insufficient memory."}]},
+         SandboxUnschedulable, "sandbox_unschedulable", "Unschedulable"),
+        ({**_waiting("ImagePullBackOff"), "conditions": [
+            {"type": "PodScheduled", "status": "True"}]},
+         ImagePullFailed, "image_pull_failed", "ImagePullBackOff"),
+    ],
+)  # fmt: skip
+def test_a_wait_past_its_bound_fails_with_the_pods_conditions_and_events(
+    monkeypatch: pytest.MonkeyPatch,
+    status: dict[str, Any],
+    kind: type[SandboxError],
+    code: str,
+    reason: str,
+) -> None:
+    stub = _Waiting(status)
+    monkeypatch.setattr("worker.sandbox.kubernetes.api.POLL_S", 0.01)
+    with pytest.raises(SandboxError) as caught:
+        stub.wait_running("acpw-j-1-abc", 60.0, unschedulable_s=0.05, pull_s=0.05)
+    error = caught.value
+    assert type(error) is kind
+    assert (error.code, error.details["reason"]) == (code, reason)
+    assert error.details["conditions"][0]["type"] == "PodScheduled"
+    assert error.details["events"] == stub.pod_events("")
+    assert error.details["waited_s"] >= 0.05
 
 
 @pytest.mark.parametrize(
@@ -139,10 +197,25 @@ def _refused(status: int, reason: str, message: str) -> ApiException:
         (_refused(401, "Unauthorized", "Unauthorized"), BackendAuthFailed,
          "backend_auth_failed", "Unauthorized"),
         (_refused(409, "AlreadyExists", "exists"), SandboxError, "sandbox_failed", "AlreadyExists"),
+        (_refused(429, "TooManyRequests", "slow down"), BackendRateLimited,
+         "backend_rate_limited", "TooManyRequests"),
+        # An exec whose WebSocket handshake the API refused: the client's status 0 with
+        # the handshake's status line and body in its reason (websocket-client's words).
+        (ApiException(status=0, reason=(
+            "Handshake status 403 Forbidden -+-+- {'content-type': 'application/json'} "
+            '-+-+- {"kind":"Status","reason":"Forbidden","message":"pods \\"p\\" is '
+            'forbidden: cannot create resource \\"pods/exec\\""}')),
+         BackendAuthFailed, "backend_auth_failed", "Forbidden"),
+        (ApiException(status=0, reason="Handshake status 401 Unauthorized -+-+- {} -+-+- None"),
+         BackendAuthFailed, "backend_auth_failed", "Unauthorized"),
+        (ApiException(status=0, reason="[Errno 111] Connection refused"), SandboxError,
+         "sandbox_failed", "Unreachable"),
+        (urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104)),
+         SandboxError, "sandbox_failed", "Unreachable"),
     ],
 )  # fmt: skip
 def test_what_the_api_refuses(
-    exc: ApiException, kind: type[SandboxError], code: str, reason: str
+    exc: Exception, kind: type[SandboxError], code: str, reason: str
 ) -> None:
     with pytest.raises(WorkerError) as caught, translate("create pod", pod="p"):
         raise exc

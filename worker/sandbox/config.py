@@ -568,8 +568,32 @@ class KubernetesConfig(_BackendSettings):
     k8s_start_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="How long a sandbox pod may take to run (scheduling, image pull) and "
-        "to be gone after its deletion.",
+        description="How long a sandbox pod may take to run once scheduled, outside the "
+        "waits for a node (k8s_unschedulable_timeout_s) and an image pull that fails "
+        "(k8s_image_pull_timeout_s), and to be gone after its deletion.",
+    )
+    k8s_unschedulable_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="How long a sandbox pod may stay `Unschedulable` (the scheduler finds "
+        "no node: cluster-autoscaler or Karpenter may be adding one, which takes minutes) "
+        "before the job fails `sandbox_unschedulable`.",
+    )
+    k8s_image_pull_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long the kubelet may fail to pull the pack image (`ErrImagePull`, "
+        "`ImagePullBackOff`: it retries with back-off), counted from the first failure, "
+        "before the job fails `image_pull_failed`.",
+    )
+    k8s_copy_out_max_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=1024**2,
+        description="The most bytes the copy-outs of this worker process (every job's "
+        "workspace and session store, together) may spool on the worker's own disk at "
+        "once; a copy-out that would pass it fails `worker_disk_exceeded` as the bytes "
+        "arrive. Size it under the state volume's limit (the worker pod's emptyDir), so "
+        "that the kubelet never evicts the worker pod and every job on it.",
     )
     k8s_active_deadline_s: int = Field(
         default=6 * 3600,

@@ -64,6 +64,9 @@ SIGNALLER = (
 )
 _PID_DIGITS = 10
 _PID_WAIT_S = 60.0
+#: How long past its grace a deleted pod may take to be gone before it is forced: the
+#: kubelet stops its containers within the grace, then reports, then the API removes it.
+DELETE_MARGIN_S = 30
 #: How long a diagnosis waits for the pod's status: the job is settling, and a pod the
 #: API cannot show quickly tells nothing a job needs to wait for.
 DIAGNOSIS_READ_S = 10.0
@@ -273,6 +276,8 @@ class KubernetesBackend:
         self._engine_config = engine_config
         self._sandboxes: dict[str, KubernetesSandbox] = {}
         self._policies_ready = False
+        #: What the copy-outs of this process may spool on the worker's disk at once.
+        self.disk = transfer.DiskBudget(config.k8s_copy_out_max_bytes)
         #: ``allowlist``: the jobs' proxies behind one TCP front (``netproxy``).
         self.network = PodNetwork(config)
 
@@ -337,7 +342,13 @@ class KubernetesBackend:
             await asyncio.shield(self.network.close(name))
             raise
         try:
-            await asyncio.to_thread(self.api.wait_running, name, self.config.k8s_start_timeout_s)
+            await asyncio.to_thread(
+                self.api.wait_running,
+                name,
+                self.config.k8s_start_timeout_s,
+                unschedulable_s=self.config.k8s_unschedulable_timeout_s,
+                pull_s=self.config.k8s_image_pull_timeout_s,
+            )
             await asyncio.to_thread(self._copy_in, name, spec, masks)
         except BaseException:
             await asyncio.shield(asyncio.to_thread(self._remove, name))
@@ -367,7 +378,7 @@ class KubernetesBackend:
         bound = self.config.k8s_ephemeral_storage_bytes
         transfer.get_tree(
             self.api, pod, manifests.CONTAINER, WORKSPACE, spec.workspace,
-            max_bytes=bound, owner=owner, masks=sandbox.masks,
+            max_bytes=bound, owner=owner, masks=sandbox.masks, budget=self.disk,
         )  # fmt: skip
         for made in sandbox.made:
             with contextlib.suppress(OSError):  # kept when the agent wrote in it
@@ -376,7 +387,7 @@ class KubernetesBackend:
             source = f"{HOME}/{home_relative(state.target)}"
             transfer.get_tree(
                 self.api, pod, manifests.CONTAINER, source, state.source,
-                max_bytes=bound, owner=owner,
+                max_bytes=bound, owner=owner, budget=self.disk,
             )  # fmt: skip
 
     def _running(self, name: str) -> bool:
@@ -397,9 +408,23 @@ class KubernetesBackend:
         return pack_image(self.config, spec.pack_closure, self._engine_config)
 
     def _remove(self, name: str) -> bool:
-        """Delete the pod and wait until it is gone (blocking); False if it was not
-        gone in time."""
-        self.api.delete_pod(name)
+        """Delete the pod as the API server means deletion (blocking): with the pod's
+        own grace (its containers get SIGTERM, the object stays until they stopped),
+        confirmed gone; only when it is still there after that grace and a margin
+        (a kubelet that does not answer: a lost node) is it deleted with grace 0, which
+        removes the object at once whatever its containers still do. False if it was
+        not gone in time even so."""
+        grace = manifests.TERMINATION_GRACE_S
+        if not self.api.delete_pod(name, grace_s=grace):
+            return True
+        if self.api.wait_gone(name, grace + DELETE_MARGIN_S):
+            return True
+        log.warning(
+            "the sandbox pod %s is still there %d s after its graceful deletion: forcing it",
+            name,
+            grace + DELETE_MARGIN_S,
+        )
+        self.api.delete_pod(name, grace_s=0)
         return self.api.wait_gone(name, self.config.k8s_start_timeout_s)
 
     async def destroy(self, sandbox_id: str) -> None:

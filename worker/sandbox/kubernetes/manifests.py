@@ -460,6 +460,13 @@ RBAC_RULES: tuple[RbacRule, ...] = (
         "GET; API servers from 1.30 also check create)",
     ),
     RbacRule(
+        "",
+        "events",
+        ("list",),
+        "what the scheduler and the kubelet said of a pod that stayed unschedulable or "
+        "failed its image pull past its bound, carried in the job's error",
+    ),
+    RbacRule(
         _NETWORKING.split("/", 1)[0],
         "networkpolicies",
         ("create",),

@@ -2,7 +2,11 @@
 
 ``put_tree`` streams a host directory as a tar archive to ``tar -x`` in the pod;
 ``get_tree`` reads ``tar -c`` of a pod directory, bounded in bytes, and replaces a host
-directory's contents with it. What comes out of the pod is untrusted: members are
+directory's contents with it. The archive is spooled next to that directory (on the
+worker's state volume, never in its ``/tmp``), and every chunk is counted as it arrives
+against the worker's ``DiskBudget`` (all its copy-outs together): one that would pass it
+is refused (``WorkerDiskExceeded``) before the worker's own volume fills, which would
+get the worker pod evicted with every job on it. What comes out of the pod is untrusted: members are
 extracted with the ``data`` filter (no absolute path, nothing outside the directory, no
 device, no set-id bit, no owner taken from the archive), except that a symbolic link
 pointing anywhere is kept as the link it is (the agent may make one, as it may in a bind
@@ -28,6 +32,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from websocket import WebSocketException
 
 from worker.admission import MaskEntry, MaskKind
-from worker.errors import SandboxError
+from worker.errors import SandboxError, WorkerDiskExceeded
 from worker.sandbox.kubernetes.stream import ERROR, STDERR, STDIN, STDOUT, exit_code
 
 if TYPE_CHECKING:
@@ -69,6 +74,49 @@ UNFRAME = (
     "r=p.wait()\n"
     "sys.exit(r if ok else 3)\n"
 )
+
+
+class DiskBudget:
+    """The bytes the copy-outs of one worker may hold on its disk at once (all jobs'
+    together): each takes what arrives, and gives it back once its spool is gone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        """Count ``size`` more bytes.
+
+        Raises:
+            WorkerDiskExceeded: they would pass ``limit`` (nothing is counted then).
+        """
+        with self._lock:
+            if self.used + size > self.limit:
+                raise WorkerDiskExceeded(
+                    "what the sandbox pod sends back would pass the worker's disk bound",
+                    bound=self.limit,
+                    in_use=self.used,
+                    setting="ACPW_K8S_COPY_OUT_MAX_BYTES",
+                )
+            self.used += size
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - size)
+
+
+class _Counted:
+    """A spool file whose writes are first taken from a ``DiskBudget``."""
+
+    def __init__(self, spool: Any, budget: DiskBudget) -> None:
+        self._spool, self._budget = spool, budget
+        self.taken = 0
+
+    def write(self, data: bytes) -> int:
+        self._budget.take(len(data))
+        self.taken += len(data)
+        return int(self._spool.write(data))
 
 
 class _ChannelWriter:
@@ -148,32 +196,45 @@ def get_tree(
     max_bytes: int,
     owner: tuple[int, int] | None,
     masks: Sequence[MaskEntry] = (),
+    budget: DiskBudget | None = None,
 ) -> None:
     """Replace the contents of the host directory ``target`` with those of ``source`` in
     the pod (``owner``: the host uid/gid given to what is written; None: the worker's),
-    but for what ``masks`` cover: left out of the archive, kept on the host.
+    but for what ``masks`` cover: left out of the archive, kept on the host. The archive
+    is spooled in ``target``'s parent directory, each chunk taken from ``budget`` as it
+    arrives (given back when the spool is gone).
 
     Raises:
+        WorkerDiskExceeded: the archive would pass ``budget``.
         SandboxError: the stream failed, tar in the pod did not succeed, the archive is
             over ``max_bytes`` or holds a member the filter refuses.
     """
     kept = [e.path for e in masks if e.kind is not MaskKind.ANCHOR]
     excludes = [f"--exclude=./{path}" for path in kept]
     command = ["tar", "-c", "-f", "-", "--anchored", *excludes, "-C", source, "."]
+    budget = budget or DiskBudget(max_bytes)
     ws = api.exec(pod, container, command, stdin=False, timeout_s=api.exec_timeout_s)
-    with tempfile.TemporaryFile() as spool:
+    with tempfile.TemporaryFile(dir=target.parent, prefix=".acpw-copy-out-") as spool:
+        counted = _Counted(spool, budget)
         try:
-            _, err, code = drain(
-                ws, sink=spool, limit=max_bytes, timeout_s=api.copy_timeout_s, ping_s=api.ping_s
-            )
+            try:
+                _, err, code = drain(
+                    ws,
+                    sink=counted,
+                    limit=max_bytes,
+                    timeout_s=api.copy_timeout_s,
+                    ping_s=api.ping_s,
+                )
+            finally:
+                close(ws)
+            if code != 0:
+                raise SandboxError(
+                    "copying out of the sandbox pod failed", pod=pod, exit_code=code, stderr=err
+                )
+            spool.seek(0)
+            _replace(target, spool, owner, kept)
         finally:
-            close(ws)
-        if code != 0:
-            raise SandboxError(
-                "copying out of the sandbox pod failed", pod=pod, exit_code=code, stderr=err
-            )
-        spool.seek(0)
-        _replace(target, spool, owner, kept)
+            budget.give(counted.taken)
 
 
 def drain(
