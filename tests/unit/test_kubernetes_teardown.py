@@ -58,6 +58,10 @@ class _Exec:
 
 
 class _Api:
+    #: The exec side's deadlines and ping period (``PodApi``'s), long enough not to matter.
+    exec_timeout_s = copy_timeout_s = 60.0
+    ping_s = 5.0
+
     def __init__(self, ws: _Exec) -> None:
         self.ws = ws
 
