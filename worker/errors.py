@@ -16,6 +16,7 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── InteractionClosed        interaction_closed       2
     │   ├── InvalidAnswer            invalid_answer           2
     │   └── InvalidSettings          invalid_settings         2
+    ├── LeaseRefusedError            lease_refused            2
     ├── Refused                      refused                  3
     │   ├── DigestMismatch           digest_mismatch          3
     │   ├── ArchiveRefused           archive_refused          3
@@ -31,7 +32,9 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── RuntimeUnavailable       runtime_unavailable      3
     │   ├── PackUnlocked             pack_unlocked            3
     │   ├── LaunchRefused            launch_refused           3
-    │   └── PromptRefused            prompt_refused           3
+    │   ├── PromptRefused            prompt_refused           3
+    │   ├── PathRefused              path_refused             3   (sandbox/files.py)
+    │   └── OverBound                over_bound               3   (safetree/bounds.py)
     ├── SandboxError                 sandbox_failed           1
     │   ├── BackendAuthFailed        backend_auth_failed      1
     │   ├── BackendQuotaExceeded     backend_quota_exceeded   1
@@ -44,7 +47,8 @@ human ``message`` and keyword-only context in ``details``. The same
     │   ├── SandboxConnectionLost    sandbox_connection_lost  1
     │   ├── SandboxOomKilled         oom_killed               1
     │   ├── SandboxDeadlineExceeded  sandbox_deadline_exceeded 1
-    │   └── WorkerDiskExceeded       worker_disk_exceeded     1
+    │   ├── WorkerDiskExceeded       worker_disk_exceeded     1
+    │   └── StageError               stage_failed             1   (sandbox/staging.py)
     ├── AgentError                   agent_error              1
     │   ├── AgentExited              agent_exited             1
     │   │   └── OomKilled            oom_killed               1
@@ -63,11 +67,18 @@ human ``message`` and keyword-only context in ``details``. The same
     │   └── StoreRefused             redis_refused            1
     ├── EventsTrimmed                events_trimmed           1
     ├── HandedBack                   handed_back              4
-    └── LeaseError                   lease_error              1
+    ├── LeaseError                   lease_error              1
+    ├── RpcError                     rpc_error                1   (rpc/connection.py)
+    ├── RequestInvalid               request_invalid          1   (interactions/requests.py)
+    ├── AnswerInvalid                answer_invalid           1   (interactions/answers.py)
+    └── delegations.Refused          delegation_refused       1   (events/delegations.py)
         └── LeaseLost                lease_lost               1
 
-Third-party exceptions (redis, OS errors from bubblewrap) are translated at their seam
-with ``raise ... from exc``; nothing else escapes the runner untyped.
+Classes marked with a module are defined there (beside the code that raises them), and
+derive from this tree all the same: a library user catches ``WorkerError`` alone
+(``tests/unit/test_error_root.py`` keeps it so). Third-party exceptions (redis, OS errors
+from bubblewrap) are translated at their seam with ``raise ... from exc``; nothing else
+escapes the runner untyped.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ async def test_error_reply_raises_rpc_error(pair: tuple[Connection, Peer, list[A
     )
     with pytest.raises(RpcError) as info:
         await call
-    assert info.value.code == -32000
+    assert info.value.rpc_code == -32000
 
 
 async def test_cursor_requests_reach_their_handler(

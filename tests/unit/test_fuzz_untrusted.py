@@ -182,7 +182,7 @@ answers = st.fixed_dictionaries(
 def test_answers_validate_or_are_refused_with_a_code(kind: str, raw: Any) -> None:
     result = _answer(kind, raw)
     if isinstance(result, AnswerInvalid):
-        assert result.code in {"invalid_answer", "stale_revision", "wrong_turn", "wrong_job"}
+        assert result.check in {"invalid_answer", "stale_revision", "wrong_turn", "wrong_job"}
         assert len(result.reason) < 4096
         return
     outcomes = {"answered", "skipped", "cancelled", "accepted", "rejected", "selected"}

@@ -89,14 +89,14 @@ def test_a_complete_answer_becomes_the_native_reply() -> None:
 def test_bad_question_answers_are_refused(answer: dict[str, Any], code: str) -> None:
     with pytest.raises(AnswerInvalid) as caught:
         validate_answer("question", QUESTION, answer, turn=1)
-    assert caught.value.code == code
+    assert caught.value.check == code
 
 
 def test_plan_revision_and_feedback() -> None:
     plan = plan_request({"plan": "# P", "todos": [{"id": "t", "content": "T"}], "phases": []}, 3)
     with pytest.raises(AnswerInvalid) as caught:
         validate_answer("plan", plan, {"outcome": "accepted", "revision": 2}, turn=1)
-    assert caught.value.code == "stale_revision"
+    assert caught.value.check == "stale_revision"
     answer = validate_answer("plan", plan, {"outcome": "rejected", "feedback": "no"}, turn=1)
     assert native_reply("plan", answer) == {"outcome": {"outcome": "rejected", "reason": "no"}}
     accepted = validate_answer("plan", plan, {"outcome": "accepted", "revision": 3}, turn=1)
@@ -106,7 +106,7 @@ def test_plan_revision_and_feedback() -> None:
 def test_oversize_plans_are_refused_never_cut() -> None:
     with pytest.raises(RequestInvalid) as caught:
         plan_request({"plan": "é" * (100 * 1024)}, 1)  # 200 KiB of UTF-8
-    assert caught.value.code == "too_large"
+    assert caught.value.check == "too_large"
 
 
 def test_permission_never_offers_or_accepts_allow_always() -> None:

@@ -217,11 +217,11 @@ class PromptResult:
 
 def _translated(method: str, exc: RpcError) -> AgentError:
     """-32000 → ``auth_required``, -32601 → ``unsupported``, else ``agent_error``."""
-    detail: dict[str, Any] = {"method": method, "rpc_code": exc.code}
+    detail: dict[str, Any] = {"method": method, "rpc_code": exc.rpc_code}
     if exc.data is not None:
         detail["rpc_data"] = bounded_json(exc.data, 2048)["text"]
-    if exc.code == AUTH_REQUIRED:
+    if exc.rpc_code == AUTH_REQUIRED:
         return AuthRequired(f"agent requires authentication: {exc.message}", **detail)
-    if exc.code == METHOD_NOT_FOUND:
+    if exc.rpc_code == METHOD_NOT_FOUND:
         return Unsupported(f"the agent does not implement {method}", **detail)
     return AgentError(f"agent refused {method}: {exc.message}", **detail)

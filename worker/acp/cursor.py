@@ -93,8 +93,8 @@ class CursorDialect:
     async def _declined(
         self, method: str, exc: RequestInvalid, params: JsonValue, *, rejected: bool = False
     ) -> JsonObject:
-        await self._emit(notices.interaction_refused(method, exc.reason, exc.code))
-        if exc.code == "too_large":
+        await self._emit(notices.interaction_refused(method, exc.reason, exc.check))
+        if exc.check == "too_large":
             return (
                 {"outcome": {"outcome": "rejected", "reason": exc.reason}}
                 if rejected

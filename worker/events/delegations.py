@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from worker.errors import WorkerError
 from worker.events import notices
 from worker.events.bounded import bound, bound_json
 from worker.events.models import (
@@ -52,11 +53,13 @@ TASK_FIELDS = frozenset(
 )
 
 
-class Refused(Exception):
+class Refused(WorkerError):
     """An update that contradicts what is known about a task; ``reason`` is stable."""
 
+    code = "delegation_refused"
+
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(reason, reason=reason)
         self.reason = reason
 
 

@@ -15,13 +15,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from worker.errors import WorkerError
 
-class AnswerInvalid(Exception):
-    """``code``: ``invalid_answer``, ``stale_revision``, ``wrong_turn`` or ``wrong_job``."""
 
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
+class AnswerInvalid(WorkerError):
+    """``check``: ``invalid_answer``, ``stale_revision``, ``wrong_turn`` or ``wrong_job``."""
+
+    code = "answer_invalid"
+
+    def __init__(self, check: str, reason: str) -> None:
+        super().__init__(reason, check=check)
+        self.check = check
         self.reason = reason
 
 

@@ -239,7 +239,7 @@ class InteractionBroker:
                 item.kind, item.record["request"], message.answer, turn=item.record["turn"]
             )
         except AnswerInvalid as refused:
-            await self._reject(message.interaction_id, refused.code, refused.reason)
+            await self._reject(message.interaction_id, refused.check, refused.reason)
             return
         self._take(item, answer, "answer")
 

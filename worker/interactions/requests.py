@@ -8,16 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from worker.errors import WorkerError
+
 PLAN_MAX_BYTES = 196 * 1024
 TEXT_MAX = 64 * 1024
 
 
-class RequestInvalid(Exception):
+class RequestInvalid(WorkerError):
     """A native request the worker cannot present faithfully; ``reason`` says why."""
 
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
+    code = "request_invalid"
+
+    def __init__(self, check: str, reason: str) -> None:
+        super().__init__(reason, check=check)
+        self.check = check
         self.reason = reason
 
 

@@ -71,7 +71,7 @@ def send_answer(
         raise InvalidAnswer(
             f"the answer does not fit {interaction_id!r}: {exc.reason}",
             reason=exc.reason,
-            check=exc.code,
+            check=exc.check,
         ) from None
     return append_control(
         client, job_id, answer_fields(job_id, attempt, interaction_id, dict(answer))

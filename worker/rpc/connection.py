@@ -101,17 +101,20 @@ class StrayReply:
     method: str | None = None
 
 
-class RpcError(Exception):
-    """A JSON-RPC error object, raised by handlers and by :meth:`Connection.request`."""
+class RpcError(WorkerError):
+    """A JSON-RPC error object, raised by handlers and by :meth:`Connection.request`;
+    ``rpc_code`` is its JSON-RPC ``code`` (``code`` is the package's, ``rpc_error``)."""
 
-    def __init__(self, code: int, message: str, data: JsonValue = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+    code = "rpc_error"
+
+    def __init__(self, rpc_code: int, message: str, data: JsonValue = None) -> None:
+        super().__init__(message, rpc_code=rpc_code)
+        self.args = (f"{rpc_code}: {message}",)
+        self.rpc_code = rpc_code
         self.data = data
 
     def to_wire(self) -> JsonObject:
-        out: JsonObject = {"code": self.code, "message": self.message}
+        out: JsonObject = {"code": self.rpc_code, "message": self.message}
         if self.data is not None:
             out["data"] = self.data
         return out

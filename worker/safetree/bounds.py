@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.errors import Refused
+
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
@@ -28,12 +30,14 @@ class Bounds:
 UNBOUNDED = Bounds()
 
 
-class OverBound(Exception):
+class OverBound(Refused):
     """The tree is larger than its bounds (``what``: bytes, entries or levels of
     directories)."""
 
+    code = "over_bound"
+
     def __init__(self, what: str, limit: int) -> None:
-        super().__init__(f"more than {limit} {what}")
+        super().__init__(f"more than {limit} {what}", what=what, limit=limit)
         self.what = what
         self.limit = limit
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from worker.admission import MaskEntry
+from worker.errors import Refused
 from worker.events.artifacts import Verdict
 from worker.sandbox.mountpoints import covering
 
@@ -57,11 +58,13 @@ REASONS: tuple[str, ...] = (
 )
 
 
-class PathRefused(Exception):
+class PathRefused(Refused):
     """An agent path that is not admitted; ``reason`` is one of :data:`REASONS`."""
 
+    code = "path_refused"
+
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(reason, reason=reason)
         self.reason = reason
 
 

@@ -28,14 +28,24 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from worker.errors import SandboxError
+
 _MNT_DETACH = 2
 # Binds each (fd, target) pair given as arguments. mount(8) resolves /proc/self/fd/N as
 # root, to the object the worker opened (`-c` would skip that and fails on O_PATH fds).
 _BIND_ALL = 'while [ "$#" -gt 0 ]; do mount --bind "/proc/self/fd/$1" "$2" || exit 1; shift 2; done'
 
 
-class StageError(OSError):
-    """The staging namespace could not be made (message carries the tool's stderr)."""
+class StageError(SandboxError, OSError):
+    """The staging namespace could not be made (message carries the tool's stderr); an
+    ``OSError`` too, as what it stands for is the OS refusing a mount."""
+
+    code = "stage_failed"
+
+    def __init__(self, errno_: int, message: str) -> None:
+        SandboxError.__init__(self, message, errno=errno_)
+        self.errno = errno_
+        self.strerror = message
 
 
 def ns_file(stage: Path) -> Path:

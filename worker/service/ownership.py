@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 
 from worker import metrics
 from worker.client.queue import settled_ttl
+from worker.errors import EXIT_INVALID, WorkerError
 from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline
 from worker.service.reaper import mark_lost
 from worker.settings import Settings
@@ -40,11 +41,18 @@ from worker.store.lease import Heartbeat, Lease, Refusal
 log = logging.getLogger(__name__)
 
 
-class LeaseRefusedError(Exception):
+class LeaseRefusedError(WorkerError):
     """The job's lease was not granted; ``refusal`` says why. Nothing was started."""
 
+    code = "lease_refused"
+    exit_code = EXIT_INVALID
+
     def __init__(self, refusal: Refusal) -> None:
-        super().__init__(f"{refusal.job_id}: {refusal.reason} ({refusal.detail})")
+        super().__init__(
+            f"{refusal.job_id}: {refusal.reason} ({refusal.detail})",
+            job_id=refusal.job_id,
+            reason=refusal.reason,
+        )
         self.refusal = refusal
 
 
