@@ -382,6 +382,14 @@ def test_bad_values_fail_with_the_schemas_message(values: dict[str, Any], messag
             ),
             "are exclusive: give the pin files one way",
         ),
+        (
+            _merge(BASE, {"sandbox": {"kubernetes": {"copyOutMaxGi": 10}}}),
+            "stateVolume.sizeLimit (20Gi) must hold twice sandbox.kubernetes.copyOutMaxGi (10 Gi",
+        ),
+        (
+            _merge(BASE, {"stateVolume": {"sizeLimit": "8G"}}),
+            'stateVolume.sizeLimit "8G": give it in Mi, Gi or Ti',
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_the_charts_message(
@@ -392,6 +400,36 @@ def test_inconsistent_values_fail_with_the_charts_message(
         pytest.raises(helm.HelmRenderError, match=re.escape(message)),
     ):
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("values", "bound"),
+    [
+        ({}, 8 * 2**30),  # the default: 8 Gi of the default 20Gi state volume
+        (
+            {"stateVolume": {"sizeLimit": "1Ti"}, "sandbox": {"kubernetes": {"copyOutMaxGi": 500}}},
+            500 * 2**30,
+        ),
+        (
+            {
+                "stateVolume": {"sizeLimit": "20480Mi"},
+                "sandbox": {"kubernetes": {"copyOutMaxGi": 9}},
+            },
+            9 * 2**30,
+        ),
+    ],
+)
+def test_the_copy_out_bound_fits_the_state_volume(values: dict[str, Any], bound: int) -> None:
+    """The worker's copy-out bound reaches it, sized against its state volume (where the
+    copy-outs spool), so a copy-out past it fails one job instead of the kubelet evicting
+    the worker pod with every job on it."""
+    docs = render(_merge(BASE, values))
+    assert env_of(docs)["ACPW_K8S_COPY_OUT_MAX_BYTES"] == str(bound)
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    state = next(v for v in volumes if v["name"] == "state")
+    assert state["emptyDir"]["sizeLimit"] == (values.get("stateVolume") or {}).get(
+        "sizeLimit", "20Gi"
+    )
 
 
 def test_the_values_schema_is_draft_07() -> None:

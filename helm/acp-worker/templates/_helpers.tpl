@@ -90,6 +90,13 @@ cancel and shutdown graces, from env or the worker's defaults) and 5 s for Celer
 {{- fail (printf "acp-worker: the sandbox namespace %q must enforce Pod Security `restricted` (untrusted code runs there): keep sandbox.kubernetes.createNamespace=true with podSecurity.level=restricted, or label the namespace yourself (kubectl label ns %s pod-security.kubernetes.io/enforce=restricted) or enforce it with your own policy, and set sandbox.kubernetes.podSecurity.external=true" $k.namespace $k.namespace) -}}
 {{- end -}}
 {{- end -}}
+{{- if eq .Values.sandbox.backend "kubernetes" -}}
+{{- $state := include "acp-worker.gibibytes" .Values.stateVolume.sizeLimit | int -}}
+{{- $copy := .Values.sandbox.kubernetes.copyOutMaxGi | int -}}
+{{- if lt $state (add (mul 2 $copy) 2) -}}
+{{- fail (printf "acp-worker: stateVolume.sizeLimit (%s) must hold twice sandbox.kubernetes.copyOutMaxGi (%d Gi: a copy-out's archive and the tree extracted from it) plus 2Gi for the pack cache, or a large copy-out gets the worker pod evicted with every job on it: raise stateVolume.sizeLimit to at least %dGi or lower copyOutMaxGi" .Values.stateVolume.sizeLimit $copy (add (mul 2 $copy) 2)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.sandbox.kubernetes.ownerReferences (ne .Release.Namespace .Values.sandbox.kubernetes.namespace) -}}
 {{- fail (printf "acp-worker: sandbox.kubernetes.ownerReferences needs the release in the sandbox namespace %q (owner references cannot cross namespaces); it is in %q" .Values.sandbox.kubernetes.namespace .Release.Namespace) -}}
 {{- end -}}
@@ -134,5 +141,15 @@ namespaceLabels: {{ dict "kubernetes.io/metadata.name" .Release.Namespace | toJs
 {{- else }}
 namespaceLabels: {}
 {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* A quantity in Mi, Gi or Ti as whole GiB (rounded down); another unit fails. */}}
+{{- define "acp-worker.gibibytes" -}}
+{{- $q := toString . -}}
+{{- if hasSuffix "Ti" $q -}}{{ mul (trimSuffix "Ti" $q | int) 1024 }}
+{{- else if hasSuffix "Gi" $q -}}{{ trimSuffix "Gi" $q | int }}
+{{- else if hasSuffix "Mi" $q -}}{{ div (trimSuffix "Mi" $q | int) 1024 }}
+{{- else -}}{{ fail (printf "acp-worker: stateVolume.sizeLimit %q: give it in Mi, Gi or Ti" $q) }}
 {{- end -}}
 {{- end -}}
