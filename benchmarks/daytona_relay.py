@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _bench import dry_run, size, summary
+
 from tests.daytona_double import DaytonaDouble
 from tests.integration.daytona_thread import BASE_ID, REGISTRY, closure_resolver
 from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
@@ -112,9 +114,10 @@ async def _relay(tmp: Path, rtt_s: float, pings: int, burst: int) -> dict:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rtt-ms", type=float, default=50.0)
-    parser.add_argument("--burst", type=int, default=500)
-    parser.add_argument("--pings", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=size(500, 50))
+    parser.add_argument("--pings", type=int, default=size(20, 3))
     args = parser.parse_args()
+    dry_run("messages/s and added latency through the relay (50 ms per HTTP call)")
     base = await _baseline(args.pings, args.burst)
     with tempfile.TemporaryDirectory(prefix="acpw-bench-daytona-") as tmp:
         relay = await _relay(Path(tmp), args.rtt_ms / 1000, args.pings, args.burst)
@@ -129,6 +132,8 @@ async def main() -> None:
         f"input calls             {relay['input_calls']} for {args.pings} pings and a burst of "
         f"{args.burst} messages (batched)"
     )
+    figure = f"{relay['messages_per_s']:.0f} messages/s, +{added:.1f} ms a message"
+    summary(figure, "messages/s and added latency through the relay (50 ms per HTTP call)", None)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _bench import dry_run, size, summary
+
 from tests.integration.test_redis_failover import Ha
 from worker.client import Client
 from worker.settings import Settings
 from worker.store import fields, keys
 
 REPO = Path(__file__).resolve().parent.parent
+TARGET = "no job lost or run twice through a failover, events contiguous"
 ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
 
 
@@ -51,9 +54,10 @@ def _status(admin: Any, job_id: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=24)
+    parser.add_argument("--jobs", type=int, default=size(24, 4))
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args()
+    dry_run(TARGET)
     where = Path(tempfile.mkdtemp(prefix="acpw-bench-failover-"))
     ha = Ha(where / "ha")
     base = ha.url.rsplit("/", 1)[0]
@@ -110,6 +114,8 @@ def main() -> None:
         report = _judge(new, ids)
         report.update(promoted_after_s=round(promoted, 2), writing_again_s=round(writing_again, 2))
         print(json.dumps(report, indent=2))
+        figure = f"{len(report['lost'])} of {len(ids)} lost, writing again {writing_again:.1f} s"
+        summary(figure, TARGET, not report["lost"] and not report["not_contiguous"])
         new.close()
     finally:
         if serve.poll() is None:

@@ -23,12 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import dry_run, size, summary
+
 from tests.redis_servers import ADMIN_PASSWORD, make_certs, start_redis
 from worker.settings import Settings
 from worker.store import connect
 from worker.store import lease as leases
 
 HERE = Path(__file__).resolve().parent
+TARGET = "events/s over TLS within 10 % of plain"
 
 
 def _rate(url: str, events: int) -> float:
@@ -58,9 +61,10 @@ async def _acquire_and_settle_ms(url: str, replicas: int, n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=size(20_000, 2_000))
+    parser.add_argument("--rounds", type=int, default=size(3, 1))
     args = parser.parse_args()
+    dry_run(TARGET)
     where = Path(tempfile.mkdtemp(prefix="acpw-bench-tls-"))
     certs = make_certs(where / "certs")
     plain = start_redis(where / "plain")
@@ -86,6 +90,9 @@ def main() -> None:
             f"lease acquire + release: {wait[0]:.2f} ms, {wait[1]:.2f} ms with the acquire "
             "WAITing for a replica"
         )
+        ratio = tls_rate / plain_rate
+        figure = f"TLS {ratio:.2f}x plain; WAIT +{wait[1] - wait[0]:.2f} ms an acquire"
+        summary(figure, TARGET, ratio >= 0.9)
     finally:
         for server in (replica, tls, plain):
             server.stop()
