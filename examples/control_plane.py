@@ -41,7 +41,10 @@ def main() -> int:
     with Client(redis_url) as client:
         submitted = client.submit(job, new_attempt=args.new_attempt)
         print(f"{job['job_id']}: {submitted.outcome}, attempt {submitted.state.attempt}")
-        for item in client.events(job["job_id"], follow=True, timeout=args.timeout):
+        # This attempt's events only: a job run again keeps its earlier attempts' too.
+        attempt = submitted.state.attempt
+        events = client.events(job["job_id"], follow=True, timeout=args.timeout, attempt=attempt)
+        for item in events:
             data = item.envelope.data
             if isinstance(data, MessageDelta) and data.role == "assistant":
                 print(f"agent: {data.text}")

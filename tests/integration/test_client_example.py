@@ -23,18 +23,29 @@ def test_the_control_plane_example_runs_the_tour_to_success(tmp_path: Path) -> N
     _flush(REDIS_URL)
     _flush(BROKER_URL)
     worker = Worker(tmp_path / "worker.log", worker_id="it-client-example")
+    runs = []
     try:
         env = {**os.environ, "ACPW_REDIS_URL": REDIS_URL, "ACPW_BROKER_URL": BROKER_URL}
-        done = subprocess.run(
-            [sys.executable, str(REPO / "examples" / "control_plane.py"), str(job_file)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
+        example = [sys.executable, str(REPO / "examples" / "control_plane.py"), str(job_file)]
+        # Then again, as docs/client.md runs it: a new attempt answers its own questions,
+        # not the first attempt's (resolved) ones.
+        for argv in (example, [*example, "--new-attempt"]):
+            done = subprocess.run(
+                argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+                check=False,
+            )  # fmt: skip
+            runs.append(done)
     finally:
         worker.stop()
         _flush(BROKER_URL)
-    assert done.returncode == 0, done.stdout + done.stderr + worker.log.read_text()[-3000:]
-    lines = done.stdout.splitlines()
-    assert lines[0] == f"{job['job_id']}: created, attempt 1"
+    for attempt, done in enumerate(runs, start=1):
+        assert done.returncode == 0, done.stdout + done.stderr + worker.log.read_text()[-3000:]
+        outcome = "created" if attempt == 1 else "retried"
+        _check(done.stdout.splitlines(), f"{job['job_id']}: {outcome}, attempt {attempt}")
+
+
+def _check(lines: list[str], first: str) -> None:
+    assert lines[0] == first
     asked = [line for line in lines if line.startswith("asked: ")]
     assert [line.split(",")[0] for line in asked] == [
         "asked: question",
