@@ -14,14 +14,11 @@ A new backend adds its config here with its own ``type`` literal, joins
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -37,6 +34,16 @@ from pydantic_settings import (
 )
 
 from worker.images.engine import EngineConfig, host_apt_mirror
+from worker.sandbox.k8s_values import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    Toleration,
+    affinity,
+    extra_annotations,
+    extra_labels,
+    object_names,
+    selector_labels,
+)
 from worker.settings import Settings, default_cache_dir, default_worker_id, invalid_settings
 
 
@@ -308,145 +315,6 @@ class DaytonaConfig(_BackendSettings):
         return self.daytona_registry_password_file.read_text().strip() or None
 
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-#: A qualified name (label, annotation, taint and node-selector keys): an optional DNS
-#: subdomain prefix and ``/``, then a name of at most 63 characters (apimachinery's rule).
-_QUALIFIED_NAME = re.compile(
-    rf"^(?:(?P<prefix>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
-    rf"{_LABEL_NAME}$"
-)
-_LABEL_VALUE = re.compile(rf"^(?:{_LABEL_NAME})?$")
-#: Prefixes Kubernetes keeps for itself (a pod's own labels and annotations).
-_RESERVED_PREFIXES = ("kubernetes.io", "k8s.io")
-#: What keeps consolidation and node drains from evicting a running job (Karpenter's
-#: ``do-not-disrupt``, cluster-autoscaler's ``safe-to-evict``).
-DISRUPTION_ANNOTATIONS = {
-    "karpenter.sh/do-not-disrupt": "true",
-    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
-}
-#: Longest total of the operator's extra annotations (the API's cap for all of a pod's
-#: annotations is 256 KiB; the backend's own need room too).
-MAX_EXTRA_ANNOTATION_BYTES = 64 * 1024
-
-
-def _prefix_of(key: str) -> str | None:
-    """``key``'s prefix when ``key`` is a qualified name (``""``: none), else None."""
-    match = _QUALIFIED_NAME.match(key)
-    if match is None or len(match.group("prefix") or "") > 253:
-        return None
-    return match.group("prefix") or ""
-
-
-def _ours(key: str, prefix: str) -> bool:
-    """A key of the backend's own (``acpw.*`` labels, ``acpw.io/*`` annotations)."""
-    return key.startswith("acpw.") or prefix == "acpw.io" or prefix.endswith(".acpw.io")
-
-
-def _check_keys(values: dict[str, str], *, what: str, settable: bool) -> dict[str, str]:
-    for key in values:
-        prefix = _prefix_of(key)
-        if prefix is None:
-            msg = f"{what}: {key!r} is not a qualified name ([prefix/]name) Kubernetes accepts"
-            raise ValueError(msg)
-        reserved = any(prefix == p or prefix.endswith("." + p) for p in _RESERVED_PREFIXES)
-        if settable and (reserved or _ours(key, prefix)) and key not in DISRUPTION_ANNOTATIONS:
-            msg = (
-                f"{what}: {key!r} is Kubernetes' own (kubernetes.io, k8s.io) or the backend's "
-                "(acpw.*): a sandbox pod's value for it cannot be set here"
-            )
-            raise ValueError(msg)
-    return values
-
-
-def _check_label_values(values: dict[str, str], *, what: str) -> dict[str, str]:
-    for key, value in values.items():
-        if not _LABEL_VALUE.match(value):
-            msg = f"{what}: the value of {key!r} is not a label value (63 of [A-Za-z0-9._-])"
-            raise ValueError(msg)
-    return values
-
-
-def _selector_labels(values: dict[str, str]) -> dict[str, str]:
-    what = "k8s_node_selector"
-    return _check_label_values(_check_keys(values, what=what, settable=False), what=what)
-
-
-def _extra_labels(values: dict[str, str]) -> dict[str, str]:
-    what = "k8s_pod_labels"
-    return _check_label_values(_check_keys(values, what=what, settable=True), what=what)
-
-
-def _extra_annotations(values: dict[str, str]) -> dict[str, str]:
-    _check_keys(values, what="k8s_pod_annotations", settable=True)
-    taken = sorted(set(values) & set(DISRUPTION_ANNOTATIONS))
-    if taken:
-        msg = (
-            f"k8s_pod_annotations: {taken} are set by k8s_disruption_annotations "
-            "(on by default); turn that off to leave a job's pod evictable"
-        )
-        raise ValueError(msg)
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in values.items())
-    if size > MAX_EXTRA_ANNOTATION_BYTES:
-        msg = f"k8s_pod_annotations: {size} bytes, more than {MAX_EXTRA_ANNOTATION_BYTES}"
-        raise ValueError(msg)
-    return values
-
-
-def _names(values: list[str]) -> list[str]:
-    for name in values:
-        if len(name) > 253 or not re.match(_DNS_SUBDOMAIN, name):
-            msg = f"{name!r} is not a Kubernetes object name (a DNS subdomain)"
-            raise ValueError(msg)
-    return values
-
-
-def _affinity(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    unknown = sorted(set(value) - {"nodeAffinity", "podAffinity", "podAntiAffinity"})
-    if unknown or not all(isinstance(v, dict) for v in value.values()):
-        msg = (
-            "k8s_affinity is a pod's `affinity`: objects under nodeAffinity, podAffinity, "
-            f"podAntiAffinity only (unknown: {unknown})"
-        )
-        raise ValueError(msg)
-    return value
-
-
-class Toleration(BaseModel):
-    """One toleration of the sandbox pods, as a pod spec writes it (camelCase)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    key: str | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
-
-    @model_validator(mode="after")
-    def _valid(self) -> Self:
-        if self.key is not None and _prefix_of(self.key) is None:
-            msg = f"a toleration's key {self.key!r} is not a qualified name"
-            raise ValueError(msg)
-        if self.operator == "Exists" and self.value:
-            raise ValueError("a toleration with operator Exists has no value")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("a toleration with no key has operator Exists")
-        if self.value is not None and not _LABEL_VALUE.match(self.value):
-            msg = f"a toleration's value {self.value!r} is not a label value"
-            raise ValueError(msg)
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds goes with effect NoExecute only")
-        return self
-
-    def manifest(self) -> dict[str, Any]:
-        """As the pod spec carries it."""
-        return self.model_dump(by_alias=True, exclude_none=True)
-
-
 class KubernetesConfig(_BackendSettings):
     """The Kubernetes backend (``kubernetes``): a pod per job attempt in one namespace.
 
@@ -456,12 +324,12 @@ class KubernetesConfig(_BackendSettings):
     type: Literal["kubernetes"] = "kubernetes"
     k8s_namespace: str = Field(
         default="acp-sandboxes",
-        pattern=_DNS_LABEL,
+        pattern=DNS_LABEL,
         description="Namespace of the sandbox pods and of their NetworkPolicies.",
     )
     k8s_runtime_class_name: str | None = Field(
         default=None,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         max_length=253,
         description="RuntimeClass of the sandbox pods (gVisor `gvisor`, Kata `kata`); none: "
         "the nodes' default runtime.",
@@ -473,7 +341,7 @@ class KubernetesConfig(_BackendSettings):
     )
     k8s_owner_pod_name: str | None = Field(
         default=None,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         max_length=253,
         description="The worker's own pod (downward API `metadata.name`) when it runs in "
         "the cluster, in the sandbox namespace: sandbox pods get an ownerReference to it, "
@@ -486,12 +354,12 @@ class KubernetesConfig(_BackendSettings):
     )
     k8s_owner_pod_namespace: str | None = Field(
         default=None,
-        pattern=_DNS_LABEL,
+        pattern=DNS_LABEL,
         description="That pod's namespace (downward API `metadata.namespace`). Set with "
         "k8s_owner_pod_name; it must be k8s_namespace: an owner reference cannot cross "
         "namespaces (the garbage collector would delete the sandbox pod at once).",
     )
-    k8s_node_selector: Annotated[dict[str, str], AfterValidator(_selector_labels)] = Field(
+    k8s_node_selector: Annotated[dict[str, str], AfterValidator(selector_labels)] = Field(
         default_factory=dict,
         description="nodeSelector of the sandbox pods (JSON object): the nodes untrusted "
         "code may run on.",
@@ -501,35 +369,35 @@ class KubernetesConfig(_BackendSettings):
         description="tolerations of the sandbox pods (JSON list, as a pod spec writes them): "
         "the taints of dedicated sandbox nodes.",
     )
-    k8s_affinity: Annotated[dict[str, Any] | None, AfterValidator(_affinity)] = Field(
+    k8s_affinity: Annotated[dict[str, Any] | None, AfterValidator(affinity)] = Field(
         default=None,
         description="affinity of the sandbox pods (JSON object: nodeAffinity, podAffinity, "
         "podAntiAffinity; the API server validates what is inside).",
     )
     k8s_priority_class_name: str | None = Field(
         default=None,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         max_length=253,
         description="PriorityClass of the sandbox pods.",
     )
-    k8s_image_pull_secrets: Annotated[list[str], AfterValidator(_names)] = Field(
+    k8s_image_pull_secrets: Annotated[list[str], AfterValidator(object_names)] = Field(
         default_factory=list,
         description="Names of Secrets in k8s_namespace the kubelet pulls the pack images "
         "with (JSON list).",
     )
     k8s_service_account_name: str | None = Field(
         default=None,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         max_length=253,
         description="ServiceAccount of the sandbox pods (for a node or mesh policy keyed "
         "on it); its token is never mounted (automountServiceAccountToken false).",
     )
-    k8s_pod_labels: Annotated[dict[str, str], AfterValidator(_extra_labels)] = Field(
+    k8s_pod_labels: Annotated[dict[str, str], AfterValidator(extra_labels)] = Field(
         default_factory=dict,
         description="More labels of the sandbox pods (JSON object); not Kubernetes' "
         "(kubernetes.io, k8s.io) nor the backend's own (acpw.*).",
     )
-    k8s_pod_annotations: Annotated[dict[str, str], AfterValidator(_extra_annotations)] = Field(
+    k8s_pod_annotations: Annotated[dict[str, str], AfterValidator(extra_annotations)] = Field(
         default_factory=dict,
         description="More annotations of the sandbox pods (JSON object); not Kubernetes' "
         "nor the backend's (acpw.io/), at most 64 KiB.",

@@ -36,7 +36,8 @@ from worker.sandbox.base import (
     WORKSPACE,
     SandboxSpec,
 )
-from worker.sandbox.config import DISRUPTION_ANNOTATIONS, KubernetesConfig
+from worker.sandbox.config import KubernetesConfig
+from worker.sandbox.k8s_values import DISRUPTION_ANNOTATIONS
 from worker.sandbox.kubernetes.names import (
     check_key,
     exact_labels,

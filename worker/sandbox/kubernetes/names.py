@@ -25,17 +25,13 @@ import re
 from collections.abc import Mapping
 
 from worker.errors import SandboxError
+from worker.sandbox.k8s_values import LABEL_VALUE, prefix_of, reserved
 
 #: Longest label value accepted (kept exactly in the annotation, encoded in the label).
 MAX_VALUE_CHARS = 1024
-_NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_KEY = re.compile(rf"^(?:(?P<prefix>{_DNS_SUBDOMAIN})/)?{_NAME_PART}$")
-_VALUE = re.compile(rf"^(?:{_NAME_PART})?$")
 _ENCODED = re.compile(r"(?:^|_)h[0-9a-f]{32}$")
 _NOT_IN_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 _NOT_IN_NAME = re.compile(r"[^a-z0-9]+")
-_RESERVED_PREFIXES = ("kubernetes.io", "k8s.io")
 _PREFIX_CHARS = 28  # + "_h" + 32 hex = 62, within the 63 a value may have
 _NAME_HASH_CHARS = 12
 
@@ -47,10 +43,8 @@ def check_key(key: str, *, to_set: bool = True) -> str:
     Raises:
         SandboxError: not a qualified name, or (``to_set``) under a reserved prefix.
     """
-    match = _KEY.match(key)
-    prefix = (match.group("prefix") or "") if match else ""
-    reserved = any(prefix == p or prefix.endswith("." + p) for p in _RESERVED_PREFIXES)
-    if match is None or len(prefix) > 253 or (to_set and reserved):
+    prefix = prefix_of(key)
+    if prefix is None or (to_set and reserved(prefix)):
         raise SandboxError("not a label key Kubernetes accepts", key=key)
     return key
 
@@ -63,7 +57,7 @@ def label_value(value: str) -> str:
         SandboxError: ``value`` is not UTF-8 text or longer than ``MAX_VALUE_CHARS``.
     """
     _check_text(value)
-    if _VALUE.match(value) and not _ENCODED.search(value):
+    if LABEL_VALUE.match(value) and not _ENCODED.search(value):
         return value
     digest = hashlib.sha256(value.encode()).hexdigest()[:32]
     prefix = _NOT_IN_VALUE.sub("-", value)[:_PREFIX_CHARS].strip("-_.")
