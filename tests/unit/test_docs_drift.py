@@ -192,7 +192,7 @@ def test_every_command_the_readme_shows_exists() -> None:
 
 def test_the_readme_is_first_contact_not_the_manual() -> None:
     """Detail belongs in docs/: the README stays short enough to read at once."""
-    assert len((REPO / "README.md").read_bytes()) <= 12_000  # bytes: a × or – counts as 2
+    assert len((REPO / "README.md").read_bytes()) <= 12_000  # bytes: a non-ASCII sign counts 2-3
 
 
 @pytest.mark.parametrize("page", USER_DOCS, ids=lambda p: str(p.relative_to(REPO)))
