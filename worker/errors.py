@@ -83,7 +83,7 @@ escapes the runner untyped.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -102,11 +102,11 @@ class WorkerError(Exception):
     def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = details
+        self.details: dict[str, object] = details
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``{code, message, details}`` triple used in events and CLI errors."""
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        out: dict[str, object] = {"code": self.code, "message": self.message}
         if self.details:
             out["details"] = self.details
         return out

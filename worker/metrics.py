@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import redis
 import redis.exceptions
@@ -186,7 +185,7 @@ def registry() -> CollectorRegistry | None:
     return collected
 
 
-ReadyCheck = Callable[[], Mapping[str, Any]]
+ReadyCheck = Callable[[], Mapping[str, object]]
 
 
 def exposition(backlog_read: BacklogRead | None = None) -> bytes:
@@ -243,22 +242,23 @@ def start_server(
 
 def readiness(
     redis_url: str | None, backend_check: Callable[[], object], settings: Settings | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """``{"ready", "redis", "backend", "redis_at"}``: both must answer. ``redis_at`` says
     which Redis was reached and how (its redacted URL, TLS and whether it is verified, the
     ACL user, the sentinel master and the address the sentinels gave for it), no secret;
     a refusal's ``redis`` names its code and reason (``error: redis_refused
     (certificate_unverified)``)."""
-    report: dict[str, Any] = {"redis": "unconfigured", "backend": "unknown"}
+    report: dict[str, object] = {"redis": "unconfigured", "backend": "unknown"}
     if redis_url:
         try:
             at = connect.target(redis_url, settings)
-            report["redis_at"] = at.describe()
+            described = at.describe()
+            report["redis_at"] = described
             with connect.sync_client(at, socket_connect_timeout=2, socket_timeout=2) as r:
                 r.ping()
                 if at.master:
                     host, port = r.connection_pool.get_master_address()
-                    report["redis_at"]["master_address"] = f"{host}:{port}"
+                    described["master_address"] = f"{host}:{port}"
             report["redis"] = "ok"
         except WorkerError as exc:
             report["redis"] = f"error: {exc.code}"
@@ -277,7 +277,7 @@ def readiness(
     return report
 
 
-def readiness_of(settings: Settings) -> dict[str, Any]:
+def readiness_of(settings: Settings) -> dict[str, object]:
     """:func:`readiness` for the Redis and the sandbox backend ``settings`` name."""
     from worker.sandbox import backend_config, get_backend  # backends load lazily
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from worker import __version__
 from worker.errors import (
@@ -217,7 +216,7 @@ class PromptResult:
 
 def _translated(method: str, exc: RpcError) -> AgentError:
     """-32000 → ``auth_required``, -32601 → ``unsupported``, else ``agent_error``."""
-    detail: dict[str, Any] = {"method": method, "rpc_code": exc.rpc_code}
+    detail: dict[str, object] = {"method": method, "rpc_code": exc.rpc_code}
     if exc.data is not None:
         detail["rpc_data"] = bounded_json(exc.data, 2048)["text"]
     if exc.rpc_code == AUTH_REQUIRED:

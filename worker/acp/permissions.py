@@ -23,8 +23,8 @@ it can.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
+from collections.abc import Callable, Mapping
 
 from worker.events import notices
 from worker.events.emitter import Emit
@@ -101,7 +101,7 @@ class PermissionPolicy:
 
     async def _refuse(
         self,
-        request: dict[str, Any],
+        request: dict[str, object],
         tool_call_id: str | None,
         session_id: JsonValue,
         reason: str,
@@ -113,13 +113,13 @@ class PermissionPolicy:
 
     async def _decided(
         self,
-        request: Mapping[str, Any],
+        request: Mapping[str, object],
         tool_call_id: str | None,
         allowed: str | None,
         option: str | None,
         interaction_id: str | None = None,
     ) -> None:
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "tool_call_id": tool_call_id,
             "title": request["title"],
             "kind": request["kind"],

@@ -17,7 +17,7 @@ model drops fields it does not know and skips options it cannot parse, and the l
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 from worker.acp.client import AcpClient
 from worker.errors import AgentError, ModelUnavailable, Unsupported
@@ -37,6 +37,19 @@ def variant_params(model_id: str) -> dict[str, str]:
 
 #: A config option (or any object) as the agent sent it.
 Option = Mapping[str, JsonValue]
+
+
+class Selection(TypedDict):
+    """The ``model.selected`` data (:class:`worker.events.models.ModelSelected`'s fields)."""
+
+    source: Literal["job", "default"]
+    model: str | None
+    params: dict[str, str]
+    defaults: dict[str, str]
+    picker: Literal["variant", "parameterized"]
+    via: Literal["config_option", "set_model"] | None
+    verified: bool
+    reasoning: NotRequired[str]
 
 
 def _list(value: JsonValue) -> list[JsonValue]:
@@ -96,7 +109,9 @@ class ModelSelector:
     def __init__(self, client: AcpClient, session_id: str, *, parameterized: bool) -> None:
         self._client = client
         self._session = session_id
-        self._picker = "parameterized" if parameterized else "variant"
+        self._picker: Literal["variant", "parameterized"] = (
+            "parameterized" if parameterized else "variant"
+        )
 
     async def select(
         self,
@@ -104,7 +119,7 @@ class ModelSelector:
         model: str,
         params: Mapping[str, str],
         reasoning: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Selection:
         """The ``model.selected`` data once the agent echoed exactly this selection
         (``reasoning``: a job's thinking level, set after the model and its ``params``).
 
@@ -136,7 +151,7 @@ class ModelSelector:
         model: str,
         params: Mapping[str, str],
         reasoning: str | None,
-    ) -> dict[str, Any]:
+    ) -> Selection:
         _offered(option, model, what="model")
         options = await self._set(str(option["id"]), model, options)
         if reasoning is not None:
@@ -181,7 +196,7 @@ class ModelSelector:
 
     async def _by_set_model(
         self, session: Mapping[str, JsonValue], model: str, params: Mapping[str, str]
-    ) -> dict[str, Any]:
+    ) -> Selection:
         if params:
             raise ModelUnavailable(
                 "the agent offers no config options, so model parameters cannot be set",
@@ -208,9 +223,9 @@ class ModelSelector:
         params: Mapping[str, str],
         options: Sequence[Option],
         *,
-        via: str,
+        via: Literal["config_option", "set_model"],
         verified: bool,
-    ) -> dict[str, Any]:
+    ) -> Selection:
         named = dict(params) or variant_params(model)
         return {
             "source": "job",
@@ -223,7 +238,7 @@ class ModelSelector:
         }
 
 
-def default_selection(session: Mapping[str, JsonValue], *, parameterized: bool) -> dict[str, Any]:
+def default_selection(session: Mapping[str, JsonValue], *, parameterized: bool) -> Selection:
     """The ``model.selected`` data of a job that named no model (``source: default``):
     the model the agent says it uses (the model option's ``currentValue``, else the
     legacy ``models.currentModelId``; None when it says neither) and the values of

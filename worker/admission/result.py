@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from worker.errors import AdmissionRefused
 
@@ -54,7 +53,7 @@ class AdmissionResult:
     def admitted(self) -> bool:
         return not self.findings
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "admitted": self.admitted,
             "workspace": str(self.workspace),

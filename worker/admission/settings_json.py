@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def parse_settings(data: bytes) -> dict[str, Any]:
+def parse_settings(data: bytes) -> dict[str, object]:
     """Decode one UTF-8 JSON object; ValueError for anything else.
 
     Duplicate keys are refused: parsers disagree on which one wins, and the checker must
@@ -27,8 +27,8 @@ def declared(settings: Mapping[str, object], keys: Mapping[str, str]) -> list[tu
     return [(key, rule) for key, rule in keys.items() if settings.get(key)]
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
             raise ValueError(f"duplicate key {key!r}")

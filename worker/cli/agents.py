@@ -152,9 +152,9 @@ class _Seen:
     """What the agent sent on its own while being probed."""
 
     kinds: dict[str, int] = field(default_factory=dict)
-    notices: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[dict[str, object]] = field(default_factory=list)
 
-    async def notification(self, method: str, params: Any) -> None:
+    async def notification(self, method: str, params: object) -> None:
         update = params.get("update") if isinstance(params, Mapping) else None
         kind = update.get("sessionUpdate") if isinstance(update, Mapping) else None
         key = f"{method}:{kind}" if isinstance(kind, str) else method
@@ -181,7 +181,7 @@ async def run_probe(
     platform: str | None,
     session: bool,
     credentials: Mapping[str, str],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The probe's report: *pack*'s agent in a sandbox of its own, prepared with the
     job's parts (``worker.job.standalone``): initialize, then authenticate and a session
     as asked, then its shutdown."""
@@ -198,7 +198,7 @@ async def run_probe(
         on_oversize=seen.oversize,
         on_stray_reply=seen.stray_reply,
     ) as standalone:
-        report: dict[str, Any] = {
+        report: dict[str, object] = {
             "pack": standalone.pack.event_data().wire(),
             "credentials": sorted(credentials),
         }
@@ -215,11 +215,11 @@ async def _talk(
     *,
     session: bool,
     bound: bool,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     agent, plan = standalone.agent, standalone.plan
     client = AcpClient(agent.connection)
     agent.start()
-    report: dict[str, Any] = {}
+    report: dict[str, object] = {}
     try:
         report.update(await _initialize(client))
         if bound and plan.authenticate is not None:
@@ -239,7 +239,7 @@ async def _talk(
     return report
 
 
-async def _initialize(client: AcpClient) -> dict[str, Any]:
+async def _initialize(client: AcpClient) -> dict[str, object]:
     start = time.perf_counter()
     # What a plain job offers: no client fs/terminal, so the probe sees the default view.
     init = await client.initialize(ClientCapabilities())
@@ -257,7 +257,7 @@ _INIT_KEYS = frozenset({"protocolVersion", "agentInfo", "agentCapabilities", "au
 _SESSION_KEYS = ("modes", "models", "configOptions")
 
 
-async def _authenticate(client: AcpClient, method: str, offered: Any) -> dict[str, Any]:
+async def _authenticate(client: AcpClient, method: str, offered: Any) -> dict[str, object]:
     try:
         await client.authenticate(method, offered)
     except WorkerError as exc:
@@ -265,18 +265,18 @@ async def _authenticate(client: AcpClient, method: str, offered: Any) -> dict[st
     return {"method": method, "ok": True}
 
 
-async def _session(client: AcpClient) -> dict[str, Any]:
+async def _session(client: AcpClient) -> dict[str, object]:
     try:
         result = await client.new_session(base.WORKSPACE)
     except WorkerError as exc:
         return {"opened": False, "error": exc.to_dict()}
-    out: dict[str, Any] = {"opened": True}
+    out: dict[str, object] = {"opened": True}
     out.update({key: result.get(key) for key in _SESSION_KEYS})
     out["extra"] = {k: v for k, v in result.items() if k not in {"sessionId", *_SESSION_KEYS}}
     return out
 
 
-async def _shutdown(agent: AgentProcess, settings: Settings) -> dict[str, Any]:
+async def _shutdown(agent: AgentProcess, settings: Settings) -> dict[str, object]:
     """Close stdin and escalate; say how the agent ended (``eof``, ``term`` or ``kill``)."""
     start = time.perf_counter()
     code = await agent.shutdown(
@@ -295,7 +295,7 @@ async def _shutdown(agent: AgentProcess, settings: Settings) -> dict[str, Any]:
 # --- human output ------------------------------------------------------------------
 
 
-def render(report: Mapping[str, Any]) -> str:
+def render(report: Mapping[str, object]) -> str:
     """The probe report as a few readable lines."""
     pack, info = report["pack"], report.get("agent_info") or {}
     name = info.get("title") or info.get("name", "?")
@@ -329,7 +329,7 @@ def _auth(methods: list[Any]) -> str:
     return ", ".join(ids) if ids else "(none advertised)"
 
 
-def _credential_lines(report: Mapping[str, Any]) -> list[str]:
+def _credential_lines(report: Mapping[str, object]) -> list[str]:
     names = report.get("credentials") or []
     if not names:
         return []
@@ -342,7 +342,7 @@ def _credential_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _session_lines(session: Mapping[str, Any] | None, bound: bool) -> list[str]:
+def _session_lines(session: Mapping[str, object] | None, bound: bool) -> list[str]:
     if session is None:
         return []
     if not session.get("opened"):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from worker.cli import add_json_flag
 from worker.cli.packs import resolve_pack
@@ -57,7 +56,7 @@ def _images(settings: Settings, *, quiet: bool = False) -> PackImages:
     return PackImages(connect(config), config, progress=progress)
 
 
-def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
     print(json.dumps(data) if getattr(args, "json", False) else text)
 
 

@@ -10,7 +10,6 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from worker.cli import add_json_flag
 from worker.errors import InvalidInput
@@ -172,11 +171,11 @@ def _pack_dir(ref: str, settings: Settings) -> Path:
     return settings.packs_dir / ref if PACK_NAME_RE.fullmatch(ref) else Path(ref)
 
 
-def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
     print(json.dumps(data, ensure_ascii=False) if getattr(args, "json", False) else text)
 
 
-def _lock_data(result: LockResult) -> dict[str, Any]:
+def _lock_data(result: LockResult) -> dict[str, object]:
     return {
         "pack": result.pack,
         "platform": result.platform,

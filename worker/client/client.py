@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 import kombu.exceptions
 import redis
@@ -83,7 +83,7 @@ class StreamEvent:
     mapping, ``line`` that JSON's text."""
 
     id: str
-    event: Mapping[str, Any]
+    event: Mapping[str, object]
     line: str
     envelope: Event
 
@@ -248,7 +248,7 @@ class Client:
         with _translated():
             return send_answer(self._redis, job_id, interaction_id, answer, current_attempt=current)
 
-    def interactions(self, job_id: str) -> list[dict[str, Any]]:
+    def interactions(self, job_id: str) -> list[dict[str, object]]:
         """Every interaction record of the job (open and resolved), oldest first.
 
         Raises:

@@ -13,7 +13,7 @@ publishes ``tasks.run_job`` itself (``apply_async``, ``send_task``) without them
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.errors import InvalidJobSpec
 from worker.jobs.spec import JobSpec, parse_job
@@ -61,7 +61,7 @@ def broker_url(settings: Settings) -> str:
     return settings.broker_url or choose_redis(settings.redis_url).url
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
+def celery_config(settings: Settings) -> dict[str, object]:
     """The app's configuration; the broker connection (URL, TLS, ACL user, sentinel
     master) is :func:`worker.store.connect.broker_options`'s, as the store's."""
     soft, hard = time_limits(MAX_JOB_TIMEOUT_S, settings)
@@ -129,7 +129,7 @@ def send_run(
     )
 
 
-def fill_time_limits(headers: MutableMapping[str, Any], body: object, settings: Settings) -> None:
+def fill_time_limits(headers: MutableMapping[str, object], body: object, settings: Settings) -> None:
     """Give a ``tasks.run_job`` message that lacks them the time limits of its job.
 
     ``headers`` and ``body`` are a protocol-2 message as ``before_task_publish`` sees it

@@ -108,9 +108,9 @@ class AwsSecretsManager:
             ) from None
         return _secret_string(response, name=name, secret_id=secret_id)
 
-    def _get(self, secret_id: str, name: str) -> dict[str, Any]:
+    def _get(self, secret_id: str, name: str) -> dict[str, object]:
         try:
-            response: dict[str, Any] = self.client().get_secret_value(SecretId=secret_id)
+            response: dict[str, object] = self.client().get_secret_value(SecretId=secret_id)
         except botocore.exceptions.ClientError as exc:
             raise _refusal(exc, name=name, secret_id=secret_id) from None
         except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as exc:
@@ -155,7 +155,7 @@ def _refusal(
     )
 
 
-def _secret_string(response: dict[str, Any], *, name: str, secret_id: str) -> str:
+def _secret_string(response: dict[str, object], *, name: str, secret_id: str) -> str:
     text = response.get("SecretString")
     if not isinstance(text, str):
         raise CredentialRefused(

@@ -46,7 +46,7 @@ class Attribution:
         self.delegations = delegations
         self.owners = owners
 
-    def refusal(self, source: Any, kind: str, *, settled: bool) -> Notice | None:
+    def refusal(self, source: object, kind: str, *, settled: bool) -> Notice | None:
         """The notice refusing an update of session ``source`` (not the root), or None
         when it comes from a live child."""
         if settled:
@@ -98,7 +98,7 @@ class Attribution:
             if replay:
                 event.replay = True
 
-    def spawned(self, update: Mapping[str, Any], parent: str | None) -> Out:
+    def spawned(self, update: Mapping[str, object], parent: str | None) -> Out:
         """A ``subagent_spawned`` update: the delegation, or a refusal notice."""
         try:
             return self.delegations.spawned(update, parent)
@@ -106,7 +106,7 @@ class Attribution:
             session_id = update.get("subagentSessionId")
             return [notices.subagent_update_refused(session_id, "subagent_spawned", refused.reason)]
 
-    def child_state(self, update: Mapping[str, Any], parent: str | None) -> Out:
+    def child_state(self, update: Mapping[str, object], parent: str | None) -> Out:
         """A ``subagent_state_update``: the delegation's new state, or a refusal notice."""
         try:
             return self.delegations.state_update(update, parent)

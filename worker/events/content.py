@@ -148,7 +148,7 @@ _NO_TERMINAL = TerminalMeta(output=None, exit_code=None, unmapped={})
 _TERMINAL_OUTPUT = ("terminal_output_delta", "terminal_output")
 
 
-def terminal_meta(meta: Any) -> TerminalMeta:
+def terminal_meta(meta: object) -> TerminalMeta:
     """The command output and exit status in a ``tool_call_update``'s ``_meta``.
 
     Agents that run a command in a terminal of their own (the client offering none)
@@ -161,7 +161,7 @@ def terminal_meta(meta: Any) -> TerminalMeta:
     """
     if not isinstance(meta, Mapping):
         return _NO_TERMINAL if meta is None else TerminalMeta(None, None, meta)
-    unmapped: dict[str, Any] = {}
+    unmapped: dict[str, object] = {}
     output = exit_code = None
     for key, value in meta.items():
         if key in _TERMINAL_OUTPUT and output is None and _is_chunk(value):
@@ -198,7 +198,7 @@ def commands(update: Mapping[str, Any], child: str | None) -> Out:
     return [CommandsAvailable(commands=listed)]
 
 
-def mode(update: Mapping[str, Any], child: str | None) -> Out:
+def mode(update: Mapping[str, object], child: str | None) -> Out:
     return [ModeChanged(mode=str(update["currentModeId"]))]
 
 
@@ -207,7 +207,7 @@ def config(update: Mapping[str, Any], child: str | None) -> Out:
     return [ConfigUpdated(config_options=options)]
 
 
-def usage_fields(update: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def usage_fields(update: Mapping[str, object]) -> tuple[dict[str, Any], dict[str, object]]:
     """The ``usage.reported`` fields of a ``usage_update``, and its malformed fields."""
     fields: dict[str, Any] = {"available": True, "source": "agent"}
     for key in ("used", "size"):
@@ -231,7 +231,7 @@ _TOKENS = {
 _REQUIRED_TOKENS = ("inputTokens", "outputTokens", "totalTokens")
 
 
-def token_usage(usage: Any) -> TokenUsage | None:
+def token_usage(usage: object) -> TokenUsage | None:
     """The token counts of a prompt result's ``usage`` (ACP, unstable), or None when it
     is not one: the three required counts must be integers >= 0, the others are kept
     only when they are."""
@@ -244,11 +244,11 @@ def token_usage(usage: Any) -> TokenUsage | None:
     )
 
 
-def _count(value: Any) -> bool:
+def _count(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
-def _is_cost(cost: Any) -> bool:
+def _is_cost(cost: object) -> bool:
     return (
         isinstance(cost, Mapping)
         and isinstance(cost.get("amount"), int | float)
@@ -257,7 +257,7 @@ def _is_cost(cost: Any) -> bool:
     )
 
 
-def redacted(value: Any) -> Any:
+def redacted(value: object) -> Any:
     """``value`` with the values of secret-looking keys replaced (the emitter also
     scrubs every bound credential; this covers secrets the worker does not know)."""
     if isinstance(value, Mapping):
@@ -269,9 +269,9 @@ def redacted(value: Any) -> Any:
     return value
 
 
-def title(value: Any) -> str | None:
+def title(value: object) -> str | None:
     return None if value is None else bounded(str(value), _TITLE_LIMIT)["text"]
 
 
-def opt_str(value: Any) -> str | None:
+def opt_str(value: object) -> str | None:
     return None if value is None else str(value)

@@ -95,12 +95,12 @@ class Delegations:
         self._tasks: dict[int, _Task] = {}
         self._notices: Out = []  # evictions, sent before the next delegation event
 
-    def live_child(self, session_id: Any) -> _Task | None:
+    def live_child(self, session_id: object) -> _Task | None:
         """The task of a spawned child that has not reached a terminal state."""
         task = self._by_child.get(session_id) if isinstance(session_id, str) else None
         return task if task is not None and not task.finished else None
 
-    def known_child(self, session_id: Any) -> bool:
+    def known_child(self, session_id: object) -> bool:
         return isinstance(session_id, str) and session_id in self._by_child
 
     def is_task_tool(self, tool_call_id: str) -> bool:
@@ -108,7 +108,7 @@ class Delegations:
 
     # -- sources ------------------------------------------------------------------------
 
-    def task_tool(self, tool_call_id: str, raw_input: Mapping[str, Any], parent: str | None) -> Out:
+    def task_tool(self, tool_call_id: str, raw_input: Mapping[str, object], parent: str | None) -> Out:
         """The parent's Task ``tool_call`` (``rawInput._toolName == "task"``)."""
         try:
             task = self._task(tool_call_id)
@@ -120,7 +120,7 @@ class Delegations:
         task.subagent_type = task.subagent_type or subagent_type(raw_input.get("subagentType"))
         return self._emit(task)
 
-    def task_output(self, tool_call_id: str, status: str | None, raw_output: Any) -> Out:
+    def task_output(self, tool_call_id: str, status: str | None, raw_output: object) -> Out:
         """An update of a Task tool: duration and background flag; its end when childless."""
         task = self._by_tool[tool_call_id]
         if isinstance(raw_output, Mapping):
@@ -133,7 +133,7 @@ class Delegations:
             task.state = "completed"
         return self._emit(task)
 
-    def cursor_task(self, params: Mapping[str, Any]) -> Out:
+    def cursor_task(self, params: Mapping[str, object]) -> Out:
         """``cursor/task``: the model (authoritative, even for custom agents) and ids."""
         tool_call_id = str(params["toolCallId"])
         try:
@@ -145,13 +145,14 @@ class Delegations:
         task.description = _str(params.get("description")) or task.description
         task.task = _str(params.get("prompt")) or task.task
         task.subagent_type = subagent_type(params.get("subagentType")) or task.subagent_type
-        if isinstance(params.get("model"), str):
-            task.model, task.model_is_final = params["model"], True
+        model = params.get("model")
+        if isinstance(model, str):
+            task.model, task.model_is_final = model, True
         task.agent_id = _str(params.get("agentId")) or task.agent_id
         task.duration_ms = _int(params.get("durationMs"), task.duration_ms)
         return self._emit(task)
 
-    def spawned(self, update: Mapping[str, Any], parent: str | None) -> Out:
+    def spawned(self, update: Mapping[str, object], parent: str | None) -> Out:
         """``subagent_spawned`` on ``parent``'s session.
 
         Raises:
@@ -175,8 +176,8 @@ class Delegations:
         task: _Task,
         child: str,
         parent: str | None,
-        update: Mapping[str, Any],
-        meta: Mapping[str, Any],
+        update: Mapping[str, object],
+        meta: Mapping[str, object],
     ) -> None:
         task.child_id, task.parent_id = child, parent
         self._by_child[child] = task
@@ -186,7 +187,7 @@ class Delegations:
         if not task.model_is_final:
             task.model = _str(meta.get("model")) or task.model
 
-    def state_update(self, update: Mapping[str, Any], parent: str | None) -> Out:
+    def state_update(self, update: Mapping[str, object], parent: str | None) -> Out:
         """``subagent_state_update``: terminal only (there is no "running" state).
 
         Raises:
@@ -292,7 +293,7 @@ class Delegations:
         )
 
 
-def subagent_type(value: Any) -> str | None:
+def subagent_type(value: object) -> str | None:
     """Cursor's subagent type, an object such as ``{"custom": {"name": "x"}}``, as text."""
     if isinstance(value, str):
         return value
@@ -306,15 +307,15 @@ def subagent_type(value: Any) -> str | None:
     return f"custom:{detail}" if detail else "custom"
 
 
-def _cursor_meta(update: Mapping[str, Any]) -> Mapping[str, Any]:
+def _cursor_meta(update: Mapping[str, object]) -> Mapping[str, object]:
     meta = update.get("_meta")
     cursor = meta.get("cursor") if isinstance(meta, Mapping) else None
     return cursor if isinstance(cursor, Mapping) else {}
 
 
-def _str(value: Any) -> str | None:
+def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _int(value: Any, default: int | None) -> int | None:
+def _int(value: object, default: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else default

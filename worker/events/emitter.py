@@ -25,7 +25,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from worker.credentials.redact import Redactor
 from worker.errors import SinkUnavailable, WorkerError
@@ -107,7 +106,7 @@ class EventEmitter:
         self._started = clock()
         self._seq = 0
         self._head = envelope_head(job_id, attempt)
-        self.completed: Mapping[str, Any] | None = None
+        self.completed: Mapping[str, object] | None = None
 
     @property
     def seq(self) -> int:
@@ -122,7 +121,7 @@ class EventEmitter:
         """The first sink failure, if a sink failed."""
         return self._failures[0] if self._failures else None
 
-    async def emit(self, event: EventData, /) -> Mapping[str, Any]:
+    async def emit(self, event: EventData, /) -> Mapping[str, object]:
         """Emit one event and return it as sent (after redaction); its class names its type.
 
         With a secret bound, streamed text is redacted as a stream (:mod:`.channels`): the
@@ -142,7 +141,7 @@ class EventEmitter:
             # Held text goes out first; a sink failing on it must not stop the settlement.
             with contextlib.suppress(WorkerError):
                 await self.flush_text()
-        sent: Mapping[str, Any] = {}
+        sent: Mapping[str, object] = {}
         for kind, data in self._channels.process(type_, event.wire()):
             sent = await self._emit(kind, data)
         return sent
@@ -153,7 +152,7 @@ class EventEmitter:
         for kind, data in self._channels.flush():
             await self._emit(kind, data)
 
-    async def _emit(self, type_: str, data: Mapping[str, object]) -> Mapping[str, Any]:
+    async def _emit(self, type_: str, data: Mapping[str, object]) -> Mapping[str, object]:
         if self.completed is not None:
             raise RuntimeError(f"event {type_!r} after job.completed")
         event, line = self._serialize(type_, data, self._seq + 1)
@@ -193,7 +192,7 @@ class EventEmitter:
 
     def _serialize(
         self, type_: str, data: Mapping[str, object], seq: int
-    ) -> tuple[dict[str, Any], str]:
+    ) -> tuple[dict[str, object], str]:
         ts = utc_timestamp(self._clock())
         event = {
             "v": EVENT_VERSION,

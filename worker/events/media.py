@@ -44,10 +44,10 @@ class Media:
 
     budget: int
     kept: list[ToolContent] = field(default_factory=list)
-    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    leftovers: list[dict[str, object]] = field(default_factory=list)
 
 
-def tool_media(content: Any, limit: int, *, media_only: bool = False) -> Media:
+def tool_media(content: object, limit: int, *, media_only: bool = False) -> Media:
     """The non-text blocks of a tool's ``content`` list, with ``limit`` bytes of inline
     data and text for the whole update. ``media_only``: the event has no field for text
     and diff blocks either (``tool.started``), so they are left over too."""
@@ -66,7 +66,7 @@ def tool_media(content: Any, limit: int, *, media_only: bool = False) -> Media:
     return media
 
 
-def _add(media: Media, index: int, inner: Mapping[str, Any]) -> None:
+def _add(media: Media, index: int, inner: Mapping[str, object]) -> None:
     kind = inner.get("type")
     known = _KNOWN.get(kind) if isinstance(kind, str) else None
     if known is None or len(media.kept) >= MAX_CONTENT_REFS:
@@ -88,7 +88,7 @@ def _add(media: Media, index: int, inner: Mapping[str, Any]) -> None:
         media.leftovers.append({"index": index, "type": kind, **extra})
 
 
-def _block(media: Media, kind: str, inner: Mapping[str, Any]) -> ToolContent:
+def _block(media: Media, kind: str, inner: Mapping[str, object]) -> ToolContent:
     if kind in ("image", "audio"):
         return _data_block(media, kind, inner, inner.get("data"))
     if kind == "resource_link":
@@ -101,7 +101,7 @@ def _block(media: Media, kind: str, inner: Mapping[str, Any]) -> ToolContent:
     return _data_block(media, kind, resource, resource.get("blob"))
 
 
-def _data_block(media: Media, kind: str, source: Mapping[str, Any], data: Any) -> ToolContent:
+def _data_block(media: Media, kind: str, source: Mapping[str, object], data: object) -> ToolContent:
     """An image, audio or blob resource: decoded to be measured and hashed."""
     if not isinstance(data, str):
         raise _Unrepresentable(kind)
@@ -123,7 +123,7 @@ def _data_block(media: Media, kind: str, source: Mapping[str, Any], data: Any) -
     )
 
 
-def _text_resource(media: Media, resource: Mapping[str, Any]) -> ToolContent:
+def _text_resource(media: Media, resource: Mapping[str, object]) -> ToolContent:
     text = str(resource["text"])
     raw = text.encode("utf-8", "replace")
     cut = bound(text, media.budget)
@@ -139,7 +139,7 @@ def _text_resource(media: Media, resource: Mapping[str, Any]) -> ToolContent:
     )
 
 
-def _link(inner: Mapping[str, Any]) -> ToolContent:
+def _link(inner: Mapping[str, object]) -> ToolContent:
     if not isinstance(inner.get("uri"), str):
         raise _Unrepresentable("resource_link")
     size = inner.get("size")
@@ -160,5 +160,5 @@ def _content(**fields: Any) -> ToolContent:
     return ToolContent(**{k: v for k, v in fields.items() if v is not None})
 
 
-def _short(value: Any) -> str | None:
+def _short(value: object) -> str | None:
     return None if value is None else bounded(str(value), _FIELD_LIMIT)["text"]

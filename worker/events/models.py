@@ -40,7 +40,7 @@ class EventData(_Data):
 class ErrorInfo(_Data):
     code: str
     message: str
-    details: dict[str, Any] | None = None
+    details: dict[str, object] | None = None
 
 
 class Bounded(_Data):
@@ -90,9 +90,9 @@ class AgentInitialized(EventData):
     TYPE = "agent.initialized"
 
     protocol_version: int
-    agent_capabilities: dict[str, Any]
-    auth_methods: list[dict[str, Any]]
-    agent_info: dict[str, Any] | None = None
+    agent_capabilities: dict[str, object]
+    auth_methods: list[dict[str, object]]
+    agent_info: dict[str, object] | None = None
 
 
 class SessionStarted(EventData):
@@ -100,9 +100,9 @@ class SessionStarted(EventData):
 
     session_id: str
     resumed: bool
-    modes: dict[str, Any] | None = None
-    models: dict[str, Any] | None = None
-    config_options: list[dict[str, Any]] | None = None
+    modes: dict[str, object] | None = None
+    models: dict[str, object] | None = None
+    config_options: list[dict[str, object]] | None = None
 
 
 class Attributed(EventData):
@@ -120,7 +120,7 @@ class MessageDelta(Attributed):
 
     role: Literal["assistant", "thought", "user"]
     text: str
-    content: dict[str, Any] | None = Field(
+    content: dict[str, object] | None = Field(
         default=None, description="The ACP content block when it is not plain text."
     )
 
@@ -382,7 +382,7 @@ class InteractionResolved(Interaction):
     kind: InteractionKind
     outcome: Literal["answered", "skipped", "accepted", "rejected", "selected", "cancelled"]
     resolved_by: Literal["answer", "timeout", "turn_ended", "cancelled", "timed_out"]
-    answer: dict[str, Any] | None = Field(default=None, description="The accepted answer.")
+    answer: dict[str, object] | None = Field(default=None, description="The accepted answer.")
     delivered: bool = Field(description="The reply was written to the agent.")
 
 
@@ -456,13 +456,13 @@ class ModelSelected(EventData):
 class ConfigUpdated(Attributed):
     TYPE = "config.updated"
 
-    config_options: list[dict[str, Any]]
+    config_options: list[dict[str, object]]
 
 
 class CommandsAvailable(Attributed):
     TYPE = "commands.available"
 
-    commands: list[dict[str, Any]]
+    commands: list[dict[str, object]]
 
 
 class SessionTitled(Attributed):
@@ -480,11 +480,11 @@ class WorkspaceChanged(EventData):
     counts: dict[str, int] = Field(description="Changed paths by status.")
     total: int = Field(ge=0, description="Every changed path, listed or not.")
     truncated: bool = Field(description="`paths` lists fewer than `total`.")
-    paths: list[dict[str, Any]]
-    patch: dict[str, Any] | None = Field(
+    paths: list[dict[str, object]]
+    patch: dict[str, object] | None = Field(
         description="The patch file's reference and what it left out; null: no change."
     )
-    base: dict[str, Any] | None = Field(
+    base: dict[str, object] | None = Field(
         default=None,
         description="What the changes are against: {kind: local}, {kind: git, commit} (the "
         "commit the clone checked out) or {kind: s3, sha256} (the snapshot's digest).",
@@ -555,7 +555,7 @@ class Notice(EventData):
     level: Literal["info", "warning", "error"]
     code: str
     message: str
-    details: dict[str, Any] | None = None
+    details: dict[str, object] | None = None
 
 
 class ResultRef(_Data):
@@ -644,7 +644,7 @@ class Envelope(BaseModel):
     seq: int = Field(ge=1)
     ts: str = Field(description="RFC 3339 UTC with milliseconds.")
     type: str
-    data: dict[str, Any]
+    data: dict[str, object]
 
 
 class UnknownData(EventData):

@@ -46,7 +46,7 @@ from worker.rpc.oversize import OversizeLine
 __all__ = ["KNOWN_FIELDS", "MAX_TOOL_OWNERS", "Normalizer", "Role"]
 
 Out = list[EventData]
-Handler = Callable[[Mapping[str, Any], str | None], Out]
+Handler = Callable[[Mapping[str, object], str | None], Out]
 
 _TOOL = ("sessionUpdate", "toolCallId", "title", "kind", "status", "rawInput", "locations")
 # ``messageId`` (ACP's message id, sent by claude-agent-acp and codex-acp on every chunk)
@@ -129,7 +129,7 @@ class Normalizer:
             ),
         }
 
-    def _tool_call(self, update: Mapping[str, Any], child: str | None) -> Out:
+    def _tool_call(self, update: Mapping[str, object], child: str | None) -> Out:
         if not self.replay:
             self.tool_calls += 1
         return self._tools.started(update, child, root=self.session_id)
@@ -165,7 +165,7 @@ class Normalizer:
             self._attribution.stamp(out, child, replay=self.replay)
         return out
 
-    def _mapped(self, kind: str, update: Mapping[str, Any], child: str | None, raw: Any) -> Out:
+    def _mapped(self, kind: str, update: Mapping[str, object], child: str | None, raw: object) -> Out:
         handler = self._kinds.get(kind)
         if handler is None:
             return [self.provider_unmapped(kind, raw)]
@@ -200,7 +200,7 @@ class Normalizer:
         text = line.output_preview
         if text is None and self._tools.shows_raw_output(tool_call_id):  # before it ends
             text = line.raw_output_preview
-        salvaged: dict[str, Any] = {k: v for k, v in update.items() if v is not None}
+        salvaged: dict[str, object] = {k: v for k, v in update.items() if v is not None}
         out = self.session_update({"sessionId": line.session_id, "update": salvaged})
         preview = bounded(text or "", self._limit)["text"]
         cut = Bounded(text=preview, truncated=True, bytes=-1)
@@ -209,11 +209,11 @@ class Normalizer:
             for event in out
         ]
 
-    def provider_unmapped(self, kind: str, raw: Any) -> ProviderUnmapped:
+    def provider_unmapped(self, kind: str, raw: object) -> ProviderUnmapped:
         """What the agent said that no canonical event holds, kept (bounded)."""
         return ProviderUnmapped(kind=kind, raw=bound_json(raw, self._limit))
 
-    def _partial(self, kind: str, update: Mapping[str, Any], known: frozenset[str]) -> Out:
+    def _partial(self, kind: str, update: Mapping[str, object], known: frozenset[str]) -> Out:
         extra = {key: value for key, value in update.items() if key not in known}
         if kind == "tool_call_update" and "_meta" in update:
             # Of a tool update's ``_meta``, only what its terminal keys do not map.
@@ -254,7 +254,7 @@ class Normalizer:
 
     # -- Cursor extension requests (no sessionId: they belong to the root session) -------
 
-    def extension(self, method: str, params: Any) -> Out:
+    def extension(self, method: str, params: object) -> Out:
         """Events for a non-blocking ``cursor/*`` request."""
         mapped = _EXTENSIONS.get(method)
         if mapped is None or not isinstance(params, Mapping):
@@ -266,29 +266,29 @@ class Normalizer:
             return [self.provider_unmapped(method, params)]
         return out + self._partial(method, params, known)
 
-    def _todos(self, params: Mapping[str, Any]) -> Out:
+    def _todos(self, params: Mapping[str, object]) -> Out:
         return [TodosUpdated(**self.todos.apply(params))]
 
-    def _task(self, params: Mapping[str, Any]) -> Out:
+    def _task(self, params: Mapping[str, object]) -> Out:
         return self.delegations.cursor_task(params)
 
-    def _image(self, params: Mapping[str, Any]) -> Out:
+    def _image(self, params: Mapping[str, object]) -> Out:
         return artifacts.image_events(self.artifacts, params)
 
     # -- kinds with state of their own ----------------------------------------------------
 
-    def _plan(self, update: Mapping[str, Any], child: str | None) -> Out:
+    def _plan(self, update: Mapping[str, object], child: str | None) -> Out:
         revision = self._plan_revisions.get(child, 0) + 1
         self._plan_revisions[child] = revision
         return [PlanUpdated(revision=revision, entries=content.plan_entries(update))]
 
-    def _info(self, update: Mapping[str, Any], child: str | None) -> Out:
+    def _info(self, update: Mapping[str, object], child: str | None) -> Out:
         title = update.get("title")
         if not isinstance(title, str):
             return [self.provider_unmapped("session_info_update", update)]
         return [SessionTitled(title=bounded(title, 1024)["text"])]
 
-    def prompt_usage(self, usage: Any) -> Out:
+    def prompt_usage(self, usage: object) -> Out:
         """The token counts of a prompt result (``usage``, ACP unstable) as
         ``usage.reported``; a ``usage`` that is not one is ``provider.unmapped``."""
         tokens = content.token_usage(usage)
@@ -297,14 +297,14 @@ class Normalizer:
         self.usage_seen = True
         return [UsageReported(available=True, source="agent", tokens=tokens)]
 
-    def _usage(self, update: Mapping[str, Any], child: str | None) -> Out:
+    def _usage(self, update: Mapping[str, object], child: str | None) -> Out:
         self.usage_seen = True
         fields, malformed = content.usage_fields(update)
         usage = UsageReported(**fields)
         return [usage, *self._partial("usage_update", malformed, frozenset())]
 
 
-_EXTENSIONS: dict[str, tuple[Callable[[Normalizer, Mapping[str, Any]], Out], frozenset[str]]] = {
+_EXTENSIONS: dict[str, tuple[Callable[[Normalizer, Mapping[str, object]], Out], frozenset[str]]] = {
     "cursor/update_todos": (Normalizer._todos, TODO_FIELDS),
     "cursor/task": (Normalizer._task, TASK_FIELDS),
     "cursor/generate_image": (

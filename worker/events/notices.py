@@ -232,13 +232,13 @@ def acp_malformed_line(preview: str, reason: str) -> Notice:
     )
 
 
-def acp_stray_reply(request_id: Any, *, duplicate: bool, method: str | None) -> Notice:
+def acp_stray_reply(request_id: object, *, duplicate: bool, method: str | None) -> Notice:
     """A valid JSON-RPC reply to no request waiting for one (and not a late reply to one
     the worker gave up on): a second reply to a request answered already, or a reply to
     an id the worker never sent. ``id`` is kept when it is an integer (the worker's ids
     are), else as text (JSON for a non-string) cut to 64 bytes."""
     shown = request_id if type(request_id) is int else bounded_json(request_id, 64)["text"]
-    details: dict[str, Any] = {"id": shown, "reason": "duplicate" if duplicate else "unknown_id"}
+    details: dict[str, object] = {"id": shown, "reason": "duplicate" if duplicate else "unknown_id"}
     if duplicate:
         what = f"request {shown}" + (f" ({method})" if method is not None else "")
         message = f"the agent answered {what} again; the repeated reply was skipped"
@@ -279,7 +279,7 @@ def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
     update's event went out with its output cut to the text its first bytes held).
     ``details`` names only what those bytes showed (absent keys: not readable)."""
     method = None if line.method is None else bounded(line.method, 256)["text"]
-    told: dict[str, Any] = {
+    told: dict[str, object] = {
         "method": method,
         "id": line.id if isinstance(line.id, int) else _opt_text(line.id),
         "update": _opt_text(line.update.get("sessionUpdate")),
@@ -301,7 +301,7 @@ def acp_line_skipped(line: OversizeLine, *, tool_event: bool) -> Notice:
     else:
         lost = "its content is lost"
     ended = "" if line.complete else " (the stream ended before its newline)"
-    details: dict[str, Any] = {
+    details: dict[str, object] = {
         "bytes": line.size,
         "limit": line.limit,
         "complete": line.complete,

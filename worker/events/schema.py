@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from worker.events.models import EVENT_TYPES, EVENT_VERSION, Envelope
 
 SCHEMA_ID = "https://acp-worker.dev/schemas/events-v1.json"
 
 
-def _variant(type_name: str, data_schema: dict[str, Any]) -> dict[str, Any]:
+def _variant(type_name: str, data_schema: dict[str, object]) -> dict[str, object]:
     return {
         "type": "object",
         "properties": {"type": {"const": type_name}, "data": data_schema},
@@ -17,9 +16,9 @@ def _variant(type_name: str, data_schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def event_schema() -> dict[str, Any]:
+def event_schema() -> dict[str, object]:
     """One JSON Schema (draft 2020-12) that every canonical event validates against."""
-    defs: dict[str, Any] = {}
+    defs: dict[str, object] = {}
     variants = []
     for name, model in EVENT_TYPES.items():
         schema = model.model_json_schema(ref_template="#/$defs/{model}")

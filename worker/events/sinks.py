@@ -10,7 +10,7 @@ alike), so every stream keeps one contiguous ``seq`` per attempt and one ``job.c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 
 class EventSink(Protocol):
@@ -35,7 +35,7 @@ class MemorySink:
     """Keeps events in a list (test double and in-process consumers)."""
 
     def __init__(self) -> None:
-        self.events: list[Mapping[str, Any]] = []
+        self.events: list[Mapping[str, object]] = []
         self.lines: list[str] = []
 
     async def write(self, event: Mapping[str, object], line: str) -> None:

@@ -19,7 +19,7 @@ class TodoList:
 
     def __init__(self) -> None:
         self.revision = 0
-        self._items: dict[str, dict[str, Any]] = {}
+        self._items: dict[str, dict[str, object]] = {}
 
     def apply(self, params: Mapping[str, object]) -> dict[str, Any]:
         """The ``todos.updated`` data after applying one update.

@@ -97,7 +97,7 @@ class BaseRecipe:
 
     @property
     def digest(self) -> str:
-        fields: dict[str, Any] = {
+        fields: dict[str, object] = {
             "builder": BUILDER_VERSION,
             "suite": self.suite,
             "mirror": self.mirror,
@@ -244,7 +244,7 @@ def build_image(
     return image_id
 
 
-def build_chunk(chunk: dict[str, Any], progress: Progress) -> str | None:
+def build_chunk(chunk: dict[str, object], progress: Progress) -> str | None:
     if "error" in chunk:
         detail = chunk.get("errorDetail") or {}
         raise SandboxError(f"image build failed: {chunk['error']}".strip(), detail=detail)

@@ -102,12 +102,12 @@ class _EngineImages:
         self._config = config
         self._progress = progress
 
-    def inspect(self, ref: str) -> dict[str, Any] | None:
+    def inspect(self, ref: str) -> dict[str, object] | None:
         import docker.errors
 
         with translate("inspect image", image=ref):
             try:
-                attrs: dict[str, Any] = low_level_api(self._client).inspect_image(ref)
+                attrs: dict[str, object] = low_level_api(self._client).inspect_image(ref)
             except docker.errors.ImageNotFound:
                 return None
         return attrs
@@ -220,7 +220,7 @@ class _Verify:
                 labels={k: {"expected": e, "actual": a} for k, (e, a) in wrong.items()},
             )
 
-    def layers(self, pin: PinnedImage, attrs: Mapping[str, Any]) -> None:
+    def layers(self, pin: PinnedImage, attrs: Mapping[str, object]) -> None:
         # A pack image is its base plus exactly one layer: an image derived from it
         # (same inherited labels, re-tagged) has more and is refused.
         base = self._engine.inspect(pin.identity.base_id)
@@ -368,7 +368,7 @@ class PackImages:
             raise SandboxError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
 
 
-def push_chunk(chunk: Mapping[str, Any], progress: Progress) -> str | None:
+def push_chunk(chunk: Mapping[str, object], progress: Progress) -> str | None:
     """One chunk of the engine's push stream: its manifest digest when it names one.
 
     Docker reports ``aux.Digest``; both Docker and Podman end with a status line

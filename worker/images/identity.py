@@ -14,7 +14,6 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 # Bump when the pack layer's recipe changes (Containerfile, labels, permissions):
 # every identity changes with it, so old images are never reused by a new builder.
@@ -109,8 +108,8 @@ class PinnedImage:
         """The digest-pinned reference ``<tag>@<image id>`` that ``image build`` prints."""
         return f"{self.identity.tag}@{self.image_id}"
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "reference": self.reference,
             "tag": self.identity.tag,
             "image_id": self.image_id,

@@ -87,8 +87,8 @@ def _adapter(kind: str) -> TypeAdapter[Any]:
 
 
 def validate_answer(
-    kind: str, request: Mapping[str, Any], raw: Any, *, turn: int
-) -> dict[str, Any]:
+    kind: str, request: Mapping[str, object], raw: Any, *, turn: int
+) -> dict[str, object]:
     """The canonical answer (``turn`` dropped) when ``raw`` answers ``request``.
 
     Raises:
@@ -108,7 +108,7 @@ def validate_answer(
         _check_revision(request, answer.revision)
     elif isinstance(answer, Selected):
         _check_option(request, answer.option_id)
-    dumped: dict[str, Any] = answer.model_dump(exclude={"turn"}, exclude_none=True)
+    dumped: dict[str, object] = answer.model_dump(exclude={"turn"}, exclude_none=True)
     return dumped
 
 
@@ -138,7 +138,7 @@ def _check_question(question: Mapping[str, Any], option_ids: list[str]) -> None:
         raise AnswerInvalid("invalid_answer", f"{question['id']}: select exactly one option")
 
 
-def _check_revision(request: Mapping[str, Any], revision: int | None) -> None:
+def _check_revision(request: Mapping[str, object], revision: int | None) -> None:
     if revision is not None and revision != request["revision"]:
         raise AnswerInvalid(
             "stale_revision", f"the plan is at revision {request['revision']}, not {revision}"

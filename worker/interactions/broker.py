@@ -38,7 +38,7 @@ from worker.interactions.requests import fallback_answer, native_reply
 from worker.rpc.connection import Reply
 from worker.store.interactions import OPEN, RESOLVED, InteractionStore
 
-Settled = Callable[[dict[str, Any]], Awaitable[None]]
+Settled = Callable[[dict[str, object]], Awaitable[None]]
 FINISH_WAIT_S = 5.0
 
 
@@ -53,8 +53,8 @@ class AnswerMessage:
 
 @dataclass(slots=True)
 class _Open:
-    record: dict[str, Any]
-    future: asyncio.Future[tuple[dict[str, Any], str]]
+    record: dict[str, object]
+    future: asyncio.Future[tuple[dict[str, object], str]]
     taken: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -112,7 +112,7 @@ class InteractionBroker:
     async def ask(
         self,
         kind: str,
-        request: dict[str, Any],
+        request: dict[str, object],
         *,
         tool_call_id: str | None,
         settled: Settled | None = None,
@@ -135,7 +135,7 @@ class InteractionBroker:
             return notices.interaction_outside_turn(kind)
         return None
 
-    def _new(self, kind: str, request: dict[str, Any], tool_call_id: str | None) -> _Open:
+    def _new(self, kind: str, request: dict[str, object], tool_call_id: str | None) -> _Open:
         interaction_id = f"{kind}-{self.turn}-{len(self._closed) + len(self._open) + 1}-"
         interaction_id += secrets.token_hex(4)
         expires = time.time() + self._timeout
@@ -171,7 +171,7 @@ class InteractionBroker:
         await self._emit(InteractionRequested.model_validate(data))
         return True
 
-    def _requested_data(self, record: Mapping[str, Any]) -> dict[str, Any]:
+    def _requested_data(self, record: Mapping[str, object]) -> dict[str, object]:
         return {
             "interaction_id": record["interaction_id"],
             "kind": record["kind"],
@@ -181,7 +181,7 @@ class InteractionBroker:
             record["kind"]: record["request"],
         }
 
-    async def _wait(self, item: _Open) -> tuple[dict[str, Any], str]:
+    async def _wait(self, item: _Open) -> tuple[dict[str, object], str]:
         try:
             return await asyncio.wait_for(asyncio.shield(item.future), self._timeout)
         except TimeoutError:
@@ -189,13 +189,13 @@ class InteractionBroker:
             self._take(item, fallback_answer(item.kind, item.record["request"], why), "timeout")
             return await item.future
 
-    def _take(self, item: _Open, answer: dict[str, Any], resolved_by: str) -> None:
+    def _take(self, item: _Open, answer: dict[str, object], resolved_by: str) -> None:
         if not item.taken:
             item.taken = True
             item.future.set_result((answer, resolved_by))
 
     def _finisher(
-        self, item: _Open, answer: dict[str, Any], resolved_by: str, settled: Settled | None
+        self, item: _Open, answer: dict[str, object], resolved_by: str, settled: Settled | None
     ) -> Callable[[bool], Awaitable[None]]:
         async def finish(sent: bool) -> None:
             try:
@@ -211,7 +211,7 @@ class InteractionBroker:
         return finish
 
     async def _resolve(
-        self, item: _Open, answer: dict[str, Any], resolved_by: str, sent: bool
+        self, item: _Open, answer: dict[str, object], resolved_by: str, sent: bool
     ) -> None:
         """Close it here, then tell: the event follows the pipe write at once, before the
         agent's next updates can be read (the record is rewritten right after)."""

@@ -25,7 +25,7 @@ class RequestInvalid(WorkerError):
         self.reason = reason
 
 
-def _text(value: Any, field: str, *, required: bool = True) -> str | None:
+def _text(value: object, field: str, *, required: bool = True) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str):
@@ -40,7 +40,7 @@ def _unique(ids: list[str], what: str) -> None:
         raise RequestInvalid("malformed_request", f"duplicate {what} ids")
 
 
-def question_request(params: Mapping[str, Any]) -> dict[str, Any]:
+def question_request(params: Mapping[str, object]) -> dict[str, object]:
     """``cursor/ask_question`` → ``QuestionRequest`` data (every question required).
 
     Raises:
@@ -54,7 +54,7 @@ def question_request(params: Mapping[str, Any]) -> dict[str, Any]:
     return {"title": _text(params.get("title"), "title", required=False), "questions": parsed}
 
 
-def _question(raw: Any) -> dict[str, Any]:
+def _question(raw: object) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise RequestInvalid("malformed_request", "a question is not an object")
     options = raw.get("options")
@@ -76,7 +76,7 @@ def _question(raw: Any) -> dict[str, Any]:
     }
 
 
-def plan_request(params: Mapping[str, Any], revision: int) -> dict[str, Any]:
+def plan_request(params: Mapping[str, object], revision: int) -> dict[str, object]:
     """``cursor/create_plan`` → ``PlanRequest`` data. The document is never cut.
 
     Raises:
@@ -104,7 +104,7 @@ def plan_request(params: Mapping[str, Any], revision: int) -> dict[str, Any]:
     }
 
 
-def _plan_todos(todos: Any) -> list[dict[str, str]]:
+def _plan_todos(todos: object) -> list[dict[str, str]]:
     return [
         {
             "id": str(t.get("id", "")),
@@ -148,14 +148,14 @@ def permission_reason(tool: Mapping[str, Any]) -> str | None:
     return "\n".join(texts)[:4096] if texts else None
 
 
-def _opt(value: Any) -> str | None:
+def _opt(value: object) -> str | None:
     return None if value is None else str(value)[:1024]
 
 
 # -- canonical answer → native reply ------------------------------------------------------
 
 
-def native_reply(kind: str, answer: Mapping[str, Any]) -> dict[str, Any]:
+def native_reply(kind: str, answer: Mapping[str, object]) -> dict[str, object]:
     """The JSON-RPC result the agent gets for a canonical answer."""
     outcome = answer["outcome"]
     if outcome == "cancelled":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from worker.errors import (
     EXIT_CANCELLED,
@@ -125,7 +125,7 @@ def after_agent_exit(
     return JobOutcome("failed", outcome.stop_reason, oom, oom.exit_code)
 
 
-def _sandbox_ended(outcome: JobOutcome, cause: SandboxError, agent: dict[str, Any]) -> JobOutcome:
+def _sandbox_ended(outcome: JobOutcome, cause: SandboxError, agent: dict[str, object]) -> JobOutcome:
     """``cause`` as the job's error, the agent's end (its ``exit_code`` or ``signal``,
     what it last wrote on stderr) kept in its details beside the platform's own."""
     cause.details = {**agent, **cause.details}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.errors import BudgetExceeded, BudgetRefused
 from worker.events import notices
@@ -75,9 +75,9 @@ class Spend:
         """This attempt's cost so far (in ``currency``)."""
         return max(0.0, self._charged - self._baseline)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """``job.completed``'s ``usage``."""
-        out: dict[str, Any] = {"available": self.cost_seen or self.tokens is not None}
+        out: dict[str, object] = {"available": self.cost_seen or self.tokens is not None}
         if self.cost_seen and not self.mixed:
             out["cost"] = {"amount": round(self.cost, 9), "currency": self.currency}
         if self.tokens is not None:

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.acp.agent import AgentProcess
 from worker.acp.session import AcpSession
@@ -180,7 +180,7 @@ class TornDown:
 
     agent_exit: ExitDiagnosis | None = None
     changes: tuple[Change, ...] | None = None
-    result: dict[str, Any] | None = None
+    result: dict[str, object] | None = None
     upload_error: ResultUploadFailed | None = None
     error: WorkerError | None = None
 

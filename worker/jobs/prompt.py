@@ -75,7 +75,7 @@ class ImageBlock(_Block):
             raise ValueError(problem)
         return self
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> dict[str, object]:
         return {"type": "image", "mimeType": self.mime_type, "data": self.data}
 
 
@@ -103,7 +103,7 @@ class ResourceLinkBlock(_Block):
         """The canonical workspace-relative path the link names."""
         return workspace_path(self.uri)
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> dict[str, object]:
         optional = {
             "mimeType": self.mime_type,
             "title": self.title,

@@ -122,7 +122,7 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str = Field(max_length=1_000_000)
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> dict[str, object]:
         return {"type": "text", "text": self.text}
 
 
@@ -406,6 +406,6 @@ def parse_job(raw: str | bytes | dict[str, object]) -> JobSpec:
         raise InvalidJobSpec(_describe(exc), fields=fields, job_id=_peek_id(data)) from None
 
 
-def _peek_id(data: dict[str, Any]) -> str | None:
+def _peek_id(data: dict[str, object]) -> str | None:
     job_id = data.get("job_id")
     return job_id if isinstance(job_id, str) and re.match(_ID, job_id) else None

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -87,7 +87,7 @@ class ClosureLock:
         """Sum of the file sizes."""
         return sum(entry.size for entry in self.files)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The lock file's JSON object."""
         return {
             "schema": 1,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from worker.mountinfo import Mount, read_mountinfo
 from worker.packs.cache import open_lock
@@ -68,7 +68,7 @@ class GcDecision:
     action: Action
     reason: Reason
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "kind": self.entry.kind,
             "name": self.entry.name,
@@ -109,7 +109,7 @@ class GcResult:
     def _gone(self) -> Iterator[GcDecision]:
         return (d for d in self.decisions if d.action != "kept")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "dry_run": self.dry_run,
             "budget_bytes": self.budget_bytes,

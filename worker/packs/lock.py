@@ -10,9 +10,9 @@ contract is refused before anything is read (``worker.packs.contract``).
 
 from __future__ import annotations
 
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -156,7 +156,7 @@ def _write(pack_dir: Path, raw: dict[str, Any], archive: _Archive, lock: Closure
     )  # fmt: skip
 
 
-def _declaration(manifest_path: Path, name: str) -> tuple[dict[str, Any], PackManifest]:
+def _declaration(manifest_path: Path, name: str) -> tuple[dict[str, object], PackManifest]:
     if not manifest_path.is_file():
         raise InvalidInput(
             f"{manifest_path} does not exist: write the pack declaration first",
@@ -219,7 +219,7 @@ def _inventory(
     return _Archive(sha256, size, fmt, source), lock
 
 
-def _pin(archive: _Archive, lock: ClosureLock) -> dict[str, Any]:
+def _pin(archive: _Archive, lock: ClosureLock) -> dict[str, object]:
     return {
         "archive": {
             "source": archive.source,

@@ -411,9 +411,9 @@ class Launch(_Strict):
         return self
 
     @model_serializer(mode="wrap")
-    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         # Optional fields left out dump left out, so a manifest dumps as it was written.
-        data: dict[str, Any] = handler(self)
+        data: dict[str, object] = handler(self)
         return {key: value for key, value in data.items() if value is not None}
 
 
@@ -438,8 +438,8 @@ class PackManifest(_Strict):
     )
 
     @model_serializer(mode="wrap")
-    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
+    def _without_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
         return {key: value for key, value in data.items() if value is not None}
 
 

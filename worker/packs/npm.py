@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Final
+from typing import IO, Final
 
 from worker.errors import ArchiveRefused, DigestMismatch, InvalidInput, WorkerError
 from worker.packs._io import read_json, write_json
@@ -378,7 +378,7 @@ def _file_sha256(path: Path) -> str:
         return sha256_stream(src)[0]
 
 
-def describe(results: Sequence[BuildResult]) -> list[dict[str, Any]]:
+def describe(results: Sequence[BuildResult]) -> list[dict[str, object]]:
     """``build_npm``'s results as JSON-able records."""
     return [
         {

@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from worker.errors import SandboxError
 
@@ -203,7 +203,7 @@ class ExitDiagnosis:
     #: sandbox cannot end on its own).
     sandbox_error: SandboxError | None = None
 
-    def details(self) -> dict[str, Any]:
+    def details(self) -> dict[str, object]:
         """``{"exit_code": N}`` or ``{"signal": "SIGKILL"}`` (empty while it runs)."""
         if self.signal is not None:
             return {"signal": self.signal}

@@ -369,7 +369,7 @@ class KubernetesConfig(_BackendSettings):
         description="tolerations of the sandbox pods (JSON list, as a pod spec writes them): "
         "the taints of dedicated sandbox nodes.",
     )
-    k8s_affinity: Annotated[dict[str, Any] | None, AfterValidator(affinity)] = Field(
+    k8s_affinity: Annotated[dict[str, object] | None, AfterValidator(affinity)] = Field(
         default=None,
         description="affinity of the sandbox pods (JSON object: nodeAffinity, podAffinity, "
         "podAntiAffinity; the API server validates what is inside).",

@@ -6,7 +6,7 @@ SDK: importing it costs a worker without the ``kubernetes`` extra nothing."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -112,7 +112,7 @@ def object_names(values: list[str]) -> list[str]:
     return values
 
 
-def affinity(value: dict[str, Any] | None) -> dict[str, Any] | None:
+def affinity(value: dict[str, object] | None) -> dict[str, object] | None:
     if value is None:
         return None
     unknown = sorted(set(value) - {"nodeAffinity", "podAffinity", "podAntiAffinity"})
@@ -152,6 +152,6 @@ class Toleration(BaseModel):
             raise ValueError("tolerationSeconds goes with effect NoExecute only")
         return self
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, object]:
         """As the pod spec carries it."""
         return self.model_dump(by_alias=True, exclude_none=True)

@@ -14,6 +14,7 @@ An invalid job spec whose id can be read settles with one ``job.completed`` carr
 
 from __future__ import annotations
 
+from typing import Any
 import asyncio
 import contextlib
 import json
@@ -21,7 +22,6 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -61,9 +61,9 @@ class GuardedResult:
     outcome: str
     attempt: int | None = None
     status: str | None = None
-    error: Mapping[str, Any] | None = None
+    error: Mapping[str, object] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "job_id": self.job_id,
             "outcome": self.outcome,
@@ -232,7 +232,7 @@ def _attempt(owned: Owned | None) -> int | None:
     return None if owned is None else owned.lease.attempt
 
 
-def _as_job(payload: object) -> str | bytes | dict[str, Any]:
+def _as_job(payload: object) -> str | bytes | dict[str, object]:
     """The payload in a form ``parse_job`` accepts, or a JSON text that it refuses."""
     if isinstance(payload, str | bytes | dict):
         return payload

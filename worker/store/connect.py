@@ -54,7 +54,7 @@ class RedisTarget:
 
     url: str  # as configured, minus the TLS query parameters (credentials may be in it)
     tls: bool
-    ssl: Mapping[str, Any] = field(default_factory=dict)  # redis-py ssl_* keyword arguments
+    ssl: Mapping[str, object] = field(default_factory=dict)  # redis-py ssl_* keyword arguments
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     sentinels: tuple[tuple[str, int], ...] = ()
@@ -68,9 +68,9 @@ class RedisTarget:
     def verified(self) -> bool:
         return not self.tls or self.ssl.get("ssl_cert_reqs", "required") != "none"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What ``ready`` says of it: no secret."""
-        where: dict[str, Any] = {"url": redact(self.url), "tls": self.tls}
+        where: dict[str, object] = {"url": redact(self.url), "tls": self.tls}
         if self.tls:
             where["verify"] = self.verified
         if self.username:
@@ -202,8 +202,8 @@ def _rest(query: str) -> list[tuple[str, str]]:
     return [(k, v) for k, v in parse_qsl(query) if k not in SSL_QUERY]
 
 
-def _ssl_options(settings: Settings, from_url: Mapping[str, str]) -> dict[str, Any]:
-    opts: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+def _ssl_options(settings: Settings, from_url: Mapping[str, str]) -> dict[str, object]:
+    opts: dict[str, object] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
     if settings.redis_tls_ca is not None:
         opts["ssl_ca_certs"] = str(settings.redis_tls_ca)
     if settings.redis_tls_cert is not None:
@@ -235,8 +235,8 @@ def _secret(setting: str, ref: str, settings: Settings, environ: Mapping[str, st
     return sources.resolve(setting, ref)
 
 
-def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = dict(timeouts)
+def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, object]:
+    kwargs: dict[str, object] = dict(timeouts)
     if t.username:
         kwargs["username"] = t.username
     if t.password is not None:
@@ -244,8 +244,8 @@ def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _sentinel_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = dict(timeouts)
+def _sentinel_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, object]:
+    kwargs: dict[str, object] = dict(timeouts)
     if t.sentinel_username:
         kwargs["username"] = t.sentinel_username
     if t.sentinel_password is not None:
@@ -305,7 +305,7 @@ def sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
         manager = redis.sentinel.Sentinel(
             list(t.sentinels), sentinel_kwargs=_sentinel_kwargs(t, **timeouts), **kwargs
         )
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         if t.tls:
             extra = {"connection_class": redis.sentinel.SentinelManagedSSLConnection, **t.ssl}
         client: redis.Redis = manager.master_for(t.master, db=t.db, **extra)
@@ -329,7 +329,7 @@ def _async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
         manager = asentinel.Sentinel(
             list(t.sentinels), sentinel_kwargs=_sentinel_kwargs(t, **timeouts), **kwargs
         )
-        extra: dict[str, Any] = {}
+        extra: dict[str, object] = {}
         if t.tls:
             extra = {"connection_class": asentinel.SentinelManagedSSLConnection, **t.ssl}
         client: aioredis.Redis = manager.master_for(t.master, db=t.db, **extra)
@@ -337,18 +337,18 @@ def _async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
     return aioredis.Redis.from_url(t.url, **t.ssl, **kwargs)
 
 
-def broker_options(t: RedisTarget) -> dict[str, Any]:
+def broker_options(t: RedisTarget) -> dict[str, object]:
     """The Celery settings that connect to ``t`` as the broker: ``broker_url`` (its TLS
     query parameters moved to ``broker_use_ssl``, which kombu would otherwise fill with
     ``CERT_NONE`` for a ``rediss://`` URL without them), the ACL user, the sentinel master."""
-    opts: dict[str, Any] = {"broker_url": _with_user(t)}
+    opts: dict[str, object] = {"broker_url": _with_user(t)}
     if t.tls:
         reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL}
         opts["broker_use_ssl"] = {
             **t.ssl,
             "ssl_cert_reqs": reqs.get(str(t.ssl.get("ssl_cert_reqs")), ssl.CERT_REQUIRED),
         }
-    transport: dict[str, Any] = {}
+    transport: dict[str, object] = {}
     if t.master:
         transport["master_name"] = t.master
         sentinel_kwargs = _sentinel_kwargs(t)

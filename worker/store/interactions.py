@@ -73,18 +73,18 @@ class InteractionStore:
                 token=self._token,
             )
 
-    async def get(self, interaction_id: str) -> dict[str, Any] | None:
+    async def get(self, interaction_id: str) -> dict[str, object] | None:
         raw = await self._client.hget(self._key, interaction_id)
         return None if raw is None else dict(json.loads(raw))
 
 
-def read_record(client: redis.Redis, job_id: str, interaction_id: str) -> dict[str, Any] | None:
+def read_record(client: redis.Redis, job_id: str, interaction_id: str) -> dict[str, object] | None:
     """One interaction record of the job, or None when it has no such interaction."""
     raw: Any = client.hget(keys.interactions(job_id), interaction_id)
     return None if raw is None else dict(json.loads(raw))
 
 
-def read_records(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
+def read_records(client: redis.Redis, job_id: str) -> list[dict[str, object]]:
     """Every interaction record of the job, in no particular order."""
     raw: Any = client.hgetall(keys.interactions(job_id))
     return [dict(json.loads(value)) for value in raw.values()]

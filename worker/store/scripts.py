@@ -64,7 +64,7 @@ PROGRAMS = (
     PUT_INTERACTION,
 )
 
-_registered: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_registered: weakref.WeakKeyDictionary[Any, dict[str, object]] = weakref.WeakKeyDictionary()
 
 
 def bound(client: aioredis.Redis, program: Program) -> AsyncScript:

@@ -19,12 +19,12 @@ from worker.store import fields as f
 from worker.store import keys, scripts
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     """A Redis reply (bytes or text) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def text_or_none(value: Any) -> str | None:
+def text_or_none(value: object) -> str | None:
     return None if value is None else text(value)
 
 
@@ -97,7 +97,7 @@ class JobState:
         """The stream id after which the current attempt's events begin."""
         return self.fields.get(f.ATTEMPT_AFTER) or None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """What ``acp-worker status --json`` prints: the hash less its bookkeeping."""
         extra = {k: v for k, v in self.fields.items() if k not in f.INTERNAL}
         return {**extra, "job_id": self.job_id, "attempt": self.attempt, "status": self.status}

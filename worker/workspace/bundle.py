@@ -50,7 +50,7 @@ def upload_bundle(
     attempt: int,
     captured: Captured,
     workspace: Path,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Upload the bundle; returns the manifest's reference for ``job.completed``.
 
     Raises:
@@ -83,7 +83,7 @@ def _upload(
     *,
     job_id: str,
     attempt: int,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     from worker.workspace import s3
 
     uploader = _Blobs(client, target)
@@ -117,7 +117,7 @@ def _is_file(change: Change) -> bool:
     return change.after is not None and change.after.kind == "file"
 
 
-def _file(uploader: _Blobs, change: Change, root: Path) -> dict[str, Any]:
+def _file(uploader: _Blobs, change: Change, root: Path) -> dict[str, object]:
     entry = change.after
     assert entry is not None
     blob = uploader.put_file(root / change.path, entry, name=shown(change.path))
@@ -156,7 +156,7 @@ class _Blobs:
         self._sent = 0
         self._known: set[str] = set()
 
-    def put(self, data: bytes, content_type: str) -> dict[str, Any]:
+    def put(self, data: bytes, content_type: str) -> dict[str, object]:
         """Upload bytes held in memory (the patch, bounded by its own limit)."""
 
         def send(key: str) -> None:
@@ -165,7 +165,7 @@ class _Blobs:
 
         return self._put(hashlib.sha256(data).hexdigest(), len(data), send)
 
-    def put_file(self, path: Path, entry: Entry, *, name: str) -> dict[str, Any]:
+    def put_file(self, path: Path, entry: Entry, *, name: str) -> dict[str, object]:
         """Upload a changed file, streamed, if its captured content is not stored yet."""
         assert entry.sha256 is not None
         digest = entry.sha256
@@ -177,7 +177,7 @@ class _Blobs:
 
         return self._put(digest, entry.size, send)
 
-    def _put(self, digest: str, size: int, send: Callable[[str], None]) -> dict[str, Any]:
+    def _put(self, digest: str, size: int, send: Callable[[str], None]) -> dict[str, object]:
         key = f"{self._target.prefix}/blobs/sha256/{digest}".lstrip("/")
         ref = {"key": key, "sha256": digest, "size": size}
         if digest in self._known:

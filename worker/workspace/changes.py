@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from worker.events import notices
 from worker.events.models import Notice
@@ -60,7 +60,7 @@ def capture(staged: StagedWorkspace, *, limits: PatchLimits) -> Captured:
     return Captured(changes, patch, limits)
 
 
-def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
+def write_patch(patch: Patch, path: Path) -> dict[str, object]:
     """Store the patch; returns its reference for the event (:func:`event_data` adds
     what the patch left out)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,13 +73,23 @@ def write_patch(patch: Patch, path: Path) -> dict[str, Any]:
     }
 
 
+class ChangesData(TypedDict):
+    """``workspace.changed`` data, as :func:`event_data` builds it."""
+
+    counts: dict[str, int]
+    total: int
+    truncated: bool
+    paths: list[dict[str, object]]
+    patch: dict[str, object] | None
+
+
 def event_data(
     captured: Captured,
     patch_ref: dict[str, object] | None,
     *,
     max_paths: int,
     max_bytes: int = EVENT_DATA_BYTES,
-) -> dict[str, Any]:
+) -> ChangesData:
     """``workspace.changed`` data: counts, a bounded path list, the patch reference with
     what the patch left out (a path list bounded alike, exact counts by reason).
 
@@ -90,11 +100,12 @@ def event_data(
     counts: Counter[str] = Counter(change.status for change in captured.changes)
     omitted = {o.path: o.reason for o in captured.patch.omitted}
     listed = [_path(c, omitted) for c in captured.changes[:max_paths]]
-    patch, left_out = None, []
+    patch: dict[str, object] | None = None
+    left_out: list[str] = []
     if patch_ref is not None:
         patch = {**patch_ref, **_omissions(captured.patch)}
         left_out = [shown(o.path) for o in captured.patch.omitted[:max_paths]]
-    data = {
+    data: ChangesData = {
         "counts": {status: counts.get(status, 0) for status in STATUSES},
         "total": len(captured.changes),
         "truncated": False,
@@ -104,7 +115,7 @@ def event_data(
     return _fit(data, listed, left_out, max_bytes)
 
 
-def _omissions(patch: Patch) -> dict[str, Any]:
+def _omissions(patch: Patch) -> dict[str, object]:
     reasons = Counter(o.reason for o in patch.omitted)
     return {
         "complete": patch.complete,
@@ -115,8 +126,8 @@ def _omissions(patch: Patch) -> dict[str, Any]:
 
 
 def _fit(
-    data: dict[str, Any], paths: list[dict[str, Any]], omitted: list[str], max_bytes: int
-) -> dict[str, Any]:
+    data: ChangesData, paths: list[dict[str, object]], omitted: list[str], max_bytes: int
+) -> ChangesData:
     """``data`` with the longest prefixes of ``paths`` and of the patch's ``omitted``
     that fit in ``max_bytes``: each list gets half the room, and what one leaves
     unused goes to the other."""
@@ -134,8 +145,8 @@ def _fit(
     }
 
 
-def _with(data: dict[str, Any], omitted: list[str]) -> dict[str, Any] | None:
-    patch: dict[str, Any] | None = data["patch"]
+def _with(data: ChangesData, omitted: list[str]) -> dict[str, object] | None:
+    patch = data["patch"]
     return None if patch is None else {**patch, "omitted": omitted}
 
 
@@ -163,10 +174,10 @@ def incomplete_notice(captured: Captured) -> Notice | None:
     )
 
 
-def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
+def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, object]:
     now = change.after or change.before
     assert now is not None
-    item: dict[str, Any] = {"status": change.status, "kind": now.kind}
+    item: dict[str, object] = {"status": change.status, "kind": now.kind}
     item.update(named("path", change.path))
     item.update(_facts("", change.after))
     if change.before is not None and change.status != "added":
@@ -178,10 +189,10 @@ def _path(change: Change, omitted: Mapping[str, str]) -> dict[str, Any]:
     return item
 
 
-def _facts(prefix: str, entry: Entry | None) -> dict[str, Any]:
+def _facts(prefix: str, entry: Entry | None) -> dict[str, object]:
     if entry is None:
         return {}
-    facts: dict[str, Any] = {f"{prefix}mode": f"{entry.mode:04o}"}
+    facts: dict[str, object] = {f"{prefix}mode": f"{entry.mode:04o}"}
     if entry.kind == "file":
         facts[f"{prefix}size"] = entry.size
         facts[f"{prefix}sha256"] = entry.sha256
@@ -190,7 +201,7 @@ def _facts(prefix: str, entry: Entry | None) -> dict[str, Any]:
     return facts
 
 
-def named(key: str, name: str) -> dict[str, Any]:
+def named(key: str, name: str) -> dict[str, object]:
     """``{key: name}``; a name that is not UTF-8 (its bytes arrive as surrogates) with
     those bytes as ``\\xNN`` and ``<key>_escaped``: an event is UTF-8 JSON."""
     text = shown(name)

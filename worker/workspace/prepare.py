@@ -13,7 +13,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from worker.admission import Note, check_workspace
 from worker.errors import WorkspaceUnavailable
@@ -32,7 +31,7 @@ class Prepared:
     cleanup: list[Path] = field(default_factory=list)
     #: The workspace's own filesystem (inside the job dir; unmounted when that goes).
     disk: BoundedDisk | None = None
-    source_info: dict[str, Any] = field(default_factory=dict)
+    source_info: dict[str, object] = field(default_factory=dict)
     #: What the admission of the source could not judge (it admitted the source).
     admission_notes: tuple[Note, ...] = ()
 

@@ -525,7 +525,7 @@ async def _download(sandbox: DaytonaSandbox, dest: Path, limit: int) -> None:
             out.write(chunk)
 
 
-def network_params(spec: SandboxSpec) -> dict[str, Any]:
+def network_params(spec: SandboxSpec) -> dict[str, object]:
     """Daytona's network settings for the spec (docs/daytona.md says where they differ):
     ``none`` → ``network_block_all``; ``allowlist`` → the hosts as Daytona's domain allow
     list and IP literals as its CIDR allow list (Daytona allows every port of them)."""
@@ -542,7 +542,7 @@ def network_params(spec: SandboxSpec) -> dict[str, Any]:
             domains.append(endpoint.host)
         else:
             cidrs.append(f"{endpoint.host}/{128 if ':' in endpoint.host else 32}")
-    params: dict[str, Any] = {"network_block_all": False}
+    params: dict[str, object] = {"network_block_all": False}
     if domains:
         params["domain_allow_list"] = ",".join(sorted(set(domains)))
     if cidrs:

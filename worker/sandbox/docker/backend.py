@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker.admission import AdmissionResult, MaskEntry, mask_plan
 from worker.errors import SandboxError
@@ -370,7 +370,7 @@ class DockerBackend:
         """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
         return await asyncio.to_thread(lambda: list_sandboxes(self.engine.client.api, labels))
 
-    async def status(self, sandbox_id: str) -> dict[str, Any] | None:
+    async def status(self, sandbox_id: str) -> dict[str, object] | None:
         """Per-container state of a sandbox (running, exit status, OOM as inferred)."""
         check_id(sandbox_id, backend=BACKEND_NAME)
         return await asyncio.to_thread(lambda: sandbox_status(self.engine.client.api, sandbox_id))

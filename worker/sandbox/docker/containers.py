@@ -89,7 +89,7 @@ def container_config(
     *,
     podman: bool,
     masks: Sequence[MaskEntry] = (),
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The create request body (pure apart from the SDK's helpers)."""
     home = {**_tmpfs(podman=podman), **_state_tmpfs(spec, podman=podman)}
     host_config = api.create_host_config(
@@ -109,7 +109,7 @@ def container_config(
         log_config={"Type": "none", "Config": {}},
         ipc_mode="private",
     )
-    config: dict[str, Any] = api.create_container_config(
+    config: dict[str, object] = api.create_container_config(
         plan.image_id,
         command=launcher_argv(),
         user=f"{SANDBOX_UID}:{SANDBOX_GID}",

@@ -292,7 +292,7 @@ def list_sandboxes(api: Any, labels: Mapping[str, str]) -> list[SandboxInfo]:
     return sorted(infos.values(), key=lambda i: i.sandbox_id)
 
 
-def sandbox_status(api: Any, sandbox_id: str) -> dict[str, Any] | None:
+def sandbox_status(api: Any, sandbox_id: str) -> dict[str, object] | None:
     """Per-container state of a sandbox (running, exit status, OOM as inferred; blocking)."""
     with translate("status", sandbox_id=sandbox_id):
         found = api.containers(all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})

@@ -124,7 +124,7 @@ def translate(action: str, **details: Any) -> Iterator[None]:
         ) from exc
 
 
-def _api_error(action: str, exc: ApiException, details: dict[str, Any]) -> SandboxError:
+def _api_error(action: str, exc: ApiException, details: dict[str, object]) -> SandboxError:
     code, status = _answer(exc)
     reason = str(status.get("reason") or _REASONS.get(code) or exc.reason or "Unknown")
     message = str(status.get("message") or reason)
@@ -146,7 +146,7 @@ _REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Alread
             504: "Timeout"}  # fmt: skip
 
 
-def _answer(exc: ApiException) -> tuple[int, dict[str, Any]]:
+def _answer(exc: ApiException) -> tuple[int, dict[str, object]]:
     """The HTTP status and ``Status`` body of an API answer. An exec whose WebSocket
     handshake was refused comes from the client as status 0 with the handshake's
     status line and body in its reason (``Handshake status 403 Forbidden -+-+- …``):
@@ -318,7 +318,7 @@ class PodApi:
             found = retrying(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         return list(found.items or [])
 
-    def pod_events(self, name: str) -> list[dict[str, Any]]:
+    def pod_events(self, name: str) -> list[dict[str, object]]:
         """The pod's last events (``EVENTS_KEPT``, oldest first): what the scheduler and
         the kubelet said of it (``FailedScheduling``, ``Failed``, ``BackOff``, …)."""
         with translate("list events", pod=name):
@@ -416,7 +416,7 @@ class PodApi:
         reason, message = waiting
         name = pod.metadata.name if pod.metadata is not None else None
         try:
-            events: list[dict[str, Any]] | str = self.pod_events(str(name))
+            events: list[dict[str, object]] | str = self.pod_events(str(name))
         except SandboxError as exc:  # the error says what it can without them
             events = f"unreadable: {exc.details.get('reason', exc)}"
         what = (
@@ -503,7 +503,7 @@ class PodApi:
                 raise
 
 
-def _model(model: Any, obj: Mapping[str, Any]) -> Any:
+def _model(model: Any, obj: Mapping[str, object]) -> Any:
     """``obj`` as the client's model (its own validation first)."""
     try:
         made = model.from_dict(dict(obj))
@@ -560,7 +560,7 @@ def pending_wait(pod: client.V1Pod) -> tuple[str, str] | None:
     return None
 
 
-def _conditions(pod: client.V1Pod) -> list[dict[str, Any]]:
+def _conditions(pod: client.V1Pod) -> list[dict[str, object]]:
     """The pod's conditions as the API gives them (type, status, reason, message)."""
     found = (pod.status.conditions if pod.status is not None else None) or []
     return [
@@ -579,7 +579,7 @@ def _event_time(event: Any) -> str:
     return "" if when is None else str(when.isoformat() if hasattr(when, "isoformat") else when)
 
 
-def _event(event: Any) -> dict[str, Any]:
+def _event(event: Any) -> dict[str, object]:
     """One event of the pod, as ``kubectl describe`` shows it."""
     return {
         "type": event.type,
@@ -616,7 +616,7 @@ def ended_failure(pod: client.V1Pod) -> SandboxError:
     status, name = pod.status, pod.metadata.name if pod.metadata else None
     reason = (status.reason if status is not None else None) or _container_end(pod) or "Ended"
     message = (status.message if status is not None else None) or reason
-    details: dict[str, Any] = {"pod": name}
+    details: dict[str, object] = {"pod": name}
     if reason == "OOMKilled":
         details["memory_limit"] = _memory_limit(pod)
     return cluster_error(f"the sandbox pod ended: {message}", reason=reason, **details)

@@ -18,10 +18,10 @@ functions, no API call (docs/kubernetes.md says why each field is there).
 
 from __future__ import annotations
 
+from typing import Any
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
@@ -158,14 +158,14 @@ def sandbox_labels(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, str
     }
 
 
-def _pod_metadata(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]:
+def _pod_metadata(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, object]:
     labels = sandbox_labels(spec, config)
     # The operator's labels and annotations first: the backend's own always win (the
     # config refuses their keys anyway).
     annotations = dict(config.k8s_pod_annotations)
     if config.k8s_disruption_annotations:
         annotations |= DISRUPTION_ANNOTATIONS
-    metadata: dict[str, Any] = {
+    metadata: dict[str, object] = {
         "name": pod_name(spec.job_id, spec.attempt),
         "namespace": config.k8s_namespace,
         "labels": dict(config.k8s_pod_labels) | pod_labels(labels),
@@ -180,7 +180,7 @@ def _pod_metadata(spec: SandboxSpec, config: KubernetesConfig) -> dict[str, Any]
     return metadata
 
 
-def _owner_reference(config: KubernetesConfig) -> dict[str, Any]:
+def _owner_reference(config: KubernetesConfig) -> dict[str, object]:
     """The worker's pod as the sandbox pod's owner.
 
     Raises:
@@ -206,8 +206,8 @@ def _owner_reference(config: KubernetesConfig) -> dict[str, Any]:
     }
 
 
-def _pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, deadline_s: int) -> dict[str, Any]:
-    pod: dict[str, Any] = {
+def _pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, deadline_s: int) -> dict[str, object]:
+    pod: dict[str, object] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": deadline_s,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
@@ -229,9 +229,9 @@ def _pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, deadline_s: int) -
     return pod | _placement(config)
 
 
-def _placement(config: KubernetesConfig) -> dict[str, Any]:
+def _placement(config: KubernetesConfig) -> dict[str, object]:
     """Where the pod may run and as whom, from the config (each only when set)."""
-    placement: dict[str, Any] = {}
+    placement: dict[str, object] = {}
     if config.k8s_runtime_class_name is not None:
         placement["runtimeClassName"] = config.k8s_runtime_class_name
     if config.k8s_node_selector:
@@ -257,7 +257,7 @@ def _container(
     config: KubernetesConfig,
     command: Sequence[str],
     disk: int,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {
         "name": CONTAINER,
         "image": image,
@@ -273,7 +273,7 @@ def _container(
     }
 
 
-def _mounts() -> list[dict[str, Any]]:
+def _mounts() -> list[dict[str, object]]:
     return [
         {"name": "workspace", "mountPath": WORKSPACE},
         {"name": "home", "mountPath": HOME},
@@ -281,7 +281,7 @@ def _mounts() -> list[dict[str, Any]]:
     ]
 
 
-def _container_security() -> dict[str, Any]:
+def _container_security() -> dict[str, object]:
     # The pod's identity and seccomp again: a container's own context takes precedence.
     return {
         "runAsNonRoot": True,
@@ -295,7 +295,7 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def _resources(spec: SandboxSpec, disk: int) -> dict[str, Any]:
+def _resources(spec: SandboxSpec, disk: int) -> dict[str, object]:
     """Requests equal to limits: the pod is scheduled only where all of it fits, and its
     QoS class is Guaranteed (evicted last under node pressure)."""
     limits = spec.limits
@@ -311,7 +311,7 @@ def _resources(spec: SandboxSpec, disk: int) -> dict[str, Any]:
     return {"requests": dict(quantities), "limits": dict(quantities)}
 
 
-def _volumes(spec: SandboxSpec, disk: int) -> list[dict[str, Any]]:
+def _volumes(spec: SandboxSpec, disk: int) -> list[dict[str, object]]:
     # HOME and /tmp are in memory (their pages count against the memory limit, as the
     # other backends' tmpfs do); the workspace is on the node's disk, bounded.
     in_memory = {"medium": "Memory", "sizeLimit": str(spec.tmpfs_bytes)}
@@ -326,13 +326,13 @@ def anchor_volume(index: int) -> str:
     return f"{ANCHOR_VOLUME}-{index}"
 
 
-def mask_mounts(masks: Sequence[MaskEntry]) -> list[dict[str, Any]]:
+def mask_mounts(masks: Sequence[MaskEntry]) -> list[dict[str, object]]:
     """The container's mounts for ``masks`` (``worker.admission.mask_plan``), in order:
     each anchor directory a writable volume of its own (a mount point cannot be renamed
     or removed: EBUSY), each config file and directory the one empty read-only volume
     (so a config file reads as an empty directory nothing can be written in). A pod
     has no ``/dev/null`` bind; the runtime makes the missing mount points."""
-    mounts: list[dict[str, Any]] = []
+    mounts: list[dict[str, object]] = []
     anchors = 0
     for entry in masks:
         path = f"{WORKSPACE}/{entry.path}"
@@ -344,11 +344,11 @@ def mask_mounts(masks: Sequence[MaskEntry]) -> list[dict[str, Any]]:
     return mounts
 
 
-def mask_volumes(masks: Sequence[MaskEntry], disk: int) -> list[dict[str, Any]]:
+def mask_volumes(masks: Sequence[MaskEntry], disk: int) -> list[dict[str, object]]:
     """The volumes ``mask_mounts`` names: the anchors' on disk (bounded as the
     workspace is), the empty one in memory (nothing is ever written to it)."""
     anchors = sum(1 for e in masks if e.kind is MaskKind.ANCHOR)
-    volumes = [
+    volumes: list[dict[str, object]] = [
         {"name": anchor_volume(i), "emptyDir": {"sizeLimit": str(disk)}} for i in range(anchors)
     ]
     if anchors < len(masks):
@@ -367,7 +367,7 @@ class ProxyPeer:
     port: int
 
 
-def network_policies(config: KubernetesConfig, proxy: ProxyPeer | None) -> list[dict[str, Any]]:
+def network_policies(config: KubernetesConfig, proxy: ProxyPeer | None) -> list[dict[str, object]]:
     """The sandbox namespace's NetworkPolicies the backend creates: deny-all for every
     sandbox pod, and, with a ``proxy``, egress from ``allowlist`` pods to it alone (TCP,
     its port; no DNS: the proxy resolves names). None when ``k8s_network_policies`` is
@@ -385,7 +385,7 @@ def network_policies(config: KubernetesConfig, proxy: ProxyPeer | None) -> list[
     return policies
 
 
-def _policy(config: KubernetesConfig, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _policy(config: KubernetesConfig, name: str, spec: dict[str, object]) -> dict[str, object]:
     return {
         "apiVersion": _NETWORKING,
         "kind": "NetworkPolicy",
@@ -398,7 +398,7 @@ def _policy(config: KubernetesConfig, name: str, spec: dict[str, Any]) -> dict[s
     }
 
 
-def _deny_all(config: KubernetesConfig) -> dict[str, Any]:
+def _deny_all(config: KubernetesConfig) -> dict[str, object]:
     # Both types listed and no rule of either: nothing in, nothing out.
     selector = {"matchLabels": {LABEL_BACKEND: BACKEND_NAME}}
     return _policy(
@@ -406,8 +406,8 @@ def _deny_all(config: KubernetesConfig) -> dict[str, Any]:
     )
 
 
-def _proxy_only(config: KubernetesConfig, proxy: ProxyPeer) -> dict[str, Any]:
-    peer: dict[str, Any] = {"podSelector": {"matchLabels": _selector(proxy.pod_labels)}}
+def _proxy_only(config: KubernetesConfig, proxy: ProxyPeer) -> dict[str, object]:
+    peer: dict[str, object] = {"podSelector": {"matchLabels": _selector(proxy.pod_labels)}}
     if proxy.namespace_labels is not None:
         # One peer with both selectors: pods with these labels in such namespaces only.
         peer["namespaceSelector"] = {"matchLabels": _selector(proxy.namespace_labels)}
@@ -477,7 +477,7 @@ RBAC_RULES: tuple[RbacRule, ...] = (
 """Exactly what the backend needs, in its sandbox namespace only."""
 
 
-def role(config: KubernetesConfig, *, name: str = ROLE_NAME) -> dict[str, Any]:
+def role(config: KubernetesConfig, *, name: str = ROLE_NAME) -> dict[str, object]:
     """The namespace-scoped Role granting ``RBAC_RULES`` in the sandbox namespace (less
     NetworkPolicy ``create`` when ``k8s_network_policies`` is ``external``)."""
     external = config.k8s_network_policies == "external"
@@ -499,7 +499,7 @@ def role_binding(
     service_account: str,
     service_account_namespace: str,
     name: str = ROLE_NAME,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Binds the Role ``name`` in the sandbox namespace to the worker's ServiceAccount
     (which may live in another namespace).
 
