@@ -23,8 +23,8 @@ it can.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from worker.events import notices
 from worker.events.emitter import Emit

@@ -192,7 +192,7 @@ class AcpSession:
             await self._emit(notices.cost_raising_default(selected["model"], raising))
 
 
-def offered_modes(session: Mapping[str, Any]) -> list[str]:
+def offered_modes(session: Mapping[str, object]) -> list[str]:
     """The mode ids of a ``session/new`` (or ``session/load``) result's
     ``modes.availableModes``, in the agent's order."""
     modes = session.get("modes")
@@ -204,7 +204,7 @@ def offered_modes(session: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def check_mode(session: Mapping[str, Any], mode: str) -> None:
+def check_mode(session: Mapping[str, object], mode: str) -> None:
     """Refuse a mode the agent did not offer, before asking for it.
 
     Raises:
@@ -235,8 +235,8 @@ def initialized_data(init: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def session_data(session_id: str, session: Mapping[str, Any], resumed: bool) -> dict[str, Any]:
-    def mapping(key: str) -> dict[str, Any] | None:
+def session_data(session_id: str, session: Mapping[str, object], resumed: bool) -> dict[str, Any]:
+    def mapping(key: str) -> dict[str, object] | None:
         value = session.get(key)
         return dict(value) if isinstance(value, Mapping) else None
 

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,7 +295,7 @@ async def _shutdown(agent: AgentProcess, settings: Settings) -> dict[str, object
 # --- human output ------------------------------------------------------------------
 
 
-def render(report: Mapping[str, object]) -> str:
+def render(report: Mapping[str, Any]) -> str:
     """The probe report as a few readable lines."""
     pack, info = report["pack"], report.get("agent_info") or {}
     name = info.get("title") or info.get("name", "?")
@@ -317,19 +317,19 @@ def render(report: Mapping[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _flat(value: Any, prefix: str = "") -> str:
+def _flat(value: object, prefix: str = "") -> str:
     if isinstance(value, Mapping) and value:
         return ", ".join(_flat(v, f"{prefix}{k}.") for k, v in value.items())
     shown = "{}" if isinstance(value, Mapping) else json.dumps(value)
     return f"{prefix.rstrip('.')}={shown}"
 
 
-def _auth(methods: list[Any]) -> str:
+def _auth(methods: Iterable[object]) -> str:
     ids = [str(m.get("id")) for m in methods if isinstance(m, Mapping)]
     return ", ".join(ids) if ids else "(none advertised)"
 
 
-def _credential_lines(report: Mapping[str, object]) -> list[str]:
+def _credential_lines(report: Mapping[str, Any]) -> list[str]:
     names = report.get("credentials") or []
     if not names:
         return []
@@ -342,7 +342,7 @@ def _credential_lines(report: Mapping[str, object]) -> list[str]:
     return lines
 
 
-def _session_lines(session: Mapping[str, object] | None, bound: bool) -> list[str]:
+def _session_lines(session: Mapping[str, Any] | None, bound: bool) -> list[str]:
     if session is None:
         return []
     if not session.get("opened"):

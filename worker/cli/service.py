@@ -323,7 +323,7 @@ def _client(args: argparse.Namespace, settings: Settings) -> Client:
     return Client(settings.redis_url or "", settings=settings)
 
 
-def _load_job(path: Path) -> dict[str, Any]:
+def _load_job(path: Path) -> dict[str, object]:
     """The job file, with a relative local workspace made absolute (the worker is elsewhere)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -384,7 +384,7 @@ def _requeue(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _say(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+def _say(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
     if _as_json(args):
         print(json.dumps(data), flush=True)
     else:

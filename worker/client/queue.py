@@ -129,7 +129,9 @@ def send_run(
     )
 
 
-def fill_time_limits(headers: MutableMapping[str, object], body: object, settings: Settings) -> None:
+def fill_time_limits(
+    headers: MutableMapping[str, object], body: object, settings: Settings
+) -> None:
     """Give a ``tasks.run_job`` message that lacks them the time limits of its job.
 
     ``headers`` and ``body`` are a protocol-2 message as ``before_task_publish`` sees it

@@ -52,8 +52,8 @@ class TextChannels:
     def __init__(self, redactor: Redactor) -> None:
         self._redactor = redactor
         # key → (the channel's last event without its content, its held text)
-        self._deltas: dict[tuple[Any, ...], tuple[Data, str]] = {}
-        self._tools: dict[tuple[Any, ...], _Tool] = {}
+        self._deltas: dict[tuple[object, ...], tuple[Data, str]] = {}
+        self._tools: dict[tuple[object, ...], _Tool] = {}
 
     def process(self, type_: str, data: Data) -> list[tuple[str, Data]]:
         """The events to emit for one event (``data`` is the emitter's own copy): none

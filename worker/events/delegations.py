@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from worker.errors import WorkerError
 from worker.events import notices
@@ -108,7 +108,9 @@ class Delegations:
 
     # -- sources ------------------------------------------------------------------------
 
-    def task_tool(self, tool_call_id: str, raw_input: Mapping[str, object], parent: str | None) -> Out:
+    def task_tool(
+        self, tool_call_id: str, raw_input: Mapping[str, object], parent: str | None
+    ) -> Out:
         """The parent's Task ``tool_call`` (``rawInput._toolName == "task"``)."""
         try:
             task = self._task(tool_call_id)

@@ -165,7 +165,9 @@ class Normalizer:
             self._attribution.stamp(out, child, replay=self.replay)
         return out
 
-    def _mapped(self, kind: str, update: Mapping[str, object], child: str | None, raw: object) -> Out:
+    def _mapped(
+        self, kind: str, update: Mapping[str, object], child: str | None, raw: object
+    ) -> Out:
         handler = self._kinds.get(kind)
         if handler is None:
             return [self.provider_unmapped(kind, raw)]

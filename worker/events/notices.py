@@ -9,7 +9,7 @@ is bounded before it goes into a notice.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from worker.errors import ResultUploadFailed
 from worker.events.bounded import bounded, bounded_json

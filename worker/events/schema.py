@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from worker.events.models import EVENT_TYPES, EVENT_VERSION, Envelope
 
 SCHEMA_ID = "https://acp-worker.dev/schemas/events-v1.json"

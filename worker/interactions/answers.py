@@ -87,7 +87,7 @@ def _adapter(kind: str) -> TypeAdapter[Any]:
 
 
 def validate_answer(
-    kind: str, request: Mapping[str, object], raw: Any, *, turn: int
+    kind: str, request: Mapping[str, object], raw: object, *, turn: int
 ) -> dict[str, object]:
     """The canonical answer (``turn`` dropped) when ``raw`` answers ``request``.
 

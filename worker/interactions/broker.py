@@ -47,13 +47,13 @@ class AnswerMessage:
     """One ``answer`` entry of the control stream."""
 
     interaction_id: str
-    answer: Any
+    answer: object
     job_id: str | None = None
 
 
 @dataclass(slots=True)
 class _Open:
-    record: dict[str, object]
+    record: dict[str, Any]
     future: asyncio.Future[tuple[dict[str, object], str]]
     taken: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -171,7 +171,7 @@ class InteractionBroker:
         await self._emit(InteractionRequested.model_validate(data))
         return True
 
-    def _requested_data(self, record: Mapping[str, object]) -> dict[str, object]:
+    def _requested_data(self, record: Mapping[str, Any]) -> dict[str, Any]:
         return {
             "interaction_id": record["interaction_id"],
             "kind": record["kind"],

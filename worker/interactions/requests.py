@@ -155,7 +155,7 @@ def _opt(value: object) -> str | None:
 # -- canonical answer → native reply ------------------------------------------------------
 
 
-def native_reply(kind: str, answer: Mapping[str, object]) -> dict[str, object]:
+def native_reply(kind: str, answer: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON-RPC result the agent gets for a canonical answer."""
     outcome = answer["outcome"]
     if outcome == "cancelled":

@@ -78,7 +78,7 @@ def send_answer(
     )
 
 
-def list_records(client: redis.Redis, job_id: str) -> list[dict[str, Any]]:
+def list_records(client: redis.Redis, job_id: str) -> list[dict[str, object]]:
     """Every interaction record of the job, oldest first."""
     return sorted(
         read_records(client, job_id), key=lambda r: (r.get("attempt", 0), r.get("requested_at", ""))

@@ -125,7 +125,9 @@ def after_agent_exit(
     return JobOutcome("failed", outcome.stop_reason, oom, oom.exit_code)
 
 
-def _sandbox_ended(outcome: JobOutcome, cause: SandboxError, agent: dict[str, object]) -> JobOutcome:
+def _sandbox_ended(
+    outcome: JobOutcome, cause: SandboxError, agent: dict[str, object]
+) -> JobOutcome:
     """``cause`` as the job's error, the agent's end (its ``exit_code`` or ``signal``,
     what it last wrote on stderr) kept in its details beside the platform's own."""
     cause.details = {**agent, **cause.details}

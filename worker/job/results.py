@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
 
 from worker.errors import ResultUploadFailed
 from worker.events import notices
@@ -34,7 +33,7 @@ class Results:
     (None: none uploaded) and the upload's failure, if any."""
 
     changes: tuple[Change, ...] | None = None
-    result: dict[str, Any] | None = None
+    result: dict[str, object] | None = None
     upload_error: ResultUploadFailed | None = None
 
 

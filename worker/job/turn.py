@@ -12,7 +12,6 @@ import contextlib
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient, PromptResult
@@ -292,7 +291,7 @@ class Turn:
 
 
 async def _done_first(
-    work: asyncio.Task[Any],
+    work: asyncio.Task[object],
     cancel: asyncio.Event,
     deadline: float,
     over: asyncio.Event | None = None,
@@ -310,7 +309,7 @@ async def _done_first(
     return work.done()
 
 
-async def _end(work: asyncio.Task[Any]) -> None:
+async def _end(work: asyncio.Task[object]) -> None:
     """Cancel ``work`` unless it is done, and collect it (its error, if any, is not ours)."""
     if not work.done():
         work.cancel()

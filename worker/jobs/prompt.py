@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -163,7 +164,7 @@ def _signature_matches(mime_type: str, raw: bytes) -> bool:
     return mime_type != "image/webp" or raw[8:12] == b"WEBP"
 
 
-def prompt_size(blocks: list[Any]) -> int:
+def prompt_size(blocks: Sequence[object]) -> int:
     """What a list of prompt blocks weighs: the UTF-8 bytes of their text and data."""
     total = 0
     for block in blocks:
@@ -173,7 +174,7 @@ def prompt_size(blocks: list[Any]) -> int:
     return total
 
 
-def check_prompt(blocks: list[Any]) -> None:
+def check_prompt(blocks: Sequence[object]) -> None:
     """The whole prompt's bounds.
 
     Raises:

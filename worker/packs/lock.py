@@ -10,9 +10,9 @@ contract is refused before anything is read (``worker.packs.contract``).
 
 from __future__ import annotations
 
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 

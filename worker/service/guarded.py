@@ -14,7 +14,6 @@ An invalid job spec whose id can be read settles with one ``job.completed`` carr
 
 from __future__ import annotations
 
-from typing import Any
 import asyncio
 import contextlib
 import json
@@ -22,6 +21,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 

@@ -54,7 +54,7 @@ class RedisTarget:
 
     url: str  # as configured, minus the TLS query parameters (credentials may be in it)
     tls: bool
-    ssl: Mapping[str, object] = field(default_factory=dict)  # redis-py ssl_* keyword arguments
+    ssl: Mapping[str, Any] = field(default_factory=dict)  # redis-py ssl_* keyword arguments
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     sentinels: tuple[tuple[str, int], ...] = ()
@@ -235,7 +235,7 @@ def _secret(setting: str, ref: str, settings: Settings, environ: Mapping[str, st
     return sources.resolve(setting, ref)
 
 
-def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, object]:
+def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
     kwargs: dict[str, object] = dict(timeouts)
     if t.username:
         kwargs["username"] = t.username
@@ -244,7 +244,7 @@ def _conn_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, object]:
     return kwargs
 
 
-def _sentinel_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, object]:
+def _sentinel_kwargs(t: RedisTarget, **timeouts: Any) -> dict[str, Any]:
     kwargs: dict[str, object] = dict(timeouts)
     if t.sentinel_username:
         kwargs["username"] = t.sentinel_username
@@ -305,7 +305,7 @@ def sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
         manager = redis.sentinel.Sentinel(
             list(t.sentinels), sentinel_kwargs=_sentinel_kwargs(t, **timeouts), **kwargs
         )
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if t.tls:
             extra = {"connection_class": redis.sentinel.SentinelManagedSSLConnection, **t.ssl}
         client: redis.Redis = manager.master_for(t.master, db=t.db, **extra)
@@ -329,7 +329,7 @@ def _async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
         manager = asentinel.Sentinel(
             list(t.sentinels), sentinel_kwargs=_sentinel_kwargs(t, **timeouts), **kwargs
         )
-        extra: dict[str, object] = {}
+        extra: dict[str, Any] = {}
         if t.tls:
             extra = {"connection_class": asentinel.SentinelManagedSSLConnection, **t.ssl}
         client: aioredis.Redis = manager.master_for(t.master, db=t.db, **extra)
@@ -337,7 +337,7 @@ def _async_client(t: RedisTarget, **timeouts: Any) -> aioredis.Redis:
     return aioredis.Redis.from_url(t.url, **t.ssl, **kwargs)
 
 
-def broker_options(t: RedisTarget) -> dict[str, object]:
+def broker_options(t: RedisTarget) -> dict[str, Any]:
     """The Celery settings that connect to ``t`` as the broker: ``broker_url`` (its TLS
     query parameters moved to ``broker_use_ssl``, which kombu would otherwise fill with
     ``CERT_NONE`` for a ``rediss://`` URL without them), the ACL user, the sentinel master."""

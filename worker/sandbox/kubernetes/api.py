@@ -104,13 +104,13 @@ REASON_ERRORS: dict[str, type[SandboxError]] = {
 }
 
 
-def cluster_error(message: str, *, reason: str, **details: Any) -> SandboxError:
+def cluster_error(message: str, *, reason: str, **details: object) -> SandboxError:
     """The typed error of a cluster ``reason`` (``REASON_ERRORS``; else ``SandboxError``)."""
     return REASON_ERRORS.get(reason, SandboxError)(message, reason=reason, **details)
 
 
 @contextlib.contextmanager
-def translate(action: str, **details: Any) -> Iterator[None]:
+def translate(action: str, **details: object) -> Iterator[None]:
     """``ApiException`` and connection failures as ``SandboxError`` (``reason``: the API's)."""
     try:
         yield
@@ -202,7 +202,7 @@ def _log_retry(retry_state: tenacity.RetryCallState) -> None:
     )
 
 
-def retrying(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+def retrying(call: Callable[..., _T], *args: object, **kwargs: object) -> _T:
     """``call(*args, **kwargs)``, tried again on a transient answer (``_transient``),
     at most ``RETRY_ATTEMPTS`` times within ``RETRY_BUDGET_S``; the last failure is
     raised as it was. Only for calls that may be repeated."""

@@ -18,10 +18,10 @@ functions, no API call (docs/kubernetes.md says why each field is there).
 
 from __future__ import annotations
 
-from typing import Any
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from worker.admission import MaskEntry, MaskKind
 from worker.errors import SandboxError
