@@ -292,13 +292,16 @@ def warm_up(
     name: str,
     pause: float,
 ) -> str | None:
-    """One job per pack (the closure into the cache, the page cache, the pool's first
-    claim) and one direct run; in the warm mode, the first pack whose job found no warm
-    slot, or None."""
+    """Two jobs per pack (the closure into the cache and its verified record, the page
+    cache, the pool's first claims) and one direct run; in the warm mode, the first pack
+    whose job found no warm slot, or None."""
     warm = name == "warm"
     for pack, fake in fakes.items():
-        fake.add(say("hello"))
-        first = through_service(client, agent_job(pack, tmp, f"{name}-up"))
+        # Two: the first extracts the closure, whose verified record is written only by
+        # the second check, once the fresh files are older than its racy window.
+        for _ in range(2):
+            fake.add(say("hello"))
+            first = through_service(client, agent_job(pack, tmp, f"{name}-up"))
         asyncio.run(direct(pack, closures[pack], fake, tmp))
         time.sleep(pause)
         if warm and not through_service_is_warm(client, pack, fake, tmp, first):
