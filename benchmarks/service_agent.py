@@ -422,9 +422,9 @@ def main() -> None:
         finally:
             for url in (URL, BROKER):
                 redis.Redis.from_url(url).flushdb()
-    report(modes, opts.packs)
     if QUICK:
         print("(quick: one round, the figures mean nothing)")
+    report(modes, opts.packs)
 
 
 if __name__ == "__main__":
