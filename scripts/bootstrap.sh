@@ -77,7 +77,8 @@ fi
 # Nor did uv compile the dependencies' (pip does, as in the worker image): pydantic,
 # pydantic-settings and the rest compiled from source again on every command, ≈ 0.5 s of
 # `acp-worker run`'s start on these machines (docs/figures.md, one_shot.py). Once per venv
-# (a minute or so on 2 cores), then a stamp; a re-install above removes it.
+# (a minute or so on 2 cores), then a stamp keyed like the install's: a new pyproject.toml
+# (a new install) compiles again.
 compiled="$VENV/.compiled-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$compiled" ]; then
   echo "bootstrap: compiling the dependencies' bytecode" >&2
