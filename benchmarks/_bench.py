@@ -38,10 +38,12 @@ def verdict(met: bool | None) -> str:
     return "met" if met else "not met"
 
 
-def summary(figure: str, target: str, met: bool | None) -> None:
-    """Print the script's summary line."""
+def summary(figure: str, target: str, met: bool | None, *, note: str = "") -> None:
+    """Print the script's summary line; ``note`` is appended to the verdict (what it could
+    not measure, say), but not in the tiny-size mode."""
     script = Path(sys.argv[0]).name
-    line = {"script": script, "figure": figure, "target": target, "verdict": verdict(met)}
+    said = verdict(met) + (f" ({note})" if note and not QUICK else "")
+    line = {"script": script, "figure": figure, "target": target, "verdict": said}
     print(PREFIX + json.dumps(line, ensure_ascii=False), flush=True)
 
 

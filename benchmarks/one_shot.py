@@ -14,7 +14,10 @@ its baseline measured in the same run, interleaved round by round:
 
 `one_shot.py cli` or `one_shot.py closure` runs one part. With BASE=<the root of another
 checkout> (`git archive <rev> | tar -x -C DIR`), the CLI figures are also taken for that
-code, in the same rounds (its jobs run with PYTHONPATH=BASE). Medians over ROUNDS rounds
+code, in the same rounds (its jobs run with PYTHONPATH=BASE); with BASE_PYCACHE=<dir> the
+base side runs with that bytecode cache instead of the installed one (PYTHONPYCACHEPREFIX;
+the script compiles the worker and the standard library into it, not site-packages: the
+dependencies without bytecode, as uv installs them, against this side's). Medians over ROUNDS rounds
 (default 9; FULL_ROUNDS=3 for the full re-hash). No assertion: the figures go to
 docs/figures.md. The closure cache is ACPW_CACHE_DIR (the default cache if unset);
 the first run materializes the claude pack there (`make packs` builds its archive).
@@ -30,6 +33,7 @@ import stat
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,14 +49,18 @@ SANDBOX_UID = 61000  # a uid other than the worker's (the default sandbox_host_u
 
 
 BASE = os.environ.get("BASE")
+BASE_PYCACHE = os.environ.get("BASE_PYCACHE")
+BASED = BASE is not None or BASE_PYCACHE is not None
 
 
-def _run_job(pythonpath: str | None = None) -> tuple[float, float]:
+def _run_job(pythonpath: str | None = None, pycache: str | None = None) -> tuple[float, float]:
     """(start → first JSONL line, job.completed line → exit), in ms."""
     argv = [sys.executable, "-m", "worker.cli", "run", "hello.json", "--json", "--quiet"]
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = pycache
     start = time.perf_counter()
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=EXAMPLES, env=env
@@ -111,12 +119,21 @@ def cli_figures() -> None:
     _compile(REPO)
     if BASE is not None:
         _compile(Path(BASE))
+    if BASE_PYCACHE is not None:
+        # With a prefix Python reads no __pycache__ at all: the worker's bytecode and the
+        # standard library's go there too, as this side has them.
+        stdlib = sysconfig.get_paths()["stdlib"]
+        subprocess.run(
+            [sys.executable, "-X", f"pycache_prefix={BASE_PYCACHE}", "-m", "compileall", "-q",
+             "-j", "0", "-x", "site-packages|test", str(Path(BASE or REPO) / "worker"), stdlib],
+            check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
     _run_job()  # warm-up: materializes the emulator pack, fills the page cache
     bare, settings, first, exit_bare, exit_job = [], [], [], [], []
     base_first, base_exit = [], []
     for _ in range(ROUNDS):
-        if BASE is not None:
-            job_first, job_exit = _run_job(BASE)
+        if BASED:
+            job_first, job_exit = _run_job(BASE, BASE_PYCACHE)
             base_first.append(job_first)
             base_exit.append(job_exit)
         bare.append(_interpreter("print('x', flush=True)")[0])
@@ -131,13 +148,13 @@ def cli_figures() -> None:
     print(f"  python -c pass start     median {_median(bare):7.1f} ms: ratio {_ratio(first, bare)}")
     print(f"  import pydantic_settings median {_median(settings):7.1f} ms: ratio "
           f"{_ratio(first, settings)}")  # fmt: skip
-    if BASE is not None:
+    if BASED:
         print(f"  BASE's first event       median {_median(base_first):7.1f} ms: ratio "
               f"{_ratio(first, base_first)} of it")  # fmt: skip
     print(f"job.completed → exit      median {_median(exit_job):7.1f} ms")
     print(f"  bare line → exit         median {_median(exit_bare):7.1f} ms: ratio "
           f"{_ratio(exit_job, exit_bare)}")  # fmt: skip
-    if BASE is not None:
+    if BASED:
         print(f"  BASE's completed → exit  median {_median(base_exit):7.1f} ms: ratio "
               f"{_ratio(exit_job, base_exit)} of it")  # fmt: skip
 

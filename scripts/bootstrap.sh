@@ -74,6 +74,19 @@ fi
 # worker from source again (≈ 0.5 s of `acp-worker run`'s start). Only stale files are
 # compiled: cheap when nothing changed.
 "$VENV/bin/python" -m compileall -q worker tasks >/dev/null
+# Nor did uv compile the dependencies' (pip does, as in the worker image): pydantic,
+# pydantic-settings and the rest compiled from source again on every command, ≈ 0.5 s of
+# `acp-worker run`'s start on these machines (docs/figures.md, one_shot.py). Once per venv
+# (a minute or so on 2 cores), then a stamp keyed like the install's: a new pyproject.toml
+# (a new install) compiles again.
+compiled="$VENV/.compiled-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$compiled" ]; then
+  echo "bootstrap: compiling the dependencies' bytecode" >&2
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null || true
+  rm -f "$VENV"/.compiled-*
+  touch "$compiled"
+fi
 
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "bootstrap: starting redis-server on 127.0.0.1:6379" >&2

@@ -179,3 +179,45 @@ async def test_load_from_the_kept_files_alone(
     [request] = fake.main_requests
     for earlier in ("remember tangerine", "First answer: apricot", "Second question"):
         assert earlier in request.text, f"{earlier!r} not in the request after the load"
+
+
+#: When each agent reads the workspace's project memory file and git state: at
+#: ``session/new`` (what changes later is not seen) or at the prompt (docs/sessions.md,
+#: "Opening the session before the workspace").
+READ_AT = {"claude-agent-acp": "session/new", "codex-acp": "prompt"}
+MEMORY = {"claude-agent-acp": "CLAUDE.md", "codex-acp": "AGENTS.md"}
+
+
+def _commit(ws: Path, message: str) -> str:
+    """Commit everything in ``ws`` (a repository made on the first call): the short hash."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    if not (ws / ".git").exists():
+        subprocess.run([*git, "init", "-q"], cwd=ws, check=True)
+    subprocess.run([*git, "add", "."], cwd=ws, check=True)
+    subprocess.run([*git, "commit", "-qm", message], cwd=ws, check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], cwd=ws, check=True, capture_output=True)
+    return head.stdout.decode()[:7]
+
+
+@pytest.mark.parametrize("pack", sorted(READ_AT))
+async def test_when_the_session_reads_the_workspace(
+    pack: str, closures: Path, tmp_path: Path, workspace: Path
+) -> None:
+    memory = workspace / MEMORY[pack]
+    memory.write_text("Project rule: rule-at-open\n")
+    commits = {"open": _commit(workspace, "first")}
+    fake = ENDPOINTS[pack].fake([say("hello")])
+    with fake:
+        async with agent_session(
+            pack, _closure(pack, closures), tmp_path, fake, workspace=workspace
+        ) as session:
+            # Between session/new and the prompt: the memory file and the HEAD change.
+            memory.write_text("Project rule: rule-at-prompt\n")
+            commits["prompt"] = _commit(workspace, "second")
+            assert await session.prompt("Say hello.") == "end_turn"
+    (request,) = fake.main_requests
+    seen = {m for m in ("rule-at-open", "rule-at-prompt") if m in request.text}
+    heads = {when for when, short in commits.items() if short in request.text}
+    when = "open" if READ_AT[pack] == "session/new" else "prompt"
+    assert seen == {f"rule-at-{when}"}, _explain(fake, session)
+    assert heads == {when}, _explain(fake, session)
