@@ -37,9 +37,12 @@ from worker.job.outcome import (
 from worker.job.prepare import Preparation
 from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import (
+    Created,
+    Declared,
     JobContext,
     JobTools,
     Made,
+    Staged,
     TornDown,
     handing_back,
     lease_gone,
@@ -47,9 +50,10 @@ from worker.job.state import (
 )
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
+from worker.job.warm import WarmPool, recipe_for
 from worker.jobs.spec import JobSpec
-from worker.packs.runtime import LaunchPlan
-from worker.sandbox.base import LeaseDeadline, SandboxBackend
+from worker.packs.runtime import LaunchPlan, PreparedPack
+from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -71,6 +75,7 @@ async def run_job(
     lease_gone: Callable[[], Awaitable[bool]] | None = None,
     lease_deadline: LeaseDeadline | None = None,
     handing_back: Callable[[], bool] | None = None,
+    pool: WarmPool | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
@@ -103,6 +108,7 @@ async def run_job(
         lease_gone=lease_gone,
         lease_deadline=lease_deadline,
         handing_back=handing_back,
+        pool=pool,
     )
     try:
         outcome = await Job(ctx).run(cancel or asyncio.Event())
@@ -250,13 +256,54 @@ class Job:
         staged = await prepare.workspace(declared, credentials, self._made.workspace)
         self._made = replace(self._made, staged=staged)
         await self._boundary(cancel, "sandbox_create")
-        created = await prepare.sandbox(declared, pack, staged)
-        self._made = replace(self._made, created=created)
-        await prepare.sandbox_ready(created)
         agent_credentials = {k: v for k, v in credentials.items() if k in names}
         endpoint = declared.network.endpoint
         url = None if endpoint is None else endpoint.agent_url
+        created = None
+        if self._ctx.pool is not None:
+            plan = pack.launch_plan(agent_credentials, endpoint_url=url)
+            created = await self._warm(
+                prepare, declared, pack, staged, plan=plan, credentials=agent_credentials
+            )
+        if created is None:
+            created = await prepare.sandbox(declared, pack, staged)
+        self._made = replace(self._made, created=created)
+        await prepare.sandbox_ready(created, self._made.warm)
         return pack.launch_plan(agent_credentials, endpoint_url=url)
+
+    async def _warm(
+        self,
+        prepare: Preparation,
+        declared: Declared,
+        pack: PreparedPack,
+        staged: Staged,
+        *,
+        plan: LaunchPlan,
+        credentials: Mapping[str, str],
+    ) -> Created | None:
+        """A warm slot of the job's launch identity claimed and made its sandbox, or
+        None (the cold path). A replacement of the same identity is started either way."""
+        ctx, made = self._ctx, self._made
+        pool = ctx.pool
+        assert pool is not None
+        bounded = made.workspace.disk is not None
+        recipe = recipe_for(ctx, declared, pack, plan, credentials, disk_bounded=bounded)
+        if recipe is None:
+            return None
+        token = ctx.labels.get(LABEL_TOKEN, "0")
+        slot = await pool.claim(recipe, job_id=ctx.spec.job_id, attempt=ctx.attempt, token=token)
+        pool.replenish(recipe)
+        if slot is None:
+            return None
+        # Recorded at once: whatever happens next, the teardown destroys the slot's
+        # sandbox and removes its directory.
+        made.workspace.cleanup.append(slot.directory)
+        self._made = replace(made, warm=slot, created=Created(sandbox=slot.sandbox, files=None))
+        created = await prepare.warm_sandbox(slot, staged)
+        if made.workspace.staged is not None:
+            made.workspace.staged = replace(made.workspace.staged, path=slot.workspace)
+        self._made = replace(self._made, staged=replace(staged, path=slot.workspace))
+        return created
 
     async def _boundary(self, cancel: asyncio.Event, next_phase: str) -> None:
         """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or
