@@ -42,7 +42,6 @@ from worker.job.state import (
     JobContext,
     JobTools,
     Made,
-    Staged,
     TornDown,
     handing_back,
     lease_gone,
@@ -50,7 +49,7 @@ from worker.job.state import (
 )
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
-from worker.job.warm import WarmPool, recipe_for
+from worker.job.warm import Slot, WarmPool, recipe_for
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack
 from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend
@@ -252,42 +251,43 @@ class Job:
         pack, hold = await prepare.pack(declared)
         self._made = replace(self._made, pack_hold=hold)
         await prepare.pack_ready(pack)
-        await self._boundary(cancel, "workspace")
-        staged = await prepare.workspace(declared, credentials, self._made.workspace)
-        self._made = replace(self._made, staged=staged)
-        await self._boundary(cancel, "sandbox_create")
         agent_credentials = {k: v for k, v in credentials.items() if k in names}
         endpoint = declared.network.endpoint
         url = None if endpoint is None else endpoint.agent_url
-        created = None
+        slot = None
         if self._ctx.pool is not None:
             plan = pack.launch_plan(agent_credentials, endpoint_url=url)
-            created = await self._warm(
-                prepare, declared, pack, staged, plan=plan, credentials=agent_credentials
-            )
-        if created is None:
+            slot = await self._claim(declared, pack, plan=plan, credentials=agent_credentials)
+        await self._boundary(cancel, "workspace")
+        staged = await prepare.workspace(declared, credentials, self._made.workspace, slot)
+        self._made = replace(self._made, staged=staged)
+        await self._boundary(cancel, "sandbox_create")
+        if slot is None:
             created = await prepare.sandbox(declared, pack, staged)
+        else:
+            created = await prepare.warm_sandbox(slot, staged)
+            self._made = replace(self._made, staged=replace(staged, path=slot.workspace))
+            workspace = self._made.workspace
+            if workspace.staged is not None:
+                workspace.staged = replace(workspace.staged, path=slot.workspace)
         self._made = replace(self._made, created=created)
-        await prepare.sandbox_ready(created, self._made.warm)
+        await prepare.sandbox_ready(created, slot)
         return pack.launch_plan(agent_credentials, endpoint_url=url)
 
-    async def _warm(
+    async def _claim(
         self,
-        prepare: Preparation,
         declared: Declared,
         pack: PreparedPack,
-        staged: Staged,
         *,
         plan: LaunchPlan,
         credentials: Mapping[str, str],
-    ) -> Created | None:
-        """A warm slot of the job's launch identity claimed and made its sandbox, or
-        None (the cold path). A replacement of the same identity is started either way."""
-        ctx, made = self._ctx, self._made
+    ) -> Slot | None:
+        """A warm slot of the job's launch identity, claimed for this attempt, or None
+        (the cold path). A replacement of the same identity is started either way."""
+        ctx = self._ctx
         pool = ctx.pool
         assert pool is not None
-        bounded = made.workspace.disk is not None
-        recipe = recipe_for(ctx, declared, pack, plan, credentials, disk_bounded=bounded)
+        recipe = recipe_for(ctx, declared, pack, plan, credentials)
         if recipe is None:
             return None
         token = ctx.labels.get(LABEL_TOKEN, "0")
@@ -295,15 +295,15 @@ class Job:
         pool.replenish(recipe)
         if slot is None:
             return None
-        # Recorded at once: whatever happens next, the teardown destroys the slot's
-        # sandbox and removes its directory.
-        made.workspace.cleanup.append(slot.directory)
-        self._made = replace(made, warm=slot, created=Created(sandbox=slot.sandbox, files=None))
-        created = await prepare.warm_sandbox(slot, staged)
-        if made.workspace.staged is not None:
-            made.workspace.staged = replace(made.workspace.staged, path=slot.workspace)
-        self._made = replace(self._made, staged=replace(staged, path=slot.workspace))
-        return created
+        # Recorded at once: whatever happens next, the teardown stops its agent, destroys
+        # its sandbox and removes its directory (its disk unmounted).
+        self._made.workspace.cleanup.append(slot.directory)
+        self._made = replace(
+            self._made, warm=slot, created=Created(sandbox=slot.sandbox, files=None)
+        )
+        if declared.sessions is not None:  # the job's sessions are recorded in the slot's
+            declared.sessions.host_dir = slot.sessions_dir
+        return slot
 
     async def _boundary(self, cancel: asyncio.Event, next_phase: str) -> None:
         """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or

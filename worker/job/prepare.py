@@ -154,10 +154,15 @@ class Preparation:
         await self._ctx.emitter.emit(pack.event_data())
 
     async def workspace(
-        self, declared: Declared, secrets: Mapping[str, str], prepared: Prepared
+        self,
+        declared: Declared,
+        secrets: Mapping[str, str],
+        prepared: Prepared,
+        slot: Slot | None = None,
     ) -> Staged:
-        """The job's directory (labelled for the reaper) and the workspace staged in it;
-        what it creates is registered in ``prepared`` as it goes (removed at teardown)."""
+        """The job's directory (labelled for the reaper) and the workspace staged in it
+        (or, for a warm ``slot``, next to the slot's workspace, on the slot's disk); what
+        it creates is registered in ``prepared`` as it goes (removed at teardown)."""
         ctx = self._ctx
         settings, spec = ctx.settings, ctx.spec
         settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -176,6 +181,7 @@ class Preparation:
             owner=ctx.backend.stage_owner(),
             secrets=secrets,
             disk_mb=spec.limits.disk_mb,
+            into=None if slot is None else (slot.staging, slot.disk),
         )
         self._tools.timings.mark("workspace")
         if prepared.admission_notes:

@@ -54,9 +54,11 @@ from worker.rpc.oversize import OversizeLine
 from worker.rpc.wire import JsonValue
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SlotHost
+from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store import warm as records
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
+from worker.workspace.disk import BoundedDisk, mount_bounded
 from worker.workspace.prepare import write_labels
 from worker.workspace.stage import remove_staged
 
@@ -82,6 +84,8 @@ class Recipe:
     network: NetworkPlan
     model: str | None
     limits: base.ResourceLimits
+    #: The size of the slot's own workspace disk (None: unbounded, on ``work_dir``).
+    disk_mb: int | None
     plan: LaunchPlan
     capabilities: ClientCapabilities
     #: The digest of all of the above and of the credential binding (``identity``).
@@ -97,6 +101,7 @@ def identity(
     network: NetworkPlan,
     model: str | None,
     limits: base.ResourceLimits,
+    disk_mb: int | None,
     plan: LaunchPlan,
     capabilities: ClientCapabilities,
     credentials: Mapping[str, str],
@@ -126,7 +131,7 @@ def identity(
             None if endpoint is None else endpoint.agent_url,
         ],
         "model": model,
-        "limits": [limits.memory_bytes, limits.cpus, limits.pids],
+        "limits": [limits.memory_bytes, limits.cpus, limits.pids, disk_mb],
         "capabilities": capabilities.to_wire(),
         "binding": binding.hexdigest(),
     }
@@ -183,10 +188,17 @@ class Slot:
     made_at: float = field(default_factory=time.monotonic)
     #: Seconds the claim took (set when claimed).
     claim_s: float = 0.0
+    #: The slot's session store directory, mounted where the pack keeps sessions.
+    sessions_dir: Path | None = None
+    #: The host directory bound at ``/workspace`` (on ``disk`` when bounded).
+    workspace: Path = Path()
+    #: The slot's own bounded disk (``limits.disk_mb`` with ``ACPW_WORKSPACE_DISK=loop``).
+    disk: BoundedDisk | None = None
 
     @property
-    def workspace(self) -> Path:
-        return self.directory / "workspace"
+    def staging(self) -> Path:
+        """Where the claiming job stages its copy: next to ``workspace``, on its disk."""
+        return self.workspace.parent / "staging"
 
     def release_hold(self) -> None:
         if self.hold is not None:
@@ -325,9 +337,15 @@ class WarmPool:
         relay = Relay()
         sandbox: Sandbox | None = None
         agent: AgentProcess | None = None
+        disk: BoundedDisk | None = None
         try:
             labels = self._labels(slot_id)
-            await asyncio.to_thread(_make_dirs, directory, labels, backend.stage_owner())
+            await asyncio.to_thread(_make_dir, directory, labels)
+            if recipe.disk_mb is not None:
+                disk = await asyncio.to_thread(mount_bounded, directory, size_mb=recipe.disk_mb)
+            root = directory if disk is None else disk.mount
+            workspace = root / "workspace"
+            await asyncio.to_thread(_make_workspace, workspace, backend.stage_owner())
             await records.register(
                 self._redis(), slot_id, owner=self.owner, ttl_s=settings.lease_ttl
             )
@@ -339,11 +357,19 @@ class WarmPool:
             )
             owner = backend.stage_owner()
             mounts = await asyncio.to_thread(stage_home_files, directory, files, owner)
+            # The pack's session store, empty (a job that resumes a session is cold):
+            # the claiming job's sessions adopt it (``Slot.sessions_dir``).
+            launch = recipe.pack.pack.manifest.launch
+            sessions = JobSessions.for_job(
+                settings, pack=recipe.pack_name, files=launch.session_files, resume=None
+            )
+            if sessions is not None:
+                mounts += (await asyncio.to_thread(sessions.prepare, directory, owner),)
             net = recipe.network
             spec = base.SandboxSpec(
                 job_id=f"warm-{slot_id}",
                 attempt=1,
-                workspace=directory / "workspace",
+                workspace=workspace,
                 pack_closure=recipe.pack.closure,
                 limits=recipe.limits,
                 labels=labels,
@@ -379,6 +405,9 @@ class WarmPool:
             initialized=init,
             relay=relay,
             hold=hold,
+            sessions_dir=None if sessions is None else sessions.host_dir,
+            workspace=workspace,
+            disk=disk,
         )
 
     def _labels(self, slot_id: str) -> dict[str, str]:
@@ -490,13 +519,16 @@ class WarmPool:
             metrics.warm_idle(pack, counts.get(pack, 0))
 
 
-def _make_dirs(directory: Path, labels: Mapping[str, str], owner: tuple[int, int]) -> None:
-    """The slot's directory (labelled for the reaper) and its empty workspace, owned by
-    the sandbox's host uid when the worker is root."""
+def _make_dir(directory: Path, labels: Mapping[str, str]) -> None:
+    """The slot's directory, labelled for the reaper."""
     directory.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
     directory.mkdir(mode=0o711)
     write_labels(directory, {**labels, "pid": str(os.getpid())})
-    workspace = directory / "workspace"
+
+
+def _make_workspace(workspace: Path, owner: tuple[int, int]) -> None:
+    """The slot's empty workspace, owned by the sandbox's host uid when the worker is
+    root."""
     workspace.mkdir(mode=0o755)
     if os.geteuid() == 0:
         os.chown(workspace, *owner)
@@ -508,16 +540,15 @@ def recipe_for(
     pack: PreparedPack,
     plan: LaunchPlan,
     credentials: Mapping[str, str],
-    *,
-    disk_bounded: bool,
 ) -> Recipe | None:
     """The recipe of a job that may use a warm slot, or None: its pack has no pool, its
-    backend cannot keep slots, or the job needs what a slot cannot give it (a session
-    store, a kept or disk-bounded workspace, no lease to fence the claim with)."""
+    backend cannot keep slots, or the job needs what a slot cannot give it (a resumed
+    session, a kept workspace, no lease to fence the claim with)."""
     pool, spec = ctx.pool, ctx.spec
     if pool is None or not pool.usable() or pool.slots(spec.pack.name) <= 0:
         return None
-    if declared.sessions is not None or spec.keep_workspace or disk_bounded:
+    resumes = declared.sessions is not None and declared.sessions.resume is not None
+    if resumes or spec.keep_workspace:
         return None
     if ctx.labels.get(base.LABEL_TOKEN, "0") == "0":
         return None
@@ -528,6 +559,7 @@ def recipe_for(
         cpus=spec.limits.cpus,
         pids=spec.limits.pids,
     )
+    disk = spec.limits.disk_mb if ctx.settings.workspace_disk == "loop" else None
     capabilities = ClientCapabilities(
         fs=plan.client_fs,
         terminal=True,
@@ -542,6 +574,7 @@ def recipe_for(
         network=declared.network,
         model=model_id,
         limits=limits,
+        disk_mb=disk,
         plan=plan,
         capabilities=capabilities,
         credentials=credentials,
@@ -553,6 +586,7 @@ def recipe_for(
         network=declared.network,
         model=model_id,
         limits=limits,
+        disk_mb=disk,
         plan=plan,
         capabilities=capabilities,
         identity=digest,
