@@ -10,6 +10,7 @@ slot on Redis have exactly one winner; a slot whose record lapsed is reaped.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -201,3 +202,50 @@ def test_two_claims_of_one_slot_have_one_winner(redis_url: str) -> None:
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis_url: str) -> None:
+    """``acp-worker serve`` with ``ACPW_WARM_POOLS``: the second job of an identity runs
+    in the slot made after the first (on the pool process's long-lived loop); on
+    SIGTERM the slot is destroyed, not handed back."""
+    from tests.integration.test_service import (
+        BROKER_URL,
+        Worker,
+        _flush,
+        _settings,
+        job,
+        sandboxes_of,
+        wait_for,
+    )
+
+    _flush(BROKER_URL)
+    pools = {"ACPW_WARM_POOLS": json.dumps({PACK: 1})}
+    worker = Worker(
+        tmp_path / "worker.log", worker_id="it-warm", reaper=False, concurrency=1, env=pools
+    )
+    idle = redis.Redis.from_url(redis_url)
+    try:
+        with Client(redis_url, settings=_settings()) as client:
+            readies = []
+            for job_id in ("warm-served-1", "warm-served-2"):
+                client.submit(job(job_id))
+                events = [e.event for e in client.events(job_id, follow=True, timeout=60)]
+                assert events[-1]["data"]["status"] == "succeeded"
+                readies.append(_ready(events))
+                wait_for(lambda: _idle_slots(idle), "a warm slot")
+        assert "warm" not in readies[0]
+        assert readies[1]["warm"] is True
+        assert sandboxes_of("warm-served-2") == []
+    finally:
+        worker.stop()
+        idle.close()
+    left = asyncio.run(get_backend(backend_config(_settings())).list({"acpw.worker": "it-warm"}))
+    assert [s for s in left if LABEL_SLOT in s.labels] == []
+
+
+def _idle_slots(client: redis.Redis) -> list[bytes]:
+    return [
+        key
+        for key in client.scan_iter(f"{keys.PREFIX}:warm:*")
+        if (client.get(key) or b"").startswith(b"idle ")
+    ]
