@@ -163,7 +163,7 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             assert pool.idle() == []
         finally:
             await pool.close()
-        assert await pool.backend.list({}) == []
+        assert await pool.backend.list({"acpw.worker": "it-warm"}) == []
 
     asyncio.run(scenario())
 

@@ -35,6 +35,7 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
+from worker.job.slot import Pool, Slot
 from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import (
     Created,
@@ -49,7 +50,7 @@ from worker.job.state import (
 )
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
-from worker.job.warm import Slot, WarmPool, recipe_for
+from worker.job.warm import recipe_for
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack
 from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend
@@ -74,7 +75,7 @@ async def run_job(
     lease_gone: Callable[[], Awaitable[bool]] | None = None,
     lease_deadline: LeaseDeadline | None = None,
     handing_back: Callable[[], bool] | None = None,
-    pool: WarmPool | None = None,
+    pool: Pool | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 

@@ -37,7 +37,7 @@ from worker.store.owner import LABEL_STORE, owner_labels, store_label
 from worker.workspace.prepare import Prepared, prepare_workspace, write_labels
 
 if TYPE_CHECKING:
-    from worker.job.warm import Slot
+    from worker.job.slot import Slot
 
 #: How often a pack is prepared again when a pack-cache gc removed its closure between
 #: the preparation and the hold.

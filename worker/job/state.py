@@ -39,7 +39,7 @@ from worker.workspace.prepare import Prepared
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-    from worker.job.warm import Slot, WarmPool
+    from worker.job.slot import Pool, Slot
     from worker.rpc.wire import JsonValue
 
 
@@ -69,7 +69,7 @@ class JobContext:
     #: plane, stopped it); None: a run that is never handed back.
     handing_back: Callable[[], bool] | None = None
     #: This process's warm pools (``worker.job.warm``); None: every job is cold.
-    pool: WarmPool | None = None
+    pool: Pool | None = None
 
 
 async def lease_gone(ctx: JobContext) -> bool:

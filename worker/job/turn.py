@@ -40,7 +40,7 @@ from worker.sandbox.base import Sandbox
 from worker.settings import Settings
 
 if TYPE_CHECKING:
-    from worker.job.warm import Slot
+    from worker.job.slot import Slot
 
 
 async def readmit(sandbox: Sandbox, *, provider: str) -> tuple[Note, ...]:

@@ -33,7 +33,6 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,13 +43,11 @@ from worker.acp.session import parameterized_models
 from worker.errors import WorkerError
 from worker.job.home import home_files, stage_home_files
 from worker.job.network import NetworkPlan
+from worker.job.slot import Recipe, Relay, Slot
 from worker.job.turn import launch_agent
 from worker.launch import LaunchPlan
-from worker.network import NetworkDenial
 from worker.packs.cache import hold_closure
 from worker.packs.runtime import PreparedPack
-from worker.rpc.connection import StrayReply
-from worker.rpc.oversize import OversizeLine
 from worker.rpc.wire import JsonValue
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SlotHost
@@ -72,24 +69,6 @@ log = logging.getLogger(__name__)
 #: Seconds a claimed slot's record outlives its claim (the reaper then judges the
 #: sandbox by the attempt's own lease, whose labels it carries by then).
 CLAIMED_TTL_S = 60.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Recipe:
-    """What one slot is made from: a job's launch identity, without the job."""
-
-    pack_name: str
-    provider: str
-    pack: PreparedPack
-    network: NetworkPlan
-    model: str | None
-    limits: base.ResourceLimits
-    #: The size of the slot's own workspace disk (None: unbounded, on ``work_dir``).
-    disk_mb: int | None
-    plan: LaunchPlan
-    capabilities: ClientCapabilities
-    #: The digest of all of the above and of the credential binding (``identity``).
-    identity: str
 
 
 def identity(
@@ -136,74 +115,6 @@ def identity(
         "binding": binding.hexdigest(),
     }
     return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
-
-
-class Relay:
-    """The handlers a slot's agent and network proxy were made with, pointed at the job
-    that claims the slot (before that, what the agent says is dropped and logged)."""
-
-    def __init__(self) -> None:
-        self.notification: Callable[[str, object], Awaitable[None]] | None = None
-        self.malformed: Callable[[str, str], Awaitable[None]] | None = None
-        self.oversize: Callable[[OversizeLine], Awaitable[None]] | None = None
-        self.stray_reply: Callable[[StrayReply], Awaitable[None]] | None = None
-        self.denial: Callable[[NetworkDenial], Awaitable[None]] | None = None
-
-    async def on_notification(self, method: str, params: object) -> None:
-        if self.notification is None:
-            log.info("warm slot: %s before any job claimed it, dropped", method)
-            return
-        await self.notification(method, params)
-
-    async def on_malformed(self, preview: str, reason: str) -> None:
-        if self.malformed is not None:
-            await self.malformed(preview, reason)
-
-    async def on_oversize(self, line: OversizeLine) -> None:
-        if self.oversize is not None:
-            await self.oversize(line)
-
-    async def on_stray_reply(self, reply: StrayReply) -> None:
-        if self.stray_reply is not None:
-            await self.stray_reply(reply)
-
-    async def on_denial(self, denial: NetworkDenial) -> None:
-        if self.denial is not None:
-            await self.denial(denial)
-
-
-@dataclass(slots=True, kw_only=True)
-class Slot:
-    """One warm slot: its sandbox, its started and initialized agent, what holds it."""
-
-    slot_id: str
-    recipe: Recipe
-    directory: Path
-    sandbox: Sandbox
-    agent: AgentProcess
-    initialized: Mapping[str, JsonValue]
-    relay: Relay
-    #: The shared hold on the pack closure (closed once claimed: the job holds its own).
-    hold: int | None
-    made_at: float = field(default_factory=time.monotonic)
-    #: Seconds the claim took (set when claimed).
-    claim_s: float = 0.0
-    #: The slot's session store directory, mounted where the pack keeps sessions.
-    sessions_dir: Path | None = None
-    #: The host directory bound at ``/workspace`` (on ``disk`` when bounded).
-    workspace: Path = Path()
-    #: The slot's own bounded disk (``limits.disk_mb`` with ``ACPW_WORKSPACE_DISK=loop``).
-    disk: BoundedDisk | None = None
-
-    @property
-    def staging(self) -> Path:
-        """Where the claiming job stages its copy: next to ``workspace``, on its disk."""
-        return self.workspace.parent / "staging"
-
-    def release_hold(self) -> None:
-        if self.hold is not None:
-            os.close(self.hold)
-            self.hold = None
 
 
 class WarmPool:
