@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -206,8 +208,8 @@ def test_two_claims_of_one_slot_have_one_winner(redis_url: str) -> None:
 
 def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis_url: str) -> None:
     """``acp-worker serve`` with ``ACPW_WARM_POOLS``: the second job of an identity runs
-    in the slot made after the first (on the pool process's long-lived loop); on
-    SIGTERM the slot is destroyed, not handed back."""
+    in the slot made after the first (on the pool process's long-lived loop); the slot
+    of a killed pool process is reaped; on SIGTERM a slot is destroyed, not handed back."""
     from tests.integration.test_service import (
         BROKER_URL,
         Worker,
@@ -220,9 +222,7 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
 
     _flush(BROKER_URL)
     pools = {"ACPW_WARM_POOLS": json.dumps({PACK: 1})}
-    worker = Worker(
-        tmp_path / "worker.log", worker_id="it-warm", reaper=False, concurrency=1, env=pools
-    )
+    worker = Worker(tmp_path / "worker.log", worker_id="it-warm", concurrency=1, env=pools)
     idle = redis.Redis.from_url(redis_url)
     try:
         with Client(redis_url, settings=_settings()) as client:
@@ -233,14 +233,31 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
                 assert events[-1]["data"]["status"] == "succeeded"
                 readies.append(_ready(events))
                 wait_for(lambda: _idle_slots(idle), "a warm slot")
-        assert "warm" not in readies[0]
-        assert readies[1]["warm"] is True
-        assert sandboxes_of("warm-served-2") == []
+            assert "warm" not in readies[0]
+            assert readies[1]["warm"] is True
+            assert sandboxes_of("warm-served-2") == []
+            # The pool process dies with its slot: serve's reaper destroys the slot.
+            [slot] = _slots()
+            os.kill(int(slot.labels["acpw.owner"].split(":")[2]), signal.SIGKILL)
+            wait_for(lambda: not _slots(), "the reaper to destroy the dead process's slot")
+            # Its replacement process starts cold and makes a slot again.
+            client.submit(job("warm-served-3"))
+            events = [e.event for e in client.events("warm-served-3", follow=True, timeout=60)]
+            assert "warm" not in _ready(events)
+            wait_for(_slots, "a new warm slot")
     finally:
         worker.stop()
         idle.close()
-    left = asyncio.run(get_backend(backend_config(_settings())).list({"acpw.worker": "it-warm"}))
-    assert [s for s in left if LABEL_SLOT in s.labels] == []
+    assert _slots() == []  # the drain destroyed it
+
+
+def _slots() -> list[Any]:
+    from tests.integration.test_service import _settings
+
+    backend = get_backend(backend_config(_settings()))
+    return [
+        s for s in asyncio.run(backend.list({"acpw.worker": "it-warm"})) if LABEL_SLOT in s.labels
+    ]
 
 
 def _idle_slots(client: redis.Redis) -> list[bytes]:
