@@ -86,7 +86,9 @@ async def run_job(
     ``lease_deadline`` (``Owned.deadline``) bounds the sandbox by the lease
     (``SandboxSpec.lease_deadline``). ``handing_back``: once it answers True, a job stopped
     by ``cancel`` was handed back by a draining worker (``job.completed`` ``cancelled`` with
-    the error ``handed_back``, after a ``handed_back`` notice).
+    the error ``handed_back``, after a ``handed_back`` notice). ``pool``: the process's
+    warm pools (``worker.job.warm``): a job of the same launch identity as a free slot
+    claims it instead of making its sandbox and starting its agent.
     """
     emitter = EventEmitter(
         job_id=spec.job_id,

@@ -58,7 +58,7 @@ class Relay:
 
     async def on_notification(self, method: str, params: object) -> None:
         if self.notification is None:
-            log.info("warm slot: %s before any job claimed it, dropped", method)
+            log.debug("warm slot: %s before any job claimed it, dropped", method)
             return
         await self.notification(method, params)
 
