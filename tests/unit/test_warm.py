@@ -4,6 +4,7 @@ fill of a slot's workspace, ``sandbox.ready``'s warm fields and the settings."""
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -144,3 +145,21 @@ def test_warm_pool_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings(warm_pools={"cursor": 17})
     with pytest.raises(ValidationError):
         Settings(warm_pools={"cursor": -1})
+
+
+def test_the_process_loop_is_one_thread_that_watches_its_children() -> None:
+    """Every delivery of a pool process runs on one long-lived loop in a daemon thread
+    (``tasks.process_loop``); asyncio's child watcher there sees a subprocess end."""
+    import asyncio
+
+    import tasks
+
+    async def spawn() -> tuple[int, bool]:
+        proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+        code = await asyncio.wait_for(proc.wait(), 10)
+        return code, threading.current_thread() is threading.main_thread()
+
+    loop = tasks.process_loop()
+    assert tasks.process_loop() is loop
+    code, on_main = asyncio.run_coroutine_threadsafe(spawn(), loop).result(timeout=20)
+    assert (code, on_main) == (3, False)
