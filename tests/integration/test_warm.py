@@ -101,6 +101,11 @@ def _ready(events: Sequence[Event]) -> dict[str, Any]:
     return dict(ready)
 
 
+def _changed(events: Sequence[Event]) -> dict[str, Any]:
+    [changed] = [e["data"] for e in events if e["type"] == "workspace.changed"]
+    return {k: v for k, v in changed.items() if k not in ("patch", "base")}
+
+
 async def _until_idle(pool: WarmPool, count: int) -> None:
     for _ in range(300):
         if len(pool.idle()) == count:
@@ -133,6 +138,9 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             assert types.index("sandbox.ready") < types.index("agent.initialized")
             assert types.index("agent.initialized") < types.index("session.started")
             assert second[-1]["data"]["status"] == "succeeded"
+            # The agent worked in the job's workspace: the same changes as the cold job's
+            # (the staged .cursor/rules moved in under the mask anchor, not reported).
+            assert _changed(second) == _changed(first)
             # One use: the slot is gone with its job, a new one replaces it.
             assert await pool.backend.list({LABEL_SLOT: slot.slot_id}) == []
             assert not slot.directory.exists()
