@@ -163,3 +163,38 @@ def test_the_process_loop_is_one_thread_that_watches_its_children() -> None:
     assert tasks.process_loop() is loop
     code, on_main = asyncio.run_coroutine_threadsafe(spawn(), loop).result(timeout=20)
     assert (code, on_main) == (3, False)
+
+
+def test_the_soft_time_limit_still_stops_a_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery raises ``SoftTimeLimitExceeded`` from its signal handler in the main thread,
+    which waits on the delivery running on the process loop: the task returns
+    ``time_limit`` and the delivery is cancelled on its loop (its teardown runs there)."""
+    import asyncio
+    import signal
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    import tasks
+
+    cancelled = threading.Event()
+
+    async def forever(delivery: object) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def soft_limit(*_: object) -> None:
+        raise SoftTimeLimitExceeded
+
+    monkeypatch.setattr(tasks, "_deliver", forever)
+    previous = signal.signal(signal.SIGUSR1, soft_limit)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    try:
+        timer.start()
+        assert tasks.run_job({"job_id": "j"}) == {"outcome": "time_limit"}
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    assert cancelled.wait(5)
