@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from worker.acp.client import ClientCapabilities
 from worker.errors import SandboxError
 from worker.events.models import SandboxReady
+from worker.job.identity import identity
 from worker.job.network import NetworkPlan
-from worker.job.warm import identity
 from worker.launch import LaunchPlan
 from worker.sandbox.base import ResourceLimits
 from worker.sandbox.hostfill import move_into

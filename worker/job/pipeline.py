@@ -23,6 +23,7 @@ from worker.events.emitter import EventEmitter
 from worker.events.models import JobAccepted, JobStarted, UsageReported
 from worker.events.sinks import EventSink
 from worker.job.expect import unmet
+from worker.job.identity import recipe_for
 from worker.job.outcome import (
     JobOutcome,
     Stopped,
@@ -50,7 +51,6 @@ from worker.job.state import (
 )
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
-from worker.job.warm import recipe_for
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack
 from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend

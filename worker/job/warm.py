@@ -2,32 +2,29 @@
 
 A *slot* is a sandbox made with no job (``SlotHost``), the pack's agent spawned in it
 and its ``initialize`` answered, and nothing of any job in it yet. Slots are kept per
-*launch identity* (``Recipe.identity``): the pack closure, the launch argv and
-environment, the backend and its config, the network plan, the model (HOME files depend
-on it), the limits, the client capabilities, and the *credential binding*: an HMAC of
-the agent's resolved credentials under a key this process draws at random and never
-stores. A job claims a slot only when its own identity is the same, so a slot holds no
-secret but the claiming job's own; a miss (any difference, or no slot free) is the cold
-path, unchanged.
+*launch identity* (``Recipe.identity``, ``worker.job.identity``): the pack closure, the
+launch argv and environment, the backend and its config, the network plan, the model
+(HOME files depend on it), the limits, the client capabilities, and the *credential
+binding*: an HMAC of the agent's resolved credentials under a key this process draws at
+random and never stores. A job claims a slot only when its own identity is the same, so
+a slot holds no secret but the claiming job's own; a miss (any difference, or no slot
+free) is the cold path, unchanged.
 
 Where slots live: an agent's stdio belongs to the process that spawned it, so each pool
 process keeps its own slots on its one long-lived event loop (``tasks``) and a job of
 that process claims among them. The claim is atomic and recorded in Redis
 (``worker.store.warm``): the slot's record is a lease its pool renews while it lives, so
-a reaper destroys the slots of a dead worker like any orphan sandbox. One use: a
-claimed slot becomes the attempt's sandbox and is destroyed by the job's teardown; the
-pool makes a replacement in the background from the same job's recipe (so the first job
-of an identity is cold, the next one warm). Idle slots age out after
-``ACPW_WARM_MAX_IDLE_S`` and are destroyed, never handed back, on drain and shutdown.
+a reaper destroys the slots of a dead worker like any orphan sandbox. One use: a claimed
+slot becomes the attempt's sandbox and is destroyed by the job's teardown; the pool
+makes a replacement in the background from the same job's recipe (so the first job of an
+identity is cold, the next one warm). Idle slots age out after ``ACPW_WARM_MAX_IDLE_S``
+and are destroyed, never handed back, on drain and shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
-import json
 import logging
 import os
 import secrets
@@ -38,17 +35,12 @@ from typing import TYPE_CHECKING
 
 from worker import metrics
 from worker.acp.agent import AgentProcess
-from worker.acp.client import AcpClient, ClientCapabilities
-from worker.acp.session import parameterized_models
+from worker.acp.client import AcpClient
 from worker.errors import WorkerError
 from worker.job.home import home_files, stage_home_files
-from worker.job.network import NetworkPlan
 from worker.job.slot import Recipe, Relay, Slot
 from worker.job.turn import launch_agent
-from worker.launch import LaunchPlan
 from worker.packs.cache import hold_closure
-from worker.packs.runtime import PreparedPack
-from worker.rpc.wire import JsonValue
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox, SandboxBackend, SlotHost
 from worker.sessions import JobSessions
@@ -62,59 +54,12 @@ from worker.workspace.stage import remove_staged
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-    from worker.job.state import Declared, JobContext
 
 log = logging.getLogger(__name__)
 
 #: Seconds a claimed slot's record outlives its claim (the reaper then judges the
 #: sandbox by the attempt's own lease, whose labels it carries by then).
 CLAIMED_TTL_S = 60.0
-
-
-def identity(
-    *,
-    key: bytes,
-    backend: SandboxBackend,
-    backend_config: str,
-    pack: PreparedPack,
-    network: NetworkPlan,
-    model: str | None,
-    limits: base.ResourceLimits,
-    disk_mb: int | None,
-    plan: LaunchPlan,
-    capabilities: ClientCapabilities,
-    credentials: Mapping[str, str],
-) -> str:
-    """The launch identity: a digest of everything a slot's sandbox and agent are made
-    of. Credential values enter only through the binding, an HMAC under ``key``; the
-    rest of the environment is taken as it is (it holds no secret but those)."""
-    binding = hmac.new(key, digestmod=hashlib.sha256)
-    for name in sorted(credentials):
-        binding.update(json.dumps([name, credentials[name]]).encode())
-    secret = set(credentials.values())
-    env = {k: ("<credential>" if v in secret else v) for k, v in plan.env.items()}
-    endpoint = network.endpoint
-    whole: JsonValue = {
-        "closure": str(pack.closure),
-        "digest": pack.target.pin.closure.digest,
-        "argv": list(plan.argv),
-        "env": dict(sorted(env.items())),
-        "dialect": plan.dialect,
-        "authenticate": plan.authenticate,
-        "backend": [backend.name, backend_config],
-        "network": [
-            network.mode,
-            list(network.allow),
-            list(network.private),
-            [list(t) for t in network.tunnels],
-            None if endpoint is None else endpoint.agent_url,
-        ],
-        "model": model,
-        "limits": [limits.memory_bytes, limits.cpus, limits.pids, disk_mb],
-        "capabilities": capabilities.to_wire(),
-        "binding": binding.hexdigest(),
-    }
-    return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
 
 
 class WarmPool:
@@ -250,6 +195,11 @@ class WarmPool:
         agent: AgentProcess | None = None
         disk: BoundedDisk | None = None
         try:
+            # Recorded before anything labelled exists: a reaper judges an unclaimed slot
+            # by its record, so it must never find the labels without it.
+            await records.register(
+                self._redis(), slot_id, owner=self.owner, ttl_s=settings.lease_ttl
+            )
             labels = self._labels(slot_id)
             await asyncio.to_thread(_make_dir, directory, labels)
             if recipe.disk_mb is not None:
@@ -257,9 +207,6 @@ class WarmPool:
             root = directory if disk is None else disk.mount
             workspace = root / "workspace"
             await asyncio.to_thread(_make_workspace, workspace, backend.stage_owner())
-            await records.register(
-                self._redis(), slot_id, owner=self.owner, ttl_s=settings.lease_ttl
-            )
             endpoint = recipe.network.endpoint
             files = home_files(
                 recipe.pack.pack.manifest.launch,
@@ -307,6 +254,12 @@ class WarmPool:
         except BaseException:
             await self._dismantle(slot_id, directory, sandbox, agent, hold, retire=True)
             raise
+        # A start slower than the record's TTL let it lapse: a reaper may be at it.
+        ttl = settings.lease_ttl
+        if not await records.renew(self._redis(), slot_id, owner=self.owner, ttl_s=ttl):
+            log.warning("warm slot %s: its record lapsed while it was made", slot_id)
+            await self._dismantle(slot_id, directory, sandbox, agent, hold, retire=True)
+            return None
         return Slot(
             slot_id=slot_id,
             recipe=recipe,
@@ -443,62 +396,3 @@ def _make_workspace(workspace: Path, owner: tuple[int, int]) -> None:
     workspace.mkdir(mode=0o755)
     if os.geteuid() == 0:
         os.chown(workspace, *owner)
-
-
-def recipe_for(
-    ctx: JobContext,
-    declared: Declared,
-    pack: PreparedPack,
-    plan: LaunchPlan,
-    credentials: Mapping[str, str],
-) -> Recipe | None:
-    """The recipe of a job that may use a warm slot, or None: its pack has no pool, its
-    backend cannot keep slots, or the job needs what a slot cannot give it (a resumed
-    session, a kept workspace, no lease to fence the claim with)."""
-    pool, spec = ctx.pool, ctx.spec
-    if pool is None or not pool.usable() or pool.slots(spec.pack.name) <= 0:
-        return None
-    resumes = declared.sessions is not None and declared.sessions.resume is not None
-    if resumes or spec.keep_workspace:
-        return None
-    if ctx.labels.get(base.LABEL_TOKEN, "0") == "0":
-        return None
-    model = spec.model
-    model_id = None if model is None or model.variant else model.id
-    limits = base.ResourceLimits(
-        memory_bytes=spec.limits.memory_mb * 1024 * 1024,
-        cpus=spec.limits.cpus,
-        pids=spec.limits.pids,
-    )
-    disk = spec.limits.disk_mb if ctx.settings.workspace_disk == "loop" else None
-    capabilities = ClientCapabilities(
-        fs=plan.client_fs,
-        terminal=True,
-        subagents=True,
-        parameterized_models=parameterized_models(spec, plan.dialect),
-    )
-    digest = identity(
-        key=pool.key,
-        backend=pool.backend,
-        backend_config=pool.backend_config,
-        pack=pack,
-        network=declared.network,
-        model=model_id,
-        limits=limits,
-        disk_mb=disk,
-        plan=plan,
-        capabilities=capabilities,
-        credentials=credentials,
-    )
-    return Recipe(
-        pack_name=spec.pack.name,
-        provider=declared.provider,
-        pack=pack,
-        network=declared.network,
-        model=model_id,
-        limits=limits,
-        disk_mb=disk,
-        plan=plan,
-        capabilities=capabilities,
-        identity=digest,
-    )
