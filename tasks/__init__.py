@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 from celery import bootsteps
@@ -28,6 +29,7 @@ from celery.signals import (
     task_received,
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_shutdown,
     worker_shutting_down,
 )
@@ -35,9 +37,11 @@ from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
 from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.job.warm import WarmPool
+from worker.sandbox import backend_config, get_backend
 from worker.service.children import REAPER_PID_ENV, keep_pool_files_in, stop_child
 from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
-from worker.service.guarded import Delivery, run_delivery
+from worker.service.guarded import Delivery, GuardedResult, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
 from worker.store.url import choose_redis
@@ -51,6 +55,10 @@ app = make_celery(settings)
 hand_back = HandBack()
 _drain: list[DrainTimer] = []  # the main process's, made at worker_init
 REAPER_STOP_GRACE_S = 5.0  # a pass under way ends first (well under a second here)
+WARM_CLOSE_S = 30.0  # what a pool process waits for its warm slots to be destroyed
+_loop_lock = threading.Lock()
+_loop: list[asyncio.AbstractEventLoop] = []  # this process's, made at its first delivery
+_pool: list[WarmPool] = []  # this process's warm pools, when ACPW_WARM_POOLS names packs
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -63,15 +71,74 @@ def run_job(
     recorded, not retried.
     """
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
+    loop = process_loop()
+    running = asyncio.run_coroutine_threadsafe(_deliver(delivery), loop)
     try:
-        result = asyncio.run(
-            run_delivery(delivery, settings=settings, environ=dict(os.environ), hand_back=hand_back)
-        )
+        result = running.result()
     except SoftTimeLimitExceeded:
-        # Backstop beyond the job's own timeout: the lease expires and the reaper settles.
+        # Backstop beyond the job's own timeout: the job is cancelled on its loop (its
+        # teardown runs there); the lease expires and the reaper settles.
+        running.cancel()
         log.error("run_job exceeded its Celery soft time limit")
         return {"outcome": "time_limit"}
     return result.to_dict()
+
+
+async def _deliver(delivery: Delivery) -> GuardedResult:
+    environ = dict(os.environ)
+    return await run_delivery(
+        delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
+    )
+
+
+def process_loop() -> asyncio.AbstractEventLoop:
+    """This process's one long-lived event loop, on a daemon thread started on first use.
+
+    Every delivery of the process runs on it, so what outlives one job (the warm slots'
+    agents, whose stdio belongs to the loop that spawned them) stays usable by the next.
+    The main thread waits on each delivery, so Celery's soft time limit still interrupts
+    it there. Child processes are watched from this thread by asyncio's default
+    (threaded) child watcher, which needs no main-thread loop.
+    """
+    with _loop_lock:
+        if _loop and not _loop[0].is_closed():
+            return _loop[0]
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="acpw-loop", daemon=True)
+        thread.start()
+        _loop[:] = [loop]
+        return loop
+
+
+def _warm_pool() -> WarmPool | None:
+    """This process's warm pools (made on the loop at the first delivery), or None when
+    ``ACPW_WARM_POOLS`` names no pack."""
+    if not settings.warm_pools:
+        return None
+    if not _pool:
+        config = backend_config(settings)
+        _pool.append(
+            WarmPool(
+                settings,
+                get_backend(config),
+                backend_config=config.model_dump_json(),
+                draining=lambda: hand_back.requested,
+            )
+        )
+    return _pool[0]
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _close_warm_pool(**_: object) -> None:
+    """In each pool process, on its way out: its warm slots are destroyed, never handed
+    back (a process killed first leaves them to the reaper)."""
+    if not _pool or not _loop:
+        return
+    closing = asyncio.run_coroutine_threadsafe(_pool[0].close(), _loop[0])
+    try:
+        closing.result(timeout=WARM_CLOSE_S)
+    except Exception:
+        log.exception("the warm slots were not all destroyed; the reaper finds the rest")
 
 
 @app.task(name=REAP_TASK)  # type: ignore[untyped-decorator]

@@ -33,6 +33,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -67,6 +68,20 @@ PHASES = Histogram(
 EVENTS = Counter("acpw_events_written_total", "Canonical events appended to Redis.")
 RENEW_FAILURES = Counter("acpw_lease_renew_failures_total", "Lease renewals Redis did not answer.")
 REAPED = Counter("acpw_reaped_sandboxes_total", "Orphan sandboxes destroyed.", ["backend"])
+WARM_IDLE = Gauge(
+    "acpw_warm_slots",
+    "Warm slots ready and unclaimed, by pack (summed over the live pool processes).",
+    ["pack"],
+    multiprocess_mode="livesum",
+)
+WARM_CLAIMS = Counter(
+    "acpw_warm_claims_total",
+    "Jobs eligible for a warm slot, by pack and result: hit (claimed one) or miss (cold).",
+    ["pack", "result"],
+)
+WARM_CLAIM_SECONDS = Histogram(
+    "acpw_warm_claim_seconds", "Time to claim a warm slot (a hit).", buckets=_SHORT_BUCKETS
+)
 
 
 def job_settled(status: str, seconds: float | None) -> None:
@@ -93,6 +108,19 @@ def events_written(count: int) -> None:
 
 def lease_renew_failed() -> None:
     RENEW_FAILURES.inc()
+
+
+def warm_idle(pack: str, count: int) -> None:
+    WARM_IDLE.labels(pack=pack).set(count)
+
+
+def warm_claimed(pack: str, seconds: float) -> None:
+    WARM_CLAIMS.labels(pack=pack, result="hit").inc()
+    WARM_CLAIM_SECONDS.observe(seconds)
+
+
+def warm_missed(pack: str) -> None:
+    WARM_CLAIMS.labels(pack=pack, result="miss").inc()
 
 
 def sandboxes_reaped(backend: str, count: int) -> None:

@@ -286,6 +286,27 @@ class Settings(BaseSettings):
         default=("local",),
         description="Backends the reaper sweeps for orphans (names as for `backend`).",
     )
+    warm_pools: dict[str, int] = Field(
+        default_factory=dict,
+        description="Warm pools (JSON object, pack name -> slots per pool process): that "
+        "many sandboxes per pack kept started, their agent spawned and `initialize` "
+        "answered, for the next job of the same launch identity; `{}`: off "
+        "(docs/architecture.md, Warm pools).",
+    )
+    warm_max_idle_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a warm slot waits unclaimed before it is destroyed.",
+    )
+
+    @field_validator("warm_pools")
+    @classmethod
+    def _warm_pools(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {name: n for name, n in value.items() if n < 0 or n > MAX_WARM_SLOTS}
+        if bad:
+            raise ValueError(f"slots per pack must be 0..{MAX_WARM_SLOTS}: {sorted(bad)}")
+        return {name: n for name, n in value.items() if n > 0}
+
     model_params_required: bool = Field(
         default=False,
         description="Jobs must name a model and every parameter the agent exposes for it "
@@ -320,6 +341,8 @@ class Settings(BaseSettings):
             return self.session_dir
         return self.work_dir.parent / "sessions"
 
+
+MAX_WARM_SLOTS = 16  # per pack and pool process
 
 _PARSING = re.compile(r'error parsing value for field "(\w+)"')
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +108,16 @@ class Worker:
     """``acp-worker serve`` in its own session, so the test can kill the whole tree."""
 
     def __init__(
-        self, log: Path, *, worker_id: str, reaper: bool = True, metrics_port: int | None = None
+        self,
+        log: Path,
+        *,
+        worker_id: str,
+        reaper: bool = True,
+        metrics_port: int | None = None,
+        concurrency: int = 2,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        argv = [ACP_WORKER, "serve", "--concurrency", "2", "--loglevel", "INFO"]
+        argv = [ACP_WORKER, "serve", "--concurrency", str(concurrency), "--loglevel", "INFO"]
         if metrics_port is not None:
             argv += ["--metrics-port", str(metrics_port)]
         self.log = log
@@ -119,7 +126,7 @@ class Worker:
             self.proc = subprocess.Popen(
                 argv + ([] if reaper else ["--no-reaper"]),
                 cwd=REPO,
-                env=_env(worker_id),
+                env={**_env(worker_id), **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

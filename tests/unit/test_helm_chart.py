@@ -495,6 +495,18 @@ def test_drain_grace_is_set_from_values(rendered: dict[str, list[dict[str, Any]]
     assert env_of(docs)["ACPW_DRAIN_GRACE_S"] == "900"
 
 
+def test_warm_pools_are_off_by_default_and_rendered_when_set(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "ACPW_WARM_POOLS" not in env_of(rendered["default"])
+    docs = render(_merge(BASE, {"warmPools": {"slots": {"cursor": 2}, "maxIdleSeconds": 120}}))
+    env = env_of(docs)
+    monkeypatch.setenv("ACPW_WARM_POOLS", env["ACPW_WARM_POOLS"])
+    monkeypatch.setenv("ACPW_WARM_MAX_IDLE_S", env["ACPW_WARM_MAX_IDLE_S"])
+    settings = Settings()
+    assert (settings.warm_pools, settings.warm_max_idle_s) == ({"cursor": 2}, 120.0)
+
+
 def test_the_settings_the_chart_sets_are_the_workers(
     rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ from worker.events.normalizer import Normalizer
 from worker.interactions.broker import InteractionBroker
 from worker.jobs.spec import JobSpec
 from worker.rpc.connection import Connection
+from worker.rpc.wire import JsonValue
 from worker.sandbox.base import WORKSPACE, Sandbox
 from worker.sandbox.files import WorkspaceFiles
 
@@ -86,8 +87,7 @@ class AcpSession:
         self._register(connection)
 
     def _parameterized(self) -> bool:
-        model = self._spec.model
-        return model is not None and self._wiring.dialect == "cursor" and not model.variant
+        return parameterized_models(self._spec, self._wiring.dialect)
 
     def _register(self, connection: Connection) -> None:
         wiring = self._wiring
@@ -118,16 +118,26 @@ class AcpSession:
             self._wiring.normalizer.permission_decided(event.tool_call_id, denied=denied)
         await self._emit(event)
 
-    async def open(self, mark: Callable[[str], None] = lambda phase: None) -> str:
+    async def open(
+        self,
+        mark: Callable[[str], None] = lambda phase: None,
+        *,
+        initialized: Mapping[str, JsonValue] | None = None,
+    ) -> str:
         """Initialize, then start or resume the session; returns its id.
 
         ``mark`` is called after ``initialize`` and after ``session_new``/``session_load``.
+        ``initialized``: the agent's answer to an ``initialize`` already made on this
+        connection with these very capabilities (a warm slot, ``worker.job.warm``): it is
+        not asked again.
 
         Raises:
             AuthRequired, SessionNotFound, Unsupported (also: a prompt block the agent's
             ``promptCapabilities`` do not admit), ModelUnavailable, AgentError.
         """
-        init = await self.client.initialize(self.capabilities)
+        init = initialized
+        if init is None:
+            init = await self.client.initialize(self.capabilities)
         mark("initialize")
         await self._emit(AgentInitialized(**initialized_data(init)))
         # Before any session exists: a prompt the agent cannot take fails the job here.
@@ -190,6 +200,12 @@ class AcpSession:
         raising = cost_raising(selected["defaults"])
         if raising:
             await self._emit(notices.cost_raising_default(selected["model"], raising))
+
+
+def parameterized_models(spec: JobSpec, dialect: str | None) -> bool:
+    """Whether the client offers Cursor's parameterized models for ``spec``'s model."""
+    model = spec.model
+    return model is not None and dialect == "cursor" and not model.variant
 
 
 def offered_modes(session: Mapping[str, object]) -> list[str]:

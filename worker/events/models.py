@@ -84,6 +84,11 @@ class SandboxReady(EventData):
 
     backend: str
     sandbox_id: str
+    #: Set only for a warm slot's sandbox (``worker.job.warm``): a cold sandbox's event
+    #: carries neither field.
+    warm: bool = False
+    #: Milliseconds the claim of the warm slot took.
+    claim_ms: float | None = None
 
 
 class AgentInitialized(EventData):

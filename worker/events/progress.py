@@ -16,7 +16,9 @@ _LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"pack {d['name']} {d['version']} ({d['platform']}) verified: {d['files']} files, "
         f"{_short(d['closure_digest'])} in {d['verify_ms']:.0f} ms"
     ),
-    "sandbox.ready": lambda d: f"sandbox {d['sandbox_id']} ready ({d['backend']})",
+    "sandbox.ready": lambda d: (
+        f"sandbox {d['sandbox_id']} ready ({d['backend']}{', warm' if d.get('warm') else ''})"
+    ),
     "agent.initialized": lambda d: f"agent speaks ACP v{d['protocol_version']}",
     "session.started": lambda d: f"session {d['session_id']}",
     "session.titled": lambda d: f"title: {d['title']}",

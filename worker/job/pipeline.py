@@ -23,6 +23,7 @@ from worker.events.emitter import EventEmitter
 from worker.events.models import JobAccepted, JobStarted, UsageReported
 from worker.events.sinks import EventSink
 from worker.job.expect import unmet
+from worker.job.identity import recipe_for
 from worker.job.outcome import (
     JobOutcome,
     Stopped,
@@ -35,8 +36,11 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
+from worker.job.slot import Pool, Slot
 from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import (
+    Created,
+    Declared,
     JobContext,
     JobTools,
     Made,
@@ -48,8 +52,8 @@ from worker.job.state import (
 from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
-from worker.packs.runtime import LaunchPlan
-from worker.sandbox.base import LeaseDeadline, SandboxBackend
+from worker.packs.runtime import LaunchPlan, PreparedPack
+from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -71,6 +75,7 @@ async def run_job(
     lease_gone: Callable[[], Awaitable[bool]] | None = None,
     lease_deadline: LeaseDeadline | None = None,
     handing_back: Callable[[], bool] | None = None,
+    pool: Pool | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
@@ -81,7 +86,9 @@ async def run_job(
     ``lease_deadline`` (``Owned.deadline``) bounds the sandbox by the lease
     (``SandboxSpec.lease_deadline``). ``handing_back``: once it answers True, a job stopped
     by ``cancel`` was handed back by a draining worker (``job.completed`` ``cancelled`` with
-    the error ``handed_back``, after a ``handed_back`` notice).
+    the error ``handed_back``, after a ``handed_back`` notice). ``pool``: the process's
+    warm pools (``worker.job.warm``): a job of the same launch identity as a free slot
+    claims it instead of making its sandbox and starting its agent.
     """
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -103,6 +110,7 @@ async def run_job(
         lease_gone=lease_gone,
         lease_deadline=lease_deadline,
         handing_back=handing_back,
+        pool=pool,
     )
     try:
         outcome = await Job(ctx).run(cancel or asyncio.Event())
@@ -246,17 +254,59 @@ class Job:
         pack, hold = await prepare.pack(declared)
         self._made = replace(self._made, pack_hold=hold)
         await prepare.pack_ready(pack)
-        await self._boundary(cancel, "workspace")
-        staged = await prepare.workspace(declared, credentials, self._made.workspace)
-        self._made = replace(self._made, staged=staged)
-        await self._boundary(cancel, "sandbox_create")
-        created = await prepare.sandbox(declared, pack, staged)
-        self._made = replace(self._made, created=created)
-        await prepare.sandbox_ready(created)
         agent_credentials = {k: v for k, v in credentials.items() if k in names}
         endpoint = declared.network.endpoint
         url = None if endpoint is None else endpoint.agent_url
+        slot = None
+        if self._ctx.pool is not None:
+            plan = pack.launch_plan(agent_credentials, endpoint_url=url)
+            slot = await self._claim(declared, pack, plan=plan, credentials=agent_credentials)
+        await self._boundary(cancel, "workspace")
+        staged = await prepare.workspace(declared, credentials, self._made.workspace, slot)
+        self._made = replace(self._made, staged=staged)
+        await self._boundary(cancel, "sandbox_create")
+        if slot is None:
+            created = await prepare.sandbox(declared, pack, staged)
+        else:
+            created = await prepare.warm_sandbox(slot, staged)
+            self._made = replace(self._made, staged=replace(staged, path=slot.workspace))
+            workspace = self._made.workspace
+            if workspace.staged is not None:
+                workspace.staged = replace(workspace.staged, path=slot.workspace)
+        self._made = replace(self._made, created=created)
+        await prepare.sandbox_ready(created, slot)
         return pack.launch_plan(agent_credentials, endpoint_url=url)
+
+    async def _claim(
+        self,
+        declared: Declared,
+        pack: PreparedPack,
+        *,
+        plan: LaunchPlan,
+        credentials: Mapping[str, str],
+    ) -> Slot | None:
+        """A warm slot of the job's launch identity, claimed for this attempt, or None
+        (the cold path). A replacement of the same identity is started either way."""
+        ctx = self._ctx
+        pool = ctx.pool
+        assert pool is not None
+        recipe = recipe_for(ctx, declared, pack, plan, credentials)
+        if recipe is None:
+            return None
+        token = ctx.labels.get(LABEL_TOKEN, "0")
+        slot = await pool.claim(recipe, job_id=ctx.spec.job_id, attempt=ctx.attempt, token=token)
+        pool.replenish(recipe)
+        if slot is None:
+            return None
+        # Recorded at once: whatever happens next, the teardown stops its agent, destroys
+        # its sandbox and removes its directory (its disk unmounted).
+        self._made.workspace.cleanup.append(slot.directory)
+        self._made = replace(
+            self._made, warm=slot, created=Created(sandbox=slot.sandbox, files=None)
+        )
+        if declared.sessions is not None:  # the job's sessions are recorded in the slot's
+            declared.sessions.host_dir = slot.sessions_dir
+        return slot
 
     async def _boundary(self, cancel: asyncio.Event, next_phase: str) -> None:
         """Stop at this phase boundary once ``cancel`` is set (a cancel, a lost lease) or

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from secrets import token_hex
+from typing import TYPE_CHECKING
 
 from worker.credentials.resolve import resolve_credentials, secret_sources
 from worker.errors import SandboxError
@@ -29,11 +30,14 @@ from worker.packs.cache import hold_closure
 from worker.packs.manifest import Pack, SessionFiles
 from worker.packs.runtime import PreparedPack, check_runtime, load_declaration, prepare_pack
 from worker.sandbox import base
-from worker.sandbox.base import SandboxBackend, SandboxSpec
+from worker.sandbox.base import SandboxBackend, SandboxSpec, SlotHost
 from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
 from worker.workspace.prepare import Prepared, prepare_workspace, write_labels
+
+if TYPE_CHECKING:
+    from worker.job.slot import Slot
 
 #: How often a pack is prepared again when a pack-cache gc removed its closure between
 #: the preparation and the hold.
@@ -150,10 +154,15 @@ class Preparation:
         await self._ctx.emitter.emit(pack.event_data())
 
     async def workspace(
-        self, declared: Declared, secrets: Mapping[str, str], prepared: Prepared
+        self,
+        declared: Declared,
+        secrets: Mapping[str, str],
+        prepared: Prepared,
+        slot: Slot | None = None,
     ) -> Staged:
-        """The job's directory (labelled for the reaper) and the workspace staged in it;
-        what it creates is registered in ``prepared`` as it goes (removed at teardown)."""
+        """The job's directory (labelled for the reaper) and the workspace staged in it
+        (or, for a warm ``slot``, next to the slot's workspace, on the slot's disk); what
+        it creates is registered in ``prepared`` as it goes (removed at teardown)."""
         ctx = self._ctx
         settings, spec = ctx.settings, ctx.spec
         settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -172,6 +181,7 @@ class Preparation:
             owner=ctx.backend.stage_owner(),
             secrets=secrets,
             disk_mb=spec.limits.disk_mb,
+            into=None if slot is None else (slot.staging, slot.disk),
         )
         self._tools.timings.mark("workspace")
         if prepared.admission_notes:
@@ -211,13 +221,36 @@ class Preparation:
         sandbox = await ctx.backend.create(spec)
         return Created(sandbox=sandbox, files=sandbox.workspace_files())
 
-    async def sandbox_ready(self, created: Created) -> None:
-        """Artifacts judged through the sandbox's files from now on; ``sandbox.ready``."""
+    async def warm_sandbox(self, slot: Slot, staged: Staged) -> Created:
+        """A claimed warm slot made the attempt's sandbox, exactly as a cold one is
+        labelled and bounded (``SlotHost.assign``), then filled with the staged
+        workspace (``SlotHost.fill``): its ``Created`` points at the filled workspace."""
+        ctx = self._ctx
+        host = ctx.backend
+        assert isinstance(host, SlotHost)
+        slot.relay.denial = self._network_denied
+        labels = self._labels()
+        await host.assign(slot.sandbox, labels=labels, lease_deadline=ctx.lease_deadline)
+        labelled = {**labels, "pid": str(os.getpid())}
+        await asyncio.to_thread(write_labels, slot.directory, labelled)
+        await host.fill(slot.sandbox, staged.path)
+        return Created(sandbox=slot.sandbox, files=slot.sandbox.workspace_files())
+
+    async def sandbox_ready(self, created: Created, warm: Slot | None = None) -> None:
+        """Artifacts judged through the sandbox's files from now on; ``sandbox.ready``
+        (saying ``warm`` and the claim's time for a warm slot)."""
         ctx, tools = self._ctx, self._tools
         if created.files is not None:
             tools.normalizer.artifacts = created.files.artifact
         tools.timings.mark("sandbox_create")
-        ready = SandboxReady(backend=ctx.backend.name, sandbox_id=created.sandbox.sandbox_id)
+        sandbox_id = created.sandbox.sandbox_id
+        if warm is None:
+            ready = SandboxReady(backend=ctx.backend.name, sandbox_id=sandbox_id)
+        else:
+            claim_ms = round(warm.claim_s * 1000, 1)
+            ready = SandboxReady(
+                backend=ctx.backend.name, sandbox_id=sandbox_id, warm=True, claim_ms=claim_ms
+            )
         await ctx.emitter.emit(ready)
 
     def _sessions(self, files: SessionFiles | None) -> JobSessions | None:

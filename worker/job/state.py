@@ -39,6 +39,9 @@ from worker.workspace.prepare import Prepared
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
+    from worker.job.slot import Pool, Slot
+    from worker.rpc.wire import JsonValue
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext:
@@ -65,6 +68,8 @@ class JobContext:
     #: Whether a cancel now means "hand the job back" (a draining worker, not the control
     #: plane, stopped it); None: a run that is never handed back.
     handing_back: Callable[[], bool] | None = None
+    #: This process's warm pools (``worker.job.warm``); None: every job is cold.
+    pool: Pool | None = None
 
 
 async def lease_gone(ctx: JobContext) -> bool:
@@ -139,6 +144,8 @@ class Launched:
     agent: AgentProcess
     acp: AcpSession
     exits_on_eof: bool
+    #: A warm slot's agent: its answer to ``initialize`` (already started and asked).
+    initialized: Mapping[str, JsonValue] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +163,8 @@ class Made:
     staged: Staged | None = None
     created: Created | None = None
     launched: Launched | None = None
+    #: The warm slot the job claimed (its sandbox is ``created.sandbox``); None: cold.
+    warm: Slot | None = None
     #: ``time.time()`` when the agent last answered a prompt (None: it never did).
     answered_at: float | None = None
 

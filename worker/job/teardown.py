@@ -94,6 +94,9 @@ class Teardown:
     async def _stop_agent(self) -> None:
         launched, settings = self._made.launched, self._ctx.settings
         if launched is None:
+            if self._made.warm is not None:  # a warm slot's agent, never launched for the job
+                agent = self._made.warm.agent
+                await agent.shutdown(eof_grace=0.0, term_grace=settings.shutdown_term_grace)
             return
         try:
             await launched.acp.terminals.close_all()

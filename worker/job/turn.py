@@ -12,13 +12,14 @@ import contextlib
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from worker.acp.agent import AgentProcess
 from worker.acp.client import AcpClient, PromptResult
 from worker.acp.prompt import check_links
 from worker.acp.session import AcpSession, SessionWiring
 from worker.admission import Note
-from worker.errors import WorkerError
+from worker.errors import SandboxError, WorkerError
 from worker.events import artifacts, notices
 from worker.events.models import EventData, UsageReported
 from worker.job.outcome import Stopped, StopStatus
@@ -37,6 +38,9 @@ from worker.rpc.oversize import OversizeLine
 from worker.sandbox import base
 from worker.sandbox.base import Sandbox
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.job.slot import Slot
 
 
 async def readmit(sandbox: Sandbox, *, provider: str) -> tuple[Note, ...]:
@@ -108,17 +112,21 @@ class Turn:
         assert made.created is not None
         assert made.declared is not None
         sandbox, files = made.created.sandbox, made.created.files
-        agent = await launch_agent(
-            sandbox,
-            plan,
-            ctx.settings,
-            provider=made.declared.provider,
-            on_notification=self._notification,
-            on_malformed=self._malformed,
-            on_oversize=self._oversize,
-            on_stray_reply=self._stray_reply,
-            on_admission_notes=self._admission_notes,
-        )
+        slot = made.warm
+        if slot is not None:
+            agent = await self._warm_agent(slot)
+        else:
+            agent = await launch_agent(
+                sandbox,
+                plan,
+                ctx.settings,
+                provider=made.declared.provider,
+                on_notification=self._notification,
+                on_malformed=self._malformed,
+                on_oversize=self._oversize,
+                on_stray_reply=self._stray_reply,
+                on_admission_notes=self._admission_notes,
+            )
         acp = AcpSession(
             agent.connection,
             SessionWiring(
@@ -137,11 +145,32 @@ class Turn:
                 params_required=ctx.settings.model_params_required,
             ),
         )
-        return Launched(agent=agent, acp=acp, exits_on_eof=plan.exits_on_eof)
+        if slot is not None and acp.capabilities != slot.recipe.capabilities:
+            raise SandboxError("the warm slot's agent was initialized with other capabilities")
+        initialized = None if slot is None else slot.initialized
+        return Launched(
+            agent=agent, acp=acp, exits_on_eof=plan.exits_on_eof, initialized=initialized
+        )
+
+    async def _warm_agent(self, slot: Slot) -> AgentProcess:
+        """A warm slot's agent, re-admitted in its sandbox's view as a cold launch is
+        (the job's workspace is in it now) and its messages routed to this job."""
+        assert self._made.declared is not None
+        notes = await readmit(slot.sandbox, provider=self._made.declared.provider)
+        if notes:
+            await self._admission_notes(notes)
+        relay = slot.relay
+        relay.notification = self._notification
+        relay.malformed = self._malformed
+        relay.oversize = self._oversize
+        relay.stray_reply = self._stray_reply
+        return slot.agent
 
     def start(self, launched: Launched) -> AcpClient:
-        """The launched agent's stdout read from now on (``agent_spawn``)."""
-        launched.agent.start()
+        """The launched agent's stdout read from now on (``agent_spawn``); a warm slot's
+        agent is read from already."""
+        if launched.initialized is None:
+            launched.agent.start()
         self._tools.timings.mark("agent_spawn")
         return launched.acp.client
 
@@ -168,7 +197,7 @@ class Turn:
                 timings.begin(opened)
 
         timings.begin("initialize")
-        opening = asyncio.create_task(launched.acp.open(mark))
+        opening = asyncio.create_task(launched.acp.open(mark, initialized=launched.initialized))
         try:
             if await _done_first(opening, cancel, deadline):
                 return opening.result()

@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from worker.errors import SandboxError
 
@@ -35,6 +35,8 @@ LABEL_JOB = "acpw.job"
 LABEL_ATTEMPT = "acpw.attempt"
 LABEL_TOKEN = "acpw.token"  # noqa: S105 - a label name (the lease token), not a secret
 LABEL_WORKER = "acpw.worker"
+#: The warm slot a sandbox was made as (``worker.job.warm``), until a job claims it.
+LABEL_SLOT = "acpw.slot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +419,10 @@ class Capabilities:
     (``launch.runtime``) is the host's own binary, which the worker checks before a
     launch. A backend with its own image carries its own runtime."""
 
+    warm_slots: bool = False
+    """Sandboxes can be made ahead of their job (a warm slot, ``worker.job.warm``): the
+    backend is a ``SlotHost`` too. Without it every job takes the cold path."""
+
 
 class SandboxBackend(Protocol):
     """Creates, destroys and lists sandboxes of one kind."""
@@ -443,4 +449,41 @@ class SandboxBackend(Protocol):
 
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels``."""
+        ...
+
+
+@runtime_checkable
+class SlotHost(Protocol):
+    """What a backend with ``Capabilities.warm_slots`` adds: a sandbox made with no job
+    (``create`` of a spec whose ``workspace`` is the slot's own, still empty, directory) is
+    handed to one job later.
+
+    ``assign`` makes it the attempt's exactly as ``create`` would have (its labels, its
+    lease's deadline); ``fill`` then moves the job's staged workspace into the sandbox's
+    ``/workspace`` in place, never replacing what ``create`` made there (the mask mount
+    points: a running sandbox keeps its mounts on those very inodes).
+    """
+
+    async def assign(
+        self,
+        sandbox: Sandbox,
+        *,
+        labels: Mapping[str, str],
+        lease_deadline: LeaseDeadline | None,
+    ) -> None:
+        """Relabel ``sandbox`` to the attempt (``labels``) and bound it by its lease.
+
+        Raises:
+            SandboxError: the sandbox could not be relabelled.
+        """
+        ...
+
+    async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
+        """Move everything in ``staged`` (a host directory on the same filesystem) into
+        the sandbox's workspace; returns the host path of that workspace.
+
+        Raises:
+            SandboxError: a staged entry collides with a mount point of another kind, or
+                the workspace could not be written.
+        """
         ...

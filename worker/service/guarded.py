@@ -32,6 +32,7 @@ from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
 from worker.events.models import TERMINAL_TYPE
 from worker.job import run_job
+from worker.job.warm import WarmPool
 from worker.jobs.spec import JobSpec, parse_job
 from worker.sandbox import backend_config, get_backend
 from worker.service.drain import HandBack
@@ -79,15 +80,18 @@ async def run_delivery(
     settings: Settings,
     environ: Mapping[str, str],
     hand_back: HandBack | None = None,
+    pool: WarmPool | None = None,
 ) -> GuardedResult:
     """Validate, lease and run one delivery; never raises for an anticipated failure.
 
     Once ``hand_back`` is tripped (a draining worker, ``worker.service.drain``) the job
     stops, is handed back (outcome ``handed_back``) and its next attempt is published.
+    ``pool``: this process's warm pools (``worker.job.warm``), which the job may claim a
+    slot of.
     """
     client = redis_client(settings.redis_url, settings)
     try:
-        return await _GuardedRun(client, settings, environ, delivery, hand_back).run()
+        return await _GuardedRun(client, settings, environ, delivery, hand_back, pool=pool).run()
     finally:
         await client.aclose()
 
@@ -114,12 +118,15 @@ class _GuardedRun:
         environ: Mapping[str, str],
         delivery: Delivery,
         hand_back: HandBack | None,
+        *,
+        pool: WarmPool | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.environ = environ
         self.delivery = delivery
         self.hand_back = hand_back or HandBack()
+        self.pool = pool
 
     async def run(self) -> GuardedResult:
         try:
@@ -201,7 +208,7 @@ class _GuardedRun:
         outcome = await run_job(
             spec,
             settings=self.settings,
-            backend=get_backend(backend_config(self.settings)),
+            backend=self.pool.backend if self.pool else get_backend(backend_config(self.settings)),
             sinks=[observer, owned.sink],
             environ=self.environ,
             attempt=owned.lease.attempt,
@@ -211,6 +218,7 @@ class _GuardedRun:
             lease_gone=owned.lease_gone,
             lease_deadline=owned.deadline,
             handing_back=lambda: self.hand_back.requested and not owned.control.requested,
+            pool=self.pool,
         )
         return outcome.status
 

@@ -55,9 +55,17 @@ from worker.events.completed import job_completed
 from worker.events.emitter import serialize, utc_timestamp
 from worker.packs.cache import open_lock
 from worker.sandbox import backend_config, get_backend
-from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_TOKEN, SandboxBackend, SandboxInfo
+from worker.sandbox.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_SLOT,
+    LABEL_TOKEN,
+    SandboxBackend,
+    SandboxInfo,
+)
 from worker.sessions import reap_sessions
 from worker.settings import Settings
+from worker.store import warm
 from worker.store.lease import expired_leases, forget_lease, redis_client, settle_lost
 from worker.store.owner import LABEL_OWNER, LABEL_STORE, owner_state, store_label
 from worker.store.state import JobState, issued_fence, lease_holder
@@ -279,9 +287,14 @@ async def _over(client: aioredis.Redis, labels: Mapping[str, str], store: str | 
     owner = owner_state(labels.get(LABEL_OWNER))
     if owner == "gone":
         return True
+    foreign = store is not None and labels.get(LABEL_STORE, store) != store
+    slot = labels.get(LABEL_SLOT)
+    if slot is not None and labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
+        # An unclaimed warm slot: over once its record (the lease its pool renews) lapsed.
+        return not foreign and not await warm.slot_recorded(client, slot)
     if labels.get(LABEL_TOKEN, NO_FENCE) == NO_FENCE:
         return False
-    if store is not None and labels.get(LABEL_STORE, store) != store:
+    if foreign:
         return False
     return await _lease_lost(client, labels)
 

@@ -57,3 +57,10 @@ def budget(tenant: str) -> str:
     """Hash of one tenant's spend budget (``worker.store.budgets``): ``limit``,
     ``per_job``, ``currency``, ``spent``, ``unattributed``."""
     return f"{PREFIX}:budget:{tenant}"
+
+
+def warm_slot(slot_id: str) -> str:
+    """String recording one warm slot (``worker.store.warm``): ``idle <owner>`` while it
+    waits, ``claimed <job> <attempt> <token>`` once a job took it; its TTL is the slot's
+    lease, renewed by the pool process that holds the slot."""
+    return f"{PREFIX}:warm:{{{slot_id}}}"

@@ -51,6 +51,9 @@ SUBMIT = _program("submit", "terminal")
 ENQUEUE = _program("enqueue", "terminal")
 REFUSE = _program("refuse")
 PUT_INTERACTION = _program("put_interaction")
+WARM_CLAIM = _program("warm_claim")
+WARM_RENEW = _program("warm_renew")
+WARM_RETIRE = _program("warm_retire")
 
 PROGRAMS = (
     ACQUIRE,
@@ -62,6 +65,9 @@ PROGRAMS = (
     ENQUEUE,
     REFUSE,
     PUT_INTERACTION,
+    WARM_CLAIM,
+    WARM_RENEW,
+    WARM_RETIRE,
 )
 
 _registered: weakref.WeakKeyDictionary[Any, dict[str, object]] = weakref.WeakKeyDictionary()

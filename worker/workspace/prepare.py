@@ -82,12 +82,14 @@ async def prepare_workspace(
     owner: tuple[int, int],
     secrets: Mapping[str, str],
     disk_mb: int | None = None,
+    into: tuple[Path, BoundedDisk | None] | None = None,
 ) -> StagedWorkspace:
     """Fetch (if remote), admit and stage; ``prepared.cleanup`` grows as paths appear.
 
     With ``disk_mb`` (and ``settings.workspace_disk`` ``loop``) the copy is staged on a
     filesystem of its own of that size (:mod:`worker.workspace.disk`), which removing
-    ``job_dir`` unmounts.
+    ``job_dir`` unmounts. ``into``: where the copy goes instead, and the bounded disk it
+    is on (a warm slot's, already made: ``worker.job.warm``).
 
     Raises:
         WorkspaceUnavailable: the source cannot be read or fetched, or does not fit in
@@ -100,7 +102,10 @@ async def prepare_workspace(
     admission = await asyncio.to_thread(check_workspace, source, provider=provider)
     admission.raise_if_refused()
     prepared.admission_notes = admission.notes
-    dest = await _destination(prepared, settings=settings, job_dir=job_dir, disk_mb=disk_mb)
+    if into is not None:
+        dest, prepared.disk = into
+    else:
+        dest = await _destination(prepared, settings=settings, job_dir=job_dir, disk_mb=disk_mb)
     prepared.cleanup.append(dest)
     try:
         staged = await asyncio.to_thread(

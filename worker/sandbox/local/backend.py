@@ -13,8 +13,16 @@ from pathlib import Path
 from worker.admission import AdmissionResult, MaskEntry, check_workspace, mask_plan
 from worker.errors import SandboxError
 from worker.network import forwarder_argv, proxy_env
-from worker.sandbox import cgroups, mountpoints, netpolicy, staging
-from worker.sandbox.base import WORKSPACE, Capabilities, SandboxInfo, SandboxSpec
+from worker.sandbox import cgroups, hostfill, mountpoints, netpolicy, staging
+from worker.sandbox.base import (
+    LABEL_WORKER,
+    WORKSPACE,
+    Capabilities,
+    LeaseDeadline,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.hostfiles import HostWorkspaceFiles
 from worker.sandbox.local.bwrap import (
@@ -76,6 +84,18 @@ class LocalSandbox:
     def masks(self) -> tuple[MaskEntry, ...]:
         """The mask mounts every spawn gets (empty when ``spec.mask_config`` is off)."""
         return self._masks
+
+    @property
+    def host_workspace(self) -> Path:
+        """The host directory bound at ``/workspace``."""
+        return self._record.workspace
+
+    def relabel(self, labels: Mapping[str, str]) -> SandboxRecord:
+        """Give the sandbox's record ``labels`` (a warm slot claimed by its job)."""
+        record = self._record = replace(self._record, labels=dict(labels))
+        with translate_oserror("record", self.sandbox_id):
+            self._backend.store.write(record)
+        return record
 
     def oom_killed(self) -> bool:
         """True once the kernel OOM-killed any process of this sandbox."""
@@ -177,7 +197,7 @@ class LocalBackend:
     """``SandboxBackend`` on bubblewrap; ``list``/``destroy`` work from any process."""
 
     name = "local"
-    capabilities = Capabilities(runs_host_usr=True)
+    capabilities = Capabilities(runs_host_usr=True, warm_slots=True)
 
     def __init__(
         self,
@@ -317,6 +337,28 @@ class LocalBackend:
         if not link.is_symlink():
             with contextlib.suppress(FileExistsError):  # a concurrent creator won
                 link.symlink_to(self._etc_dir.resolve())
+
+    async def assign(
+        self,
+        sandbox: Sandbox,
+        *,
+        labels: Mapping[str, str],
+        lease_deadline: LeaseDeadline | None,
+    ) -> None:
+        """A warm slot's sandbox made the attempt's: its record relabelled (the reaper
+        judges it by the attempt's lease from now on) and its lease watchdog started."""
+        assert isinstance(sandbox, LocalSandbox)
+        record = sandbox.relabel({LABEL_WORKER: self.config.worker_id, **labels})
+        if lease_deadline is not None:
+            self._watchdogs.start(record.sandbox_id, lease_deadline, record.cgroups.paths)
+
+    async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
+        """The staged copy moved into the slot's host workspace, which bubblewrap binds
+        (``hostfill``: in place, the mask mount points kept)."""
+        assert isinstance(sandbox, LocalSandbox)
+        workspace = sandbox.host_workspace
+        await asyncio.to_thread(hostfill.move_into, staged, workspace)
+        return workspace
 
     async def destroy(self, sandbox_id: str) -> None:
         """Kill everything inside and remove what ``create`` made; idempotent.

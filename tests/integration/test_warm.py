@@ -1,0 +1,276 @@
+"""Warm pools, in process: real Redis, real bubblewrap (the local backend), the Cursor
+emulator pack, jobs delivered as the service delivers them (``run_delivery``).
+
+The first job of a launch identity is cold and leaves a slot of its identity behind; the
+next one of the same identity claims it (``sandbox.ready`` says ``warm``), a job with
+other credentials misses it; a slot serves one job and is replaced; two claims of one
+slot on Redis have exactly one winner; a slot whose record lapsed is reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from tests.conftest import REDIS_URL
+from worker.client import Client
+from worker.client.client import spec_digest
+from worker.job.warm import WarmPool
+from worker.jobs.spec import parse_job
+from worker.sandbox import backend_config, get_backend
+from worker.sandbox.base import LABEL_SLOT
+from worker.service.guarded import Delivery, run_delivery
+from worker.service.reaper import reap_once
+from worker.settings import Settings
+from worker.store import jobs as store_jobs
+from worker.store import keys
+from worker.store import warm as records
+
+pytestmark = pytest.mark.integration
+
+Event = Mapping[str, Any]
+PACK = "cursor-emulator"
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(
+        redis_url=REDIS_URL,
+        cache_dir=tmp_path / "cache",
+        work_dir=tmp_path / "work",
+        results_dir=tmp_path / "results",
+        session_dir=tmp_path / "sessions",
+        secrets_dir=tmp_path / "secrets",
+        worker_id="it-warm",
+        shutdown_eof_grace=1.0,
+        shutdown_term_grace=1.0,
+        lease_renew=0.5,
+        warm_pools={PACK: 1},
+    )
+
+
+def _job(tmp_path: Path, key: str) -> dict[str, Any]:
+    job_id = f"warm-{uuid.uuid4().hex[:10]}"
+    workspace = tmp_path / job_id
+    workspace.mkdir()
+    (workspace / "README.md").write_text("# hello\n")
+    (workspace / ".cursor").mkdir()
+    (workspace / ".cursor" / "rules").mkdir()
+    (workspace / ".cursor" / "rules" / "style.mdc").write_text("be brief\n")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(exist_ok=True)
+    (secrets / key).write_text(f"{key}-secret-value\n")
+    return {
+        "v": 1,
+        "job_id": job_id,
+        "pack": {"name": PACK},
+        "workspace": {"kind": "local", "path": str(workspace)},
+        "prompt": "scenario: hello",
+        "credentials": {"CURSOR_API_KEY": f"file:{key}"},
+        "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+    }
+
+
+async def _deliver(job: dict[str, Any], settings: Settings, pool: WarmPool) -> list[Event]:
+    spec = parse_job(job)
+    with redis.Redis.from_url(REDIS_URL) as sync:
+        store_jobs.submit(
+            sync,
+            spec.job_id,
+            job_json=spec.model_dump_json(),
+            new_attempt=False,
+            digest=spec_digest(spec),
+        )
+    result = await run_delivery(Delivery(job, attempt=1), settings=settings, environ={}, pool=pool)
+    assert (result.outcome, result.status) == ("ran", "succeeded"), result
+    with Client(REDIS_URL) as client:
+        return [dict(item.event) for item in client.events(spec.job_id)]
+
+
+def _ready(events: Sequence[Event]) -> dict[str, Any]:
+    [ready] = [e["data"] for e in events if e["type"] == "sandbox.ready"]
+    return dict(ready)
+
+
+def _changed(events: Sequence[Event]) -> dict[str, Any]:
+    [changed] = [e["data"] for e in events if e["type"] == "workspace.changed"]
+    return {k: v for k, v in changed.items() if k not in ("patch", "base")}
+
+
+async def _until_idle(pool: WarmPool, count: int) -> None:
+    for _ in range(300):
+        if len(pool.idle()) == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the pool never had {count} idle slots: {pool.idle()}")
+
+
+def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: str) -> None:
+    settings = _settings(tmp_path)
+    config = backend_config(settings)
+    pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
+
+    async def scenario() -> None:
+        try:
+            # Cold: nothing to claim; a slot of this job's identity is made behind it.
+            first = await _deliver(_job(tmp_path, "alpha"), settings, pool)
+            assert _ready(first).keys() == {"backend", "sandbox_id"}  # as before pools
+            await _until_idle(pool, 1)
+            [slot] = pool.idle()
+            assert "alpha-secret-value" in slot.recipe.plan.env.values()
+
+            # Warm: the same identity claims it; its workspace is the job's.
+            second = await _deliver(_job(tmp_path, "alpha"), settings, pool)
+            ready = _ready(second)
+            assert ready["warm"] is True
+            assert ready["claim_ms"] >= 0
+            assert ready["sandbox_id"] == slot.sandbox.sandbox_id
+            types = [e["type"] for e in second]
+            assert types.index("sandbox.ready") < types.index("agent.initialized")
+            assert types.index("agent.initialized") < types.index("session.started")
+            assert second[-1]["data"]["status"] == "succeeded"
+            # The agent worked in the job's workspace: the same changes as the cold job's
+            # (the staged .cursor/rules moved in under the mask anchor, not reported).
+            assert _changed(second) == _changed(first)
+            # One use: the slot is gone with its job, a new one replaces it.
+            assert await pool.backend.list({LABEL_SLOT: slot.slot_id}) == []
+            assert not slot.directory.exists()
+            await _until_idle(pool, 1)
+            [replacement] = pool.idle()
+            assert replacement.slot_id != slot.slot_id
+
+            # Another credential binding misses, and the slot made for it holds its
+            # secret only (the pack's one slot went to the newer identity).
+            third = await _deliver(_job(tmp_path, "beta"), settings, pool)
+            assert "warm" not in _ready(third)
+            await _until_idle(pool, 1)
+            await asyncio.sleep(0.2)
+            for idle in pool.idle():
+                values = set(idle.recipe.plan.env.values())
+                assert "beta-secret-value" in values
+                assert "alpha-secret-value" not in values
+
+            # A slot whose record lapsed (its worker died elsewhere) is reaped.
+            [orphan] = pool.idle()
+            client = aioredis.Redis.from_url(REDIS_URL)
+            try:
+                await client.delete(keys.warm_slot(orphan.slot_id))
+                report = await reap_once(client, settings, {"local": pool.backend})
+            finally:
+                await client.aclose()
+            assert orphan.sandbox.sandbox_id in report.destroyed
+            assert not orphan.directory.exists()
+            await pool.tend()  # its renewal fails: the pool lets it go
+            assert pool.idle() == []
+        finally:
+            await pool.close()
+        assert await pool.backend.list({"acpw.worker": "it-warm"}) == []
+
+    asyncio.run(scenario())
+
+
+def test_two_claims_of_one_slot_have_one_winner(redis_url: str) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            assert await records.register(client, "s1", owner="me", ttl_s=5)
+            assert not await records.register(client, "s1", owner="me", ttl_s=5)
+            claims = [
+                records.claim(
+                    client, "s1", owner="me", job_id=f"j{i}", attempt=1, token="7", ttl_s=5
+                )
+                for i in range(2)
+            ]
+            assert sorted(await asyncio.gather(*claims)) == [False, True]
+            assert not await records.renew(client, "s1", owner="me", ttl_s=5)  # claimed
+            assert not await records.retire(client, "s1", owner="me")
+            assert await records.slot_recorded(client, "s1")
+            # Another owner's slot, a retired one and a lapsed one cannot be claimed.
+            assert await records.register(client, "s2", owner="me", ttl_s=5)
+            assert not await records.claim(
+                client, "s2", owner="other", job_id="j", attempt=1, token="1", ttl_s=5
+            )
+            assert await records.retire(client, "s2", owner="me")
+            assert not await records.claim(
+                client, "s2", owner="me", job_id="j", attempt=1, token="1", ttl_s=5
+            )
+            assert await records.register(client, "s3", owner="me", ttl_s=0.05)
+            await asyncio.sleep(0.1)
+            assert not await records.claim(
+                client, "s3", owner="me", job_id="j", attempt=1, token="1", ttl_s=5
+            )
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis_url: str) -> None:
+    """``acp-worker serve`` with ``ACPW_WARM_POOLS``: the second job of an identity runs
+    in the slot made after the first (on the pool process's long-lived loop); the slot
+    of a killed pool process is reaped; on SIGTERM a slot is destroyed, not handed back."""
+    from tests.integration.test_service import (
+        BROKER_URL,
+        Worker,
+        _flush,
+        _settings,
+        job,
+        sandboxes_of,
+        wait_for,
+    )
+
+    _flush(BROKER_URL)
+    pools = {"ACPW_WARM_POOLS": json.dumps({PACK: 1})}
+    worker = Worker(tmp_path / "worker.log", worker_id="it-warm", concurrency=1, env=pools)
+    idle = redis.Redis.from_url(redis_url)
+    try:
+        with Client(redis_url, settings=_settings()) as client:
+            readies = []
+            for job_id in ("warm-served-1", "warm-served-2"):
+                client.submit(job(job_id))
+                events = [e.event for e in client.events(job_id, follow=True, timeout=60)]
+                assert events[-1]["data"]["status"] == "succeeded"
+                readies.append(_ready(events))
+                wait_for(lambda: _idle_slots(idle), "a warm slot")
+            assert "warm" not in readies[0]
+            assert readies[1]["warm"] is True
+            assert sandboxes_of("warm-served-2") == []
+            # The pool process dies with its slot: serve's reaper destroys the slot.
+            [slot] = _slots()
+            os.kill(int(slot.labels["acpw.owner"].split(":")[2]), signal.SIGKILL)
+            wait_for(lambda: not _slots(), "the reaper to destroy the dead process's slot")
+            # Its replacement process starts cold and makes a slot again.
+            client.submit(job("warm-served-3"))
+            events = [e.event for e in client.events("warm-served-3", follow=True, timeout=60)]
+            assert "warm" not in _ready(events)
+            wait_for(_slots, "a new warm slot")
+    finally:
+        worker.stop()
+        idle.close()
+    assert _slots() == []  # the drain destroyed it
+
+
+def _slots() -> list[Any]:
+    from tests.integration.test_service import _settings
+
+    backend = get_backend(backend_config(_settings()))
+    return [
+        s for s in asyncio.run(backend.list({"acpw.worker": "it-warm"})) if LABEL_SLOT in s.labels
+    ]
+
+
+def _idle_slots(client: redis.Redis) -> list[bytes]:
+    return [
+        key
+        for key in client.scan_iter(f"{keys.PREFIX}:warm:*")
+        if (client.get(key) or b"").startswith(b"idle ")
+    ]
