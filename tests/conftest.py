@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +65,17 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
     yield client
     await client.aclose()
+
+
+#: What a module made at import and must remove by the session's end (``at_session_end``).
+_AT_END: list[Callable[[], None]] = []
+
+
+def at_session_end(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``cleanup`` to run as the session ends, before its checks (an ``atexit``
+    handler would run after them: what it removes would count as left behind)."""
+    _AT_END.append(cleanup)
+    return cleanup
 
 
 def left_running(mark: str) -> list[str]:
@@ -129,6 +140,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     started, a pool process, a reaper) and nothing in its temp dir (a folder from
     ``tempfile``, a ``pymp-*`` of multiprocessing, a socket): either fails the session.
     A clean temp dir is removed; one with leftovers is kept, named, for a look."""
+    while _AT_END:
+        _AT_END.pop()()
     left = left_running(os.environ[SESSION_MARK])
     if left:
         _report(session, "worker processes this session left running", left)
