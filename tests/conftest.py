@@ -39,6 +39,8 @@ os.environ[SESSION_MARK] = uuid.uuid4().hex
 # removes itself): ``PYTEST_DEBUG_TEMPROOT`` pins that to the temp dir as it was.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 SESSION_TMPDIR = Path(tempfile.mkdtemp(prefix="acpw-tests-"))  # short: sockets go there
+# As /tmp is (sticky, anyone's): a test dropping to another uid still reaches its folders.
+SESSION_TMPDIR.chmod(0o1777)
 os.environ["TMPDIR"] = str(SESSION_TMPDIR)
 tempfile.tempdir = str(SESSION_TMPDIR)
 #: The worker's own processes: none may outlive the session that started it.
