@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,17 @@ REPO = Path(__file__).resolve().parent.parent
 # sessions on this machine run, even once reparented to init.
 SESSION_MARK = "PYTEST_ACPW_SESSION"
 os.environ[SESSION_MARK] = uuid.uuid4().hex
+# The session's temp dir, which every process it starts inherits (``TMPDIR``), set before
+# any test runs: what the code under test leaves there is told apart from what other
+# sessions and programs on this machine leave in /tmp. pytest's own ``tmp_path`` folders
+# stay where they were (its basetemp, which pytest keeps for the last three sessions and
+# removes itself): ``PYTEST_DEBUG_TEMPROOT`` pins that to the temp dir as it was.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+SESSION_TMPDIR = Path(tempfile.mkdtemp(prefix="acpw-tests-"))  # short: sockets go there
+# As /tmp is (sticky, anyone's): a test dropping to another uid still reaches its folders.
+SESSION_TMPDIR.chmod(0o1777)
+os.environ["TMPDIR"] = str(SESSION_TMPDIR)
+tempfile.tempdir = str(SESSION_TMPDIR)
 #: The worker's own processes: none may outlive the session that started it.
 OURS = ("acp-worker", "-m worker.cli", "-m celery", "[celeryd")
 # A dedicated database so tests never touch what else uses this Redis.
@@ -56,6 +69,17 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+#: What a module made at import and must remove by the session's end (``at_session_end``).
+_AT_END: list[Callable[[], None]] = []
+
+
+def at_session_end(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``cleanup`` to run as the session ends, before its checks (an ``atexit``
+    handler would run after them: what it removes would count as left behind)."""
+    _AT_END.append(cleanup)
+    return cleanup
+
+
 def left_running(mark: str) -> list[str]:
     """The worker processes (``OURS``) still running that carry ``mark`` in their
     environment: started by this session, directly or not."""
@@ -77,18 +101,52 @@ def left_running(mark: str) -> list[str]:
     return found
 
 
-@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A run of the suite leaves no worker process behind (a ``serve`` or ``run`` a test
-    started, a pool process, a reaper): any still running fails the session."""
-    left = left_running(os.environ[SESSION_MARK])
-    if not left:
-        return
+def left_in_tmpdir(folder: Path) -> list[str]:
+    """What is still in the session's temp dir, one line each (type and path), deepest
+    levels summarised: a file, a socket, a folder and how many entries it holds."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        try:
+            if entry.is_symlink() or not entry.is_dir():
+                kind = "socket" if entry.is_socket() else "file"
+                found.append(f"{kind}: {entry}")
+            else:
+                found.append(f"folder: {entry} ({sum(1 for _ in entry.rglob('*'))} entries)")
+        except OSError as exc:  # unreadable: still left behind
+            found.append(f"{type(exc).__name__}: {entry}")
+    return found
+
+
+def settle_tmpdir(folder: Path) -> list[str]:
+    """What was left in ``folder`` (``left_in_tmpdir``); when nothing, it is removed."""
+    leftovers = left_in_tmpdir(folder) if folder.is_dir() else []
+    if not leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+    return leftovers
+
+
+def _report(session: pytest.Session, title: str, lines: list[str]) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.ensure_newline()
-        reporter.write_sep("=", "worker processes this session left running", red=True)
-        for line in left:
+        reporter.write_sep("=", title, red=True)
+        for line in lines:
             reporter.write_line(line, red=True)
     if session.exitstatus == 0:
         session.exitstatus = 1
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run of the suite leaves no worker process behind (a ``serve`` or ``run`` a test
+    started, a pool process, a reaper) and nothing in its temp dir (a folder from
+    ``tempfile``, a ``pymp-*`` of multiprocessing, a socket): either fails the session.
+    A clean temp dir is removed; one with leftovers is kept, named, for a look."""
+    while _AT_END:
+        _AT_END.pop()()
+    left = left_running(os.environ[SESSION_MARK])
+    if left:
+        _report(session, "worker processes this session left running", left)
+    leftovers = settle_tmpdir(SESSION_TMPDIR)
+    if leftovers:
+        _report(session, f"left in the session's temp dir {SESSION_TMPDIR}", leftovers)

@@ -402,6 +402,11 @@ def _engine_running(double: ApiDouble, name: str) -> bool:
 _gone: dict[str, Any] = {}
 
 
+#: The graceful deletion's grace, waited out in full (its container ignores SIGTERM): long
+#: enough to read the pod back while it terminates.
+GRACE_S = 5
+
+
 def test_deletion_is_graceful_and_grace_zero_leaves_containers_running(
     core: client.CoreV1Api, k8s_double: ApiDouble, base_by_digest: str
 ) -> None:
@@ -416,10 +421,10 @@ def test_deletion_is_graceful_and_grace_zero_leaves_containers_running(
         core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(pod))
         _running(core, name)
         _gone[name] = k8s_double.pods[(NAMESPACE, name)]
-    core.delete_namespaced_pod("graceful", NAMESPACE, grace_period_seconds=10)
+    core.delete_namespaced_pod("graceful", NAMESPACE, grace_period_seconds=GRACE_S)
     terminating = core.read_namespaced_pod("graceful", NAMESPACE)
     assert terminating.metadata.deletion_timestamp is not None
-    assert terminating.metadata.deletion_grace_period_seconds == 10
+    assert terminating.metadata.deletion_grace_period_seconds == GRACE_S
     deadline = time.monotonic() + 120
     while (NAMESPACE, "graceful") in k8s_double.pods and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -432,4 +437,4 @@ def test_deletion_is_graceful_and_grace_zero_leaves_containers_running(
         core.read_namespaced_pod("forced", NAMESPACE)
     assert removed.value.status == 404
     assert _engine_running(k8s_double, "forced")  # the name is free, the container not yet
-    assert k8s_double.deletions == [("graceful", 10), ("forced", 0)]
+    assert k8s_double.deletions == [("graceful", GRACE_S), ("forced", 0)]

@@ -183,6 +183,9 @@ async def test_a_pod_is_deleted_with_its_grace_and_forced_only_past_it(
     assert double.deletions == [(sandbox.sandbox_id, TERMINATION_GRACE_S)]
     assert not _running_on_engine(double, engine_name)
     # A lost node: nothing stops the pod; its graceful deletion never ends by itself.
+    # Its forced deletion is only counted: the kubelet may stop its containers at the
+    # double's usual lag (the long one above would keep the double's close waiting).
+    double.force_lag_s = 3.0
     monkeypatch.setattr(backend_module, "DELETE_MARGIN_S", 1)
     double.kubelet_down = True
     (tmp_path / "lost").mkdir()

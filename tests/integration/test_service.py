@@ -8,7 +8,6 @@ and kills its own. Waiting uses generous deadlines, never assertions on elapsed 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import json
 import os
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL, REPO
+from tests.conftest import REDIS_URL, REPO, at_session_end
 from worker.client import Client
 from worker.client.queue import MAX_JOB_TIMEOUT_S, RUN_TASK, make_celery, send_run
 from worker.jobs.spec import parse_job
@@ -49,9 +48,9 @@ ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
 WORK_DIR = Path(tempfile.mkdtemp(prefix="acpw-it-work-"))
 
 
-@atexit.register
+@at_session_end
 def _remove_work_dir() -> None:
-    """Made at import (collecting alone makes it): gone with the process, its job disks
+    """Made at import (collecting alone makes it): gone with the session, its job disks
     unmounted first."""
     with contextlib.suppress(OSError):
         unmount_below(WORK_DIR)

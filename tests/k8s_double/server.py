@@ -205,6 +205,8 @@ class ApiDouble:
         self.created: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self._removals: list[threading.Thread] = []
+        #: Set by ``close``: the kubelet's pending syncs (``force_lag_s``) happen at once.
+        self._closing = threading.Event()
         self._deadlines: list[threading.Timer] = []
         self.engine = docker.DockerClient(base_url=docker_host)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -225,6 +227,7 @@ class ApiDouble:
         self._server.server_close()
         for timer in self._deadlines:
             timer.cancel()
+        self._closing.set()  # no test is left to see the lag: no waiting it out either
         for thread in self._removals:
             thread.join()
         for pod in list(self.pods.values()):
@@ -406,7 +409,7 @@ class ApiDouble:
 
     def _reap(self, pod: podman_pods.PodmanPod, lag_s: float) -> None:
         """The kubelet, at its next sync, stopping what a removed pod still ran."""
-        time.sleep(lag_s)
+        self._closing.wait(lag_s)
         pod.remove()
 
     def _terminate(self, ns: str, name: str, pod: podman_pods.PodmanPod, grace_s: int) -> None:

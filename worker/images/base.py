@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 
 
+#: How long an interrupted mmdebstrap has to clean up after SIGTERM before SIGKILL.
+MMDEBSTRAP_STOP_S = 60
+
+
 def _images_src() -> Path:
     """``images/`` of the source tree, or where an installed package finds the
     Containerfiles (``<prefix>/share/acp-worker/images``: the worker image puts them there).
@@ -160,11 +164,22 @@ def rootfs_tarball(config: EngineConfig, recipe: BaseRecipe, progress: Progress)
 
 
 def _run_mmdebstrap(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            _, stderr = proc.communicate()
+        except BaseException:
+            # Interrupted (Ctrl-C, a caller's timeout): SIGTERM, so that mmdebstrap unmounts
+            # and removes what it made in $TMPDIR (its gpg home, the new root); a SIGKILL,
+            # as subprocess.run sends, left them there.
+            proc.terminate()
+            try:
+                proc.wait(timeout=MMDEBSTRAP_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if proc.returncode != 0:
         raise SandboxError(
-            f"mmdebstrap failed with exit {done.returncode}",
-            stderr_tail=done.stderr[-2000:],
+            f"mmdebstrap failed with exit {proc.returncode}", stderr_tail=stderr[-2000:]
         )
 
 
