@@ -231,6 +231,7 @@ def start_redis(
     port = free_port()
     lines = ["bind 127.0.0.1", f"dir {where}", 'save ""', "appendonly no"]
     lines += ["protected-mode yes", "daemonize no", f"logfile {where / 'redis.log'}"]
+    lines += ["repl-diskless-sync-delay 0"]  # a replica syncs at once, not 5 s later
     tls = _tls_args(certs, port) if certs else ["--port", str(port)]
     lines += [f"{tls[i].removeprefix('--')} {tls[i + 1]}" for i in range(0, len(tls), 2)]
     lines += [f"user default on >{ADMIN_PASSWORD} ~* &* +@all"]
@@ -263,6 +264,18 @@ def _wait_up(server: Server, certs: Certs | None, timeout: float = 20.0) -> None
             return
     server.stop()
     raise RuntimeError(f"redis on port {server.port} did not come up: {last}")
+
+
+def wait_replica_online(primary: Server, timeout: float = 20.0) -> None:
+    """Until ``primary`` has a replica that finished its sync (``WAIT`` counts only it)."""
+    deadline = time.monotonic() + timeout
+    with contextlib.closing(primary.admin()) as admin:
+        while admin.info("replication").get("slave0", {}).get("state") != "online":
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no replica of {primary.port} online: {admin.info('replication')}"
+                )
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from tests.redis_servers import (
     Server,
     start_redis,
     start_sentinel,
+    wait_replica_online,
 )
 from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
@@ -139,6 +140,7 @@ class Ha:
                 start_sentinel(where / f"sentinel-{i}", self.primary.port, certs=certs)
                 for i in range(3)
             ]
+            wait_replica_online(self.primary)
             self._settle()
         except BaseException:
             self.stop()
