@@ -81,6 +81,7 @@ class _Storm:
         self.outcomes: dict[str, str] = {}
         self.cancels = 0
         self.cancel_failures = 0
+        self.last_refused = 0.0  # monotonic time of the last call the outage refused
         self.tried = threading.Event()  # both threads called once at least
 
     def run(self, target: Callable[[Client], None]) -> threading.Thread:
@@ -104,6 +105,7 @@ class _Storm:
                     break
                 except ServiceUnavailable as exc:
                     self.interrupted_submits.append(exc)
+                    self.last_refused = time.monotonic()
                     assert time.monotonic() < deadline, "submits never got through"
                     self.done.wait(0.1)  # pacing the retries, not waiting for anything
             self.tried.set()
@@ -120,6 +122,7 @@ class _Storm:
                     self.cancels += 1
                 except ServiceUnavailable:
                     self.cancel_failures += 1
+                    self.last_refused = time.monotonic()
             assert time.monotonic() < deadline, f"cancelled jobs not settled: {settled}"
             self.done.wait(0.05)
 
@@ -248,8 +251,10 @@ def test_submits_and_a_cancel_storm_through_a_failover(
         assert exc.details == {"job_id": exc.details["job_id"], "retry_safe": True}
         assert "submitting the same spec again is safe" in exc.message
     print(
-        f"storm: promoted {promoted_s:.1f} s after the kill, all settled {settled_s:.1f} s "
-        f"after it; {len(storm.interrupted_submits)} submits interrupted and retried, "
+        f"storm: promoted {promoted_s:.1f} s after the kill, the clients' last refusal "
+        f"{max(0.0, storm.last_refused - killed):.1f} s after it, all settled "
+        f"{settled_s:.1f} s after it; {len(storm.interrupted_submits)} submits interrupted "
+        "and retried, "
         f"outcomes {sorted(storm.outcomes.values())}; {storm.cancels} cancels sent, "
         f"{storm.cancel_failures} refused by the outage; gaps "
         f"{[j for j, v in verdicts.items() if v['gap']]}; duplicates "

@@ -99,7 +99,15 @@ class Client:
     def __init__(self, redis_url: str, *, settings: Settings | None = None) -> None:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
         self._target = connect.target(redis_url, self._settings)
-        self._redis = connect.sync_client(self._target, self._settings, socket_connect_timeout=5)
+        # A read never waits on a Redis longer than its longest blocking command (an
+        # events follow's 1 s XREAD, a WAIT's bound) plus a margin: a master that stopped
+        # answering mid-failover is an error the caller can retry, not a hang.
+        self._redis = connect.sync_client(
+            self._target,
+            self._settings,
+            socket_connect_timeout=5,
+            socket_timeout=5 + max(_BLOCK_MS, self._settings.redis_wait_ms) / 1000,
+        )
         self._celery = queue.make_celery(self._settings, name="acp-worker-client", current=False)
         self._events = _EventReader(self._redis)
         # Claims to publish an attempt's message that a Redis or broker failure interrupted
