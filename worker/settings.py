@@ -281,7 +281,7 @@ class Settings(BaseSettings):
     sink_retry_s: float = Field(
         default=30.0,
         gt=0,
-        description="Seconds the event sink (and a job's budget read) keeps retrying Redis.",
+        description="Seconds the sink (and a lease acquire, a budget read) retries Redis.",
     )
     reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
     reap_backends: tuple[str, ...] = Field(

@@ -116,6 +116,38 @@ async def test_an_acquire_a_failover_lost_cannot_let_two_owners_write(
     assert await leases.held(aredis, b)
 
 
+async def test_a_lease_asked_for_during_a_failover_is_asked_again(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery taken as the primary dies: its lease acquire meets a refused connection
+    (here twice) and is sent again until Redis answers, within ``ACPW_SINK_RETRY_S``;
+    failing at once would acknowledge the message and never run the job."""
+    import redis.exceptions
+
+    from worker.service.ownership import Claim, claim_lease
+
+    real = leases.acquire
+    left = {"refusals": 2}
+
+    async def refusing(*args: Any, **kwargs: Any) -> Any:
+        if left["refusals"] > 0:
+            left["refusals"] -= 1
+            raise redis.exceptions.ConnectionError("Error 111 connecting to the old master")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(leases, "acquire", refusing)
+    before = time.monotonic()
+    lease, asked = await claim_lease(
+        aredis, Claim("failover-acquire"), settings=Settings(sink_retry_s=30)
+    )
+    assert left["refusals"] == 0
+    assert lease.token == 1
+    assert before < asked <= time.monotonic()  # the acquire that got it, not the first
+    left["refusals"] = 1
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await claim_lease(aredis, Claim("failover-acquire-2"), settings=Settings(sink_retry_s=0.01))
+
+
 # --- a real failover ----------------------------------------------------------------------
 
 
