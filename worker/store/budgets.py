@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis.exceptions
-
 from worker.errors import InvalidInput
 from worker.store import keys
 
@@ -70,7 +68,6 @@ def check_tenant(tenant: str) -> str:
     return tenant
 
 
-_OUTAGE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 log = logging.getLogger(__name__)
 
 
@@ -81,13 +78,16 @@ async def read(client: aioredis.Redis, tenant: str, *, retry_for: float = 0.0) -
     A Redis that does not answer is asked again for up to ``retry_for`` seconds (a job
     starting while the sentinels promote a replica goes on once they have), then raised.
     """
+    import redis.exceptions  # loaded here: a plain local run imports this module, not redis
+
+    outage = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
     deadline = time.monotonic() + retry_for
     pause = 0.1
     while True:
         try:
             raw = await client.hgetall(keys.budget(tenant))
             break
-        except _OUTAGE as exc:
+        except outage as exc:
             if time.monotonic() + pause > deadline:
                 raise
             log.warning("the budget of tenant %r is unreadable (%s); retrying", tenant, exc)
