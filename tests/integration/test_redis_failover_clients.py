@@ -173,9 +173,10 @@ def _judge(admin: Any, job_id: str) -> dict[str, Any]:
 def test_submits_and_a_cancel_storm_through_a_failover(
     tmp_path: Path, ha: Ha, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four long jobs (two running, two queued) under a storm of cancels, six jobs being
-    submitted one after the other, and the primary SIGKILLed once both have begun: the
-    four settle ``cancelled``, the six ``succeeded``, each once and in attempt 1."""
+    """Four long jobs (two running, two queued), six jobs being submitted one after the
+    other, the primary SIGKILLed once the first submit is through, and from then on a
+    storm of cancels of the four: the four settle ``cancelled``, the six ``succeeded``,
+    each once and in attempt 1."""
     started = time.monotonic()
     base = ha.url.rsplit("/", 1)[0]
     env = ha.env(
@@ -216,15 +217,15 @@ def test_submits_and_a_cancel_storm_through_a_failover(
         finally:
             admin.close()
         deadline = time.monotonic() + 75  # within the suite's 120 s per test
-        threads = [
-            storm.run(lambda c: storm.submit_all(c, submitted, deadline)),
-            storm.run(lambda c: storm.cancel_until_settled(c, cancelled, deadline)),
-        ]
-        _until(
-            lambda: (storm.tried.is_set() and storm.cancels > 0) or bool(storm.errors), serve, log
-        )
+        threads = [storm.run(lambda c: storm.submit_all(c, submitted, deadline))]
+        _until(lambda: storm.tried.is_set() or bool(storm.errors), serve, log)
+        # The kill while both worker slots run: no message is being taken from the queue
+        # (a message popped just as the primary dies is lost to kombu: docs/durability.md).
+        # The cancels begin with it, so the storm spans the outage and lands on the new
+        # master while the jobs run.
         ha.primary.stop()
         killed = time.monotonic()
+        threads.append(storm.run(lambda c: storm.cancel_until_settled(c, cancelled, deadline)))
         promoted_s = ha.promoted()
         for thread in threads:
             thread.join(max(1.0, deadline - time.monotonic()))
