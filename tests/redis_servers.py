@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import ipaddress
 import shutil
 import socket
 import subprocess
@@ -96,10 +97,13 @@ def _leaf(
     name: str,
     *,
     server: bool,
+    loopback: bool = False,
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = _key()
     now = dt.datetime.now(dt.UTC)
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+    if loopback:  # the servers of a Sentinel setup are clients too (replication, sentinels)
+        usage.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -109,24 +113,27 @@ def _leaf(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
         )
     )
-    if server:  # names localhost only: 127.0.0.1 is the wrong server name
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False
-        )
+    if server:  # names localhost only (127.0.0.1 is the wrong server name) unless loopback
+        names: list[x509.GeneralName] = [x509.DNSName(name)]
+        if loopback:  # sentinels name the master by the address it was given: 127.0.0.1
+            names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def make_certs(where: Path) -> Certs:
+def make_certs(where: Path, *, loopback: bool = False) -> Certs:
+    """A CA and its certificates; with ``loopback`` the server certificate names
+    127.0.0.1 too and serves as a client certificate (a Sentinel setup over TLS)."""
     where.mkdir(parents=True, exist_ok=True)
     ca, ca_key = _ca("acpw test CA")
     other, _ = _ca("acpw other CA")
-    server, server_key = _leaf(ca, ca_key, "localhost", server=True)
+    server, server_key = _leaf(ca, ca_key, "localhost", server=True, loopback=loopback)
     client, client_key = _leaf(ca, ca_key, "acpw-worker", server=False)
     pem = serialization.Encoding.PEM
     certs = Certs(
@@ -155,6 +162,7 @@ class Server:
     port: int
     dir: Path
     tls: bool
+    certs: Certs | None = None  # the test's CA and client certificate, for admin()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -162,12 +170,17 @@ class Server:
         self.proc.wait(10)
 
     def sentinel(self) -> redis.Redis:
-        """A client of this redis-sentinel."""
+        """A client of this redis-sentinel (over TLS when it has TLS)."""
         return redis.Redis(
-            host="127.0.0.1", port=self.port, password=SENTINEL_PASSWORD, socket_timeout=5
+            host="127.0.0.1",
+            port=self.port,
+            password=SENTINEL_PASSWORD,
+            socket_timeout=5,
+            **_client_tls(self.certs if self.tls else None),
         )
 
     def admin(self, certs: Certs | None = None) -> redis.Redis:
+        certs = certs or self.certs
         kwargs: dict[str, object] = {"password": ADMIN_PASSWORD, "socket_timeout": 5}
         if self.tls and certs is not None:
             kwargs.update(
@@ -177,6 +190,12 @@ class Server:
                 ssl_keyfile=str(certs.client_key),
             )
         return redis.Redis(host="localhost" if self.tls else "127.0.0.1", port=self.port, **kwargs)
+
+
+def _client_tls(certs: Certs | None) -> dict[str, object]:
+    if certs is None:
+        return {}
+    return {"ssl": True, "ssl_ca_certs": str(certs.ca)}
 
 
 def _tls_args(certs: Certs, port: int) -> list[str]:
@@ -212,6 +231,7 @@ def start_redis(
     port = free_port()
     lines = ["bind 127.0.0.1", f"dir {where}", 'save ""', "appendonly no"]
     lines += ["protected-mode yes", "daemonize no", f"logfile {where / 'redis.log'}"]
+    lines += ["repl-diskless-sync-delay 0"]  # a replica syncs at once, not 5 s later
     tls = _tls_args(certs, port) if certs else ["--port", str(port)]
     lines += [f"{tls[i].removeprefix('--')} {tls[i + 1]}" for i in range(0, len(tls), 2)]
     lines += [f"user default on >{ADMIN_PASSWORD} ~* &* +@all"]
@@ -221,7 +241,7 @@ def start_redis(
     conf.write_text("\n".join(lines) + "\n")
     argv = [REDIS_SERVER, str(conf)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = Server(proc, port, where, tls=certs is not None)
+    server = Server(proc, port, where, tls=certs is not None, certs=certs)
     _wait_up(server, certs)
     return server
 
@@ -246,6 +266,18 @@ def _wait_up(server: Server, certs: Certs | None, timeout: float = 20.0) -> None
     raise RuntimeError(f"redis on port {server.port} did not come up: {last}")
 
 
+def wait_replica_online(primary: Server, timeout: float = 20.0) -> None:
+    """Until ``primary`` has a replica that finished its sync (``WAIT`` counts only it)."""
+    deadline = time.monotonic() + timeout
+    with contextlib.closing(primary.admin()) as admin:
+        while admin.info("replication").get("slave0", {}).get("state") != "online":
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no replica of {primary.port} online: {admin.info('replication')}"
+                )
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def running(server: Server) -> Iterator[Server]:
     try:
@@ -258,13 +290,17 @@ SENTINEL_PASSWORD = "sentinel-pw-61a0c2"  # the sentinels' own AUTH (requirepass
 MASTER = "acpw-master"
 
 
-def start_sentinel(where: Path, primary_port: int, *, quorum: int = 2) -> Server:
+def start_sentinel(
+    where: Path, primary_port: int, *, quorum: int = 2, certs: Certs | None = None
+) -> Server:
     """A redis-sentinel watching the primary on ``primary_port`` (failover after 1 s
-    unreachable), asking clients for ``SENTINEL_PASSWORD``."""
+    unreachable), asking clients for ``SENTINEL_PASSWORD``; with ``certs``, TLS only, for
+    its clients as for its own links to the servers and the other sentinels."""
     where.mkdir(parents=True, exist_ok=True)
     port = free_port()
+    tls = _tls_args(certs, port) if certs else ["--port", str(port)]
     lines = [
-        f"port {port}",
+        *(f"{tls[i].removeprefix('--')} {tls[i + 1]}" for i in range(0, len(tls), 2)),
         "bind 127.0.0.1",
         f"dir {where}",
         "daemonize no",
@@ -282,7 +318,7 @@ def start_sentinel(where: Path, primary_port: int, *, quorum: int = 2) -> Server
     proc = subprocess.Popen(
         [REDIS_SENTINEL, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    server = Server(proc, port, where, tls=False)
+    server = Server(proc, port, where, tls=certs is not None, certs=certs)
     deadline = time.monotonic() + 20
     while True:
         try:

@@ -279,7 +279,9 @@ class Settings(BaseSettings):
         default=10_000, gt=0, description="Events buffered in memory while Redis is away."
     )
     sink_retry_s: float = Field(
-        default=30.0, gt=0, description="Seconds the event sink keeps retrying Redis."
+        default=30.0,
+        gt=0,
+        description="Seconds the sink (and a lease acquire, a budget read) retries Redis.",
     )
     reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
     reap_backends: tuple[str, ...] = Field(

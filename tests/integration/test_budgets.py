@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from tests.integration.test_run_job import _events, _job, run_cli
@@ -132,3 +133,31 @@ def test_a_malformed_budget_fails_closed(tmp_path: Path, redis_url: str) -> None
     code, events = _run(tmp_path, SPENDING, redis_url, labels={"tenant": "acme"})
     assert code == 3
     assert events[-1]["data"]["error"]["code"] == "budget_exceeded"
+
+
+async def test_a_budget_read_goes_on_through_a_redis_outage(aredis: Any, monkeypatch: Any) -> None:
+    """A job starting while the sentinels promote a replica reads its tenant's budget:
+    the read is asked again while Redis refuses (here twice), for up to ``retry_for``
+    seconds (the pipeline gives ``ACPW_SINK_RETRY_S``), then raised."""
+    import redis.exceptions
+
+    from worker.store import budgets
+
+    await budgets.set_budget(aredis, "outage-tenant", currency="USD", limit=5.0, per_job=None)
+    real = aredis.hgetall
+    refusals = {"left": 2}
+
+    async def refusing(key: str) -> Any:
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise redis.exceptions.ConnectionError("Connection refused (the failover)")
+        return await real(key)
+
+    monkeypatch.setattr(aredis, "hgetall", refusing)
+    budget = await budgets.read(aredis, "outage-tenant", retry_for=30)
+    assert budget is not None
+    assert budget.limit == 5.0
+    assert refusals["left"] == 0
+    refusals["left"] = 1
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await budgets.read(aredis, "outage-tenant", retry_for=0)

@@ -29,9 +29,11 @@ from tests.redis_servers import (
     ADMIN_PASSWORD,
     MASTER,
     SENTINEL_PASSWORD,
+    Certs,
     Server,
     start_redis,
     start_sentinel,
+    wait_replica_online,
 )
 from worker.errors import LeaseLost
 from worker.events.emitter import EventEmitter
@@ -114,26 +116,63 @@ async def test_an_acquire_a_failover_lost_cannot_let_two_owners_write(
     assert await leases.held(aredis, b)
 
 
+async def test_a_lease_asked_for_during_a_failover_is_asked_again(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery taken as the primary dies: its lease acquire meets a refused connection
+    (here twice) and is sent again until Redis answers, within ``ACPW_SINK_RETRY_S``;
+    failing at once would acknowledge the message and never run the job."""
+    import redis.exceptions
+
+    from worker.service.ownership import Claim, claim_lease
+
+    real = leases.acquire
+    left = {"refusals": 2}
+
+    async def refusing(*args: Any, **kwargs: Any) -> Any:
+        if left["refusals"] > 0:
+            left["refusals"] -= 1
+            raise redis.exceptions.ConnectionError("Error 111 connecting to the old master")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(leases, "acquire", refusing)
+    before = time.monotonic()
+    lease, asked = await claim_lease(
+        aredis, Claim("failover-acquire"), settings=Settings(sink_retry_s=30)
+    )
+    assert left["refusals"] == 0
+    assert lease.token == 1
+    assert before < asked <= time.monotonic()  # the acquire that got it, not the first
+    left["refusals"] = 1
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await claim_lease(aredis, Claim("failover-acquire-2"), settings=Settings(sink_retry_s=0.01))
+
+
 # --- a real failover ----------------------------------------------------------------------
 
 
 class Ha:
-    """A primary, its replica and three sentinels, each with the operator's ACL user."""
+    """A primary, its replica and three sentinels, each with the operator's ACL user; with
+    ``certs``, every one of them over TLS only (servers, replication, sentinels)."""
 
-    def __init__(self, where: Path) -> None:
+    def __init__(self, where: Path, certs: Certs | None = None) -> None:
+        self.certs = certs
         acl = [operators_acl()]
         auth = [f"masterauth {ADMIN_PASSWORD}"]
-        self.primary = start_redis(where / "primary", users=acl, extra=auth)
+        self.primary = start_redis(where / "primary", users=acl, extra=auth, certs=certs)
         self.replica = start_redis(
             where / "replica",
             users=acl,
             extra=[*auth, f"replicaof 127.0.0.1 {self.primary.port}"],
+            certs=certs,
         )
         self.sentinels: list[Server] = []
         try:
             self.sentinels = [
-                start_sentinel(where / f"sentinel-{i}", self.primary.port) for i in range(3)
+                start_sentinel(where / f"sentinel-{i}", self.primary.port, certs=certs)
+                for i in range(3)
             ]
+            wait_replica_online(self.primary)
             self._settle()
         except BaseException:
             self.stop()
@@ -159,6 +198,13 @@ class Ha:
         return ";".join(f"sentinel://127.0.0.1:{s.port}" for s in self.sentinels) + "/0"
 
     def env(self, tmp_path: Path, **extra: str) -> dict[str, str]:
+        if self.certs is not None:
+            extra = {
+                "ACPW_REDIS_TLS": "true",
+                "ACPW_REDIS_SENTINEL_TLS": "true",
+                "ACPW_REDIS_TLS_CA": str(self.certs.ca),
+                **extra,
+            }
         return _env(
             tmp_path,
             ACPW_REDIS_SENTINEL_MASTER=MASTER,
@@ -273,6 +319,11 @@ def test_a_served_worker_follows_a_failover_for_its_broker_and_store(
     """``serve`` with ``sentinel://`` store and broker: a job running when the primary is
     SIGKILLed settles once, and a job submitted after it is taken from the new master by
     the same worker process (kombu's sentinel transport reconnects), both succeeded."""
+    served_through_a_failover(tmp_path, ha)
+
+
+def served_through_a_failover(tmp_path: Path, ha: Ha) -> None:
+    """The served failover above, against ``ha`` as it is set up (plain or TLS)."""
     base = ha.url.rsplit("/", 1)[0]
     env = ha.env(
         tmp_path,

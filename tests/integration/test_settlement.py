@@ -280,3 +280,63 @@ def test_a_claim_held_by_a_vanished_submitter_lapses(redis_url: str) -> None:
         assert jobs.claim_enqueue(raw, "claim-1", 1, "dead", hold_ms=0)
         assert client.submit(_job("claim-1")).state.enqueued
         assert raw.llen("runs") == 1
+
+
+def test_a_submit_interrupted_mid_publish_is_retried_by_its_client_at_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover in the middle of a submit: the publish fails and so does giving the
+    claim back (Redis is gone too), so the claim stays live. The error says a retry is
+    safe; the same client's retry takes its own claim again and publishes at once (another
+    client's would wait for the claim to lapse), and a further submit publishes nothing."""
+    real = queue.send_run
+
+    def broker_down(*args: Any, **kwargs: Any) -> None:
+        raise kombu.exceptions.OperationalError("broker down")
+
+    def redis_down(*args: Any, **kwargs: Any) -> None:
+        raise redis.exceptions.ConnectionError("Redis down")
+
+    settings = Settings(redis_url=redis_url, broker_url=redis_url)
+    with Client(redis_url, settings=settings) as client, redis.Redis.from_url(redis_url) as raw:
+        monkeypatch.setattr(queue, "send_run", broker_down)
+        monkeypatch.setattr(jobs, "release_enqueue", redis_down)
+        with pytest.raises(ServiceUnavailable) as failed:
+            client.submit(_job("mid-1"))
+        assert failed.value.details == {"job_id": "mid-1", "retry_safe": True}
+        monkeypatch.setattr(queue, "send_run", real)
+        with Client(redis_url, settings=settings) as other:
+            assert not other.submit(_job("mid-1")).state.enqueued  # the claim is live
+        assert raw.llen("runs") == 0
+        assert client.submit(_job("mid-1")).state.enqueued
+        assert client.submit(_job("mid-1")).outcome == "exists"
+        assert raw.llen("runs") == 1
+
+
+def test_a_submit_whose_replication_is_unknown_publishes_again_when_retried(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The submit's writes went through but the master died before ``WAIT`` answered: the
+    message may be lost with it, so the retry publishes it again even though the state
+    says enqueued. A duplicate message costs a refused delivery; a lost one, the job."""
+    from worker.store import connect
+
+    real = connect.replicated_sync
+    calls = {"n": 0}
+
+    def dies_once(*args: Any, **kwargs: Any) -> int | None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise redis.exceptions.ConnectionError("master gone")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(connect, "replicated_sync", dies_once)
+    settings = Settings(redis_url=redis_url, broker_url=redis_url)
+    with Client(redis_url, settings=settings) as client, redis.Redis.from_url(redis_url) as raw:
+        with pytest.raises(ServiceUnavailable, match="submitting the same spec again is safe"):
+            client.submit(_job("mid-2"))
+        assert raw.llen("runs") == 1
+        assert client.submit(_job("mid-2")).outcome == "exists"
+        assert raw.llen("runs") == 2
+        client.submit(_job("mid-2"))
+        assert raw.llen("runs") == 2

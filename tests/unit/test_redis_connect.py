@@ -99,6 +99,23 @@ def test_sentinel_urls_need_a_master_and_name_their_sentinels() -> None:
     assert broker["broker_transport_options"]["master_name"] == "mymaster"
 
 
+def test_tls_sentinels_take_the_tls_files_when_the_master_is_plain(tmp_path: Path) -> None:
+    """``ACPW_REDIS_SENTINEL_TLS`` without ``ACPW_REDIS_TLS``: the sentinel connections
+    (store and broker) check the sentinels' certificates against ``ACPW_REDIS_TLS_CA``,
+    never the system's trust store alone; the master stays plain."""
+    ca = tmp_path / "ca.pem"
+    settings = Settings(
+        redis_sentinel_master="m", redis_sentinel_tls=True, redis_tls_ca=ca, redis_tls=False
+    )
+    t = connect.target("sentinel://a:26379;sentinel://b:26379/0", settings, {})
+    assert (t.tls, t.sentinel_tls) == (False, True)
+    transport = connect.broker_options(t)["broker_transport_options"]
+    assert transport["sentinel_kwargs"]["ssl"] is True
+    assert transport["sentinel_kwargs"]["ssl_ca_certs"] == str(ca)
+    assert transport["sentinel_kwargs"]["ssl_cert_reqs"] == "required"
+    assert "broker_use_ssl" not in connect.broker_options(t)
+
+
 @pytest.mark.parametrize("url", ["http://h/0", "redis://a;redis://b", "sentinel://a;redis://b"])
 def test_other_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidInput):

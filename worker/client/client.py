@@ -99,9 +99,20 @@ class Client:
     def __init__(self, redis_url: str, *, settings: Settings | None = None) -> None:
         self._settings = (settings or Settings()).model_copy(update={"redis_url": redis_url})
         self._target = connect.target(redis_url, self._settings)
-        self._redis = connect.sync_client(self._target, socket_connect_timeout=5)
+        # A read never waits on a Redis longer than its longest blocking command (an
+        # events follow's 1 s XREAD, a WAIT's bound) plus a margin: a master that stopped
+        # answering mid-failover is an error the caller can retry, not a hang.
+        self._redis = connect.sync_client(
+            self._target,
+            self._settings,
+            socket_connect_timeout=5,
+            socket_timeout=5 + max(_BLOCK_MS, self._settings.redis_wait_ms) / 1000,
+        )
         self._celery = queue.make_celery(self._settings, name="acp-worker-client", current=False)
         self._events = _EventReader(self._redis)
+        # Claims to publish an attempt's message that a Redis or broker failure interrupted
+        # (job id, attempt -> claim id): a retried submit takes its own claim again.
+        self._interrupted: dict[tuple[str, int], str] = {}
 
     def close(self) -> None:
         self._redis.close()
@@ -125,6 +136,12 @@ class Client:
         names. However many submits of one job run at once, each attempt's broker message
         is published once.
 
+        A submit returns once its state and message are on a replica too, when the
+        settings ask for one (``ACPW_REDIS_WAIT_REPLICAS``; 1 with Sentinel), so a
+        failover right after it does not undo it. A submit interrupted by Redis or the
+        broker (a failover) raises ``ServiceUnavailable`` with ``retry_safe``: submitting
+        the same spec again is idempotent, never a second job (docs/durability.md).
+
         Raises:
             InvalidJobSpec: ``job`` is not a valid job spec.
             JobConflict: the job id is taken by a job with another spec (and no new
@@ -133,19 +150,38 @@ class Client:
         """
         spec = job if isinstance(job, JobSpec) else parse_job(dict(job))
         digest = spec_digest(spec)
-        with _translated():
-            reply = store.submit(
-                self._redis,
-                spec.job_id,
-                job_json=spec.model_dump_json(),
-                new_attempt=new_attempt,
-                digest=digest,
-            )
-            state = self.get(spec.job_id)
-            _check_same_spec(reply.outcome, state, digest, reply.digest)
-            if state.queued and not state.enqueued:
-                self._enqueue(spec, state)
+        key: tuple[str, int] | None = None
+        try:
+            with _translated():
+                reply = store.submit(
+                    self._redis,
+                    spec.job_id,
+                    job_json=spec.model_dump_json(),
+                    new_attempt=new_attempt,
+                    digest=digest,
+                )
                 state = self.get(spec.job_id)
+                _check_same_spec(reply.outcome, state, digest, reply.digest)
+                key = (spec.job_id, state.attempt)
+                # After an interrupted submit its message may be lost with the old master
+                # even if the state says enqueued: published again (a duplicate is refused).
+                again = key in self._interrupted
+                if state.queued and (again or not state.enqueued):
+                    self._enqueue(spec, state, again=again)
+                    state = self.get(spec.job_id)
+                connect.replicated_sync(self._redis, f"submit of {spec.job_id}", strict=True)
+            self._interrupted.pop(key, None)
+        except StoreRefused:
+            raise
+        except (ServiceUnavailable, JobNotFound) as exc:  # JobNotFound: the failover lost it
+            if key is not None:
+                self._interrupted.setdefault(key, uuid.uuid4().hex)
+            raise ServiceUnavailable(
+                f"the submit of job {spec.job_id} was interrupted ({exc.message}): it may or "
+                "may not have been recorded; submitting the same spec again is safe",
+                job_id=spec.job_id,
+                retry_safe=True,
+            ) from exc
         return Submission(reply.outcome, state)
 
     def requeue(self, job_id: str) -> Requeue:
@@ -172,7 +208,9 @@ class Client:
         spec = parse_job(state.job_json)
         with _translated():
             published = self._enqueue(spec, state, again=True)
-            state = self.get(job_id)
+        if published:
+            self._interrupted.pop((job_id, state.attempt), None)
+        state = self.get(job_id)
         if published:
             return Requeue(REQUEUED, state)
         return Requeue(IN_PROGRESS if state.queued else NOT_QUEUED, state)
@@ -184,10 +222,15 @@ class Client:
 
         Returns whether this call published it.
         """
-        claim = uuid.uuid4().hex
+        key = (spec.job_id, state.attempt)
+        claim = self._interrupted.get(key) or uuid.uuid4().hex
         take = store.reclaim_enqueue if again else store.claim_enqueue
         if not take(self._redis, spec.job_id, state.attempt, claim):
             return False  # published already, or another submit is publishing it
+        # Until the submit is through: if anything below fails, a retry of this client
+        # takes the same claim again (should the release fail too, the claim is still
+        # live) and publishes; its message may be the second, whose delivery is refused.
+        self._interrupted[key] = claim
         try:
             queue.send_run(
                 self._celery,
@@ -227,6 +270,7 @@ class Client:
         if not state.settled:
             with _translated():
                 append_control(self._redis, job_id, control_fields(CANCEL, state.attempt))
+                connect.replicated_sync(self._redis, f"cancel of {job_id}")
         return state
 
     def answer(self, job_id: str, interaction_id: str, answer: Mapping[str, object]) -> str:

@@ -237,7 +237,7 @@ class Job:
         refuses the job before anything is prepared (``budget_exceeded``)."""
         ctx = self._ctx
         tenant = tenant_of(dict(ctx.spec.labels), ctx.settings.budget_label)
-        guard = await BudgetGuard.load(ctx.control, tenant)
+        guard = await BudgetGuard.load(ctx.control, tenant, retry_for=ctx.settings.sink_retry_s)
         if guard is not None:
             guard.check_start()
             self._budget = guard

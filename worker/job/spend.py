@@ -101,11 +101,14 @@ class BudgetGuard:
         self._unenforced: str | None = None
 
     @classmethod
-    async def load(cls, client: aioredis.Redis | None, tenant: str) -> BudgetGuard | None:
-        """The guard of ``tenant``'s budget; None without Redis or without a budget."""
+    async def load(
+        cls, client: aioredis.Redis | None, tenant: str, *, retry_for: float = 0.0
+    ) -> BudgetGuard | None:
+        """The guard of ``tenant``'s budget; None without Redis or without a budget (a
+        Redis that does not answer is asked again for ``retry_for`` seconds)."""
         if client is None:
             return None
-        budget = await budgets.read(client, tenant)
+        budget = await budgets.read(client, tenant, retry_for=retry_for)
         return None if budget is None else cls(client, budget)
 
     def check_start(self) -> None:

@@ -122,8 +122,7 @@ async def owning(
     Raises:
         LeaseRefusedError: the lease was not granted (held, settled, stale, orphaned).
     """
-    asked = time.monotonic()  # the lease lives at most ``lease_ttl`` from here
-    lease = await claim_lease(client, claim, settings=settings)
+    lease, asked = await claim_lease(client, claim, settings=settings)
     deadline = LeaseDeadline(asked + settings.lease_ttl)
     sink = FencedStreamSink(
         client,
@@ -150,26 +149,45 @@ async def owning(
         await _give_back(client, lease, sink)
 
 
-async def claim_lease(client: aioredis.Redis, claim: Claim, *, settings: Settings) -> Lease:
-    """The lease of ``claim``'s attempt.
+async def claim_lease(
+    client: aioredis.Redis, claim: Claim, *, settings: Settings
+) -> tuple[Lease, float]:
+    """The lease of ``claim``'s attempt, and when (``time.monotonic()``) the acquire that
+    got it was sent: the lease lives at most ``lease_ttl`` from then.
+
+    A Redis that does not answer is asked again for up to ``ACPW_SINK_RETRY_S`` (a
+    delivery taken as the sentinels promote a replica gets its lease on the new master):
+    a task that failed here would have its message acknowledged, and the job never run.
 
     Raises:
         LeaseRefusedError: not granted. An ``orphaned`` attempt (its owner's lease expired
             before it settled) has been settled ``lost`` meanwhile.
     """
-    got = await leases.acquire(
-        client,
-        claim.job_id,
-        worker_id=settings.worker_id,
-        ttl=settings.lease_ttl,
-        attempt=claim.attempt,
-        job_json=claim.job_json,
-    )
+    deadline = time.monotonic() + settings.sink_retry_s
+    pause = 0.1
+    while True:
+        asked = time.monotonic()
+        try:
+            got = await leases.acquire(
+                client,
+                claim.job_id,
+                worker_id=settings.worker_id,
+                ttl=settings.lease_ttl,
+                attempt=claim.attempt,
+                job_json=claim.job_json,
+            )
+            break
+        except leases.REDIS_ERRORS as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("the lease of %s could not be asked for (%s); retrying", claim.job_id, exc)
+            await asyncio.sleep(pause)  # a backoff between attempts, bounded by the deadline
+            pause = min(pause * 2, 1.0)
     if isinstance(got, Refusal):
         if got.reason == "orphaned":
             await mark_lost(client, got.job_id, settings)
         raise LeaseRefusedError(got)
-    return got
+    return got, asked
 
 
 async def _give_back(client: aioredis.Redis, lease: Lease, sink: FencedStreamSink) -> None:

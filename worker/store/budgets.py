@@ -11,8 +11,11 @@ unknown, never counted as zero). No hash: no budget, nothing is checked or count
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,10 +68,31 @@ def check_tenant(tenant: str) -> str:
     return tenant
 
 
-async def read(client: aioredis.Redis, tenant: str) -> Budget | None:
+log = logging.getLogger(__name__)
+
+
+async def read(client: aioredis.Redis, tenant: str, *, retry_for: float = 0.0) -> Budget | None:
     """The tenant's budget, or None when the operator set none (or it is unreadable:
-    a hash without a valid ``currency`` is not a budget)."""
-    raw = await client.hgetall(keys.budget(tenant))
+    a hash without a valid ``currency`` is not a budget).
+
+    A Redis that does not answer is asked again for up to ``retry_for`` seconds (a job
+    starting while the sentinels promote a replica goes on once they have), then raised.
+    """
+    import redis.exceptions  # loaded here: a plain local run imports this module, not redis
+
+    outage = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+    deadline = time.monotonic() + retry_for
+    pause = 0.1
+    while True:
+        try:
+            raw = await client.hgetall(keys.budget(tenant))
+            break
+        except outage as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("the budget of tenant %r is unreadable (%s); retrying", tenant, exc)
+            await asyncio.sleep(pause)  # a backoff between attempts, bounded by retry_for
+            pause = min(pause * 2, 1.0)
     fields = {_text(k): _text(v) for k, v in raw.items()}
     currency = fields.get("currency", "")
     if not _CURRENCY.match(currency):

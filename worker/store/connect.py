@@ -144,8 +144,11 @@ def target(
         for p in parts
     )
     tls = scheme == "rediss" or (sentinel and (settings.redis_tls or bool(url_ssl)))
-    ssl_opts = _ssl_options(settings, url_ssl) if tls else {}
-    if tls and ssl_opts.get("ssl_cert_reqs") == "none":
+    # TLS sentinels take the same files (CA, client certificate), whether or not the
+    # master is reached over TLS too.
+    sentinel_tls = sentinel and settings.redis_sentinel_tls
+    ssl_opts = _ssl_options(settings, url_ssl) if tls or sentinel_tls else {}
+    if ssl_opts.get("ssl_cert_reqs") == "none":
         log.warning(
             "Redis TLS verification is OFF for %s (ACPW_REDIS_TLS_VERIFY=false or "
             "ssl_cert_reqs=none): the server is not authenticated",
@@ -175,7 +178,7 @@ def target(
             sentinels=tuple((p.hostname or "127.0.0.1", p.port or 26379) for p in parts),
             master=settings.redis_sentinel_master,
             db=db,
-            sentinel_tls=settings.redis_sentinel_tls,
+            sentinel_tls=sentinel_tls,
             sentinel_username=settings.redis_sentinel_username,
             sentinel_password=sentinel_password,
         )
@@ -287,6 +290,10 @@ async def replicated(client: aioredis.Redis, what: str) -> int | None:
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
         log.warning("%s: could not wait for a replica: %s", what, exc)
         return None
+    return _acknowledged(acked, policy, what)
+
+
+def _acknowledged(acked: int, policy: WaitPolicy, what: str) -> int:
     if acked < policy.replicas:
         log.warning(
             "%s: %d of %d replicas acknowledged within %d ms",
@@ -298,8 +305,34 @@ async def replicated(client: aioredis.Redis, what: str) -> int | None:
     return acked
 
 
-def sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
-    """A synchronous client of ``t`` (``timeouts``: redis-py's socket_* arguments)."""
+def replicated_sync(client: redis.Redis, what: str, *, strict: bool = False) -> int | None:
+    """:func:`replicated` for a synchronous client (the control plane's submit and
+    cancel); with ``strict``, a Redis that cannot be asked is raised: whether the write
+    reached a replica is then unknown."""
+    policy = _policies.get(client)
+    if policy is None or policy.replicas <= 0:
+        return None
+    try:
+        acked = int(client.execute_command("WAIT", policy.replicas, policy.ms))  # type: ignore[no-untyped-call]
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        if strict:
+            raise
+        log.warning("%s: could not wait for a replica: %s", what, exc)
+        return None
+    return _acknowledged(acked, policy, what)
+
+
+def sync_client(t: RedisTarget, settings: Settings | None = None, **timeouts: Any) -> redis.Redis:
+    """A synchronous client of ``t`` (``timeouts``: redis-py's socket_* arguments); with
+    ``settings``, its writes that must survive a failover wait for the replicas they ask
+    for (:func:`replicated_sync`)."""
+    client = _sync_client(t, **timeouts)
+    if settings is not None:
+        _policies[client] = wait_policy(t, settings)
+    return client
+
+
+def _sync_client(t: RedisTarget, **timeouts: Any) -> redis.Redis:
     kwargs = _conn_kwargs(t, **timeouts)
     if t.master:
         manager = redis.sentinel.Sentinel(

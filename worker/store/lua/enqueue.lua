@@ -2,6 +2,8 @@
 --   claim: 1 when the caller may publish: the attempt is current and queued, its message
 --     not sent, and no other claim is live (a claim lapses hold_ms after it was taken, so
 --     a submitter that died between claim and publish does not block the job for good).
+--     A live claim with the caller's own claim id is taken again: a submit interrupted
+--     mid-publish (a failover) retried by the same client publishes at once.
 --   reclaim: as claim, but whether the message was sent is not asked (``Client.requeue``:
 --     after Redis came back from an older snapshot, a queued attempt's message may have
 --     been consumed already); still only for the current attempt, queued, with no live
@@ -14,7 +16,7 @@ if st[1] ~= ARGV[2] then return 0 end
 local op = ARGV[1]
 if op == 'claim' or op == 'reclaim' then
   if st[2] ~= 'queued' or (op == 'claim' and st[3] == '1') then return 0 end
-  if st[4] then
+  if st[4] and string.sub(st[4], 1, #ARGV[3] + 1) ~= ARGV[3] .. ' ' then
     local lapses = tonumber(string.match(st[4], ' (%d+)$'))
     if lapses and lapses > now_ms() then return 0 end
   end
