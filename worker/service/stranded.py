@@ -57,15 +57,7 @@ async def requeue_stranded(
     if grace <= 0:
         return []
     now = time.time() if now is None else now
-    ids = await queued.published_before(client, now - grace)
-    if not ids:
-        return []
-    candidates = []
-    for waiting in await queued.read_waiting(client, ids):
-        if waiting.status != "queued":  # started, settled or expired: out of the index
-            await queued.forget(client, waiting.job_id)
-        elif waiting.stranded_candidate:
-            candidates.append(waiting)
+    candidates = await _candidates(client, now - grace)
     if not candidates:
         return []
     present = await _deliveries(client, settings)
@@ -85,23 +77,38 @@ async def requeue_stranded(
     return requeued
 
 
-async def _deliveries(
-    client: aioredis.Redis, settings: Settings
-) -> set[broker.Delivery] | None:
+async def _candidates(client: aioredis.Redis, cutoff: float) -> list[queued.Waiting]:
+    """The jobs of the index published by ``cutoff`` that may have lost their message;
+    those no longer queued leave the index."""
+    ids = await queued.published_before(client, cutoff)
+    candidates = []
+    for waiting in await queued.read_waiting(client, ids) if ids else []:
+        if waiting.status != "queued":  # started, settled or expired
+            await queued.forget(client, waiting.job_id)
+        elif waiting.stranded_candidate:
+            candidates.append(waiting)
+    return candidates
+
+
+async def _deliveries(client: aioredis.Redis, settings: Settings) -> set[broker.Delivery] | None:
     """The jobs the broker holds a message of; None (logged) when it cannot be read."""
     url = broker_url(settings)
     same = url == settings.redis_url
     try:
         reader = client if same else redis_client(url, settings)
     except WorkerError as exc:  # not a Redis URL (amqp://…): kombu's keys are not there
-        log.info("stranded-job sweep skipped: the broker %s is not readable as Redis: %s",
-                 redact(url), exc.message)
+        log.info(
+            "stranded-job sweep skipped: the broker %s is not readable as Redis: %s",
+            redact(url),
+            exc.message,
+        )
         return None
     try:
         return await broker.deliveries(reader, settings.queue)
     except (redis.exceptions.RedisError, OSError) as exc:
-        log.warning("stranded-job sweep skipped: the broker %s did not answer: %s",
-                    redact(url), exc)
+        log.warning(
+            "stranded-job sweep skipped: the broker %s did not answer: %s", redact(url), exc
+        )
         return None
     finally:
         if not same:
