@@ -9,6 +9,7 @@ worker's own reaper requeues a stranded job and the worker runs it once.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.integration.test_service import (
 from worker import metrics
 from worker.client import Client
 from worker.service.reaper import reap_once
+from worker.service.stranded import requeue_stranded
 from worker.settings import Settings
 from worker.store import broker, keys
 
@@ -131,3 +133,32 @@ async def test_a_served_workers_reaper_requeues_a_stranded_job_which_runs_once(
     assert_contiguous(events)
     assert state.fields.get("duplicates") is None
     assert "requeued" in served.log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("amqp://guest@127.0.0.1:1//", "not readable as Redis"),
+        ("redis://127.0.0.1:1/0", "did not answer"),
+    ],
+)
+async def test_a_broker_the_reaper_cannot_read_skips_the_sweep_with_a_log_line(
+    redis_url: str,
+    aredis: aioredis.Redis,
+    raw_broker: redis.Redis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    url: str,
+    said: str,
+) -> None:
+    with Client(redis_url, settings=_settings(redis_url, tmp_path, 60)) as client:
+        client.submit(job("st-blind"))
+    caplog.set_level(logging.INFO, logger="worker.service.stranded")
+    _take(raw_broker, "st-blind")
+    settings = _settings(redis_url, tmp_path, 0.01).model_copy(update={"broker_url": url})
+    time.sleep(0.05)
+    for _ in range(2):
+        assert await requeue_stranded(aredis, settings) == []
+        time.sleep(0.05)
+    assert said in caplog.text
+    assert await aredis.zcard(keys.STRANDED) == 0  # never judged: nothing was read
