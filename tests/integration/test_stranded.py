@@ -110,6 +110,10 @@ async def test_the_reaper_requeues_a_job_whose_message_is_gone_and_no_other(
     third = await reap_once(aredis, settings, {})
     assert third.requeued == ()  # its message is queued again
     assert len(_messages(raw_broker)["st-gone"]) == 1
+    # A finding of an earlier pass is void once the job is leased.
+    await aredis.zadd(keys.STRANDED, {"st-leased": time.time() - 60})
+    assert (await reap_once(aredis, settings, {})).requeued == ()
+    assert await aredis.zscore(keys.STRANDED, "st-leased") is None
 
 
 async def test_a_served_workers_reaper_requeues_a_stranded_job_which_runs_once(

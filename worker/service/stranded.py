@@ -87,6 +87,8 @@ async def _candidates(client: aioredis.Redis, cutoff: float) -> list[queued.Wait
             await queued.forget(client, waiting.job_id)
         elif waiting.stranded_candidate:
             candidates.append(waiting)
+        else:  # leased, or being published: whatever an earlier pass found is void
+            await queued.not_stranded(client, waiting.job_id)
     return candidates
 
 

@@ -133,8 +133,11 @@ async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
 
 
 async def _started(client: aioredis.Redis, job_id: str) -> None:
-    """Out of the stranded-job sweep's index (:mod:`.queued`): its attempt started."""
-    await client.zrem(keys.QUEUED, job_id)
+    """Out of the stranded-job sweep's indexes (:mod:`.queued`): its attempt started."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(keys.QUEUED, job_id)
+    pipe.zrem(keys.STRANDED, job_id)
+    await pipe.execute()
 
 
 async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
