@@ -18,6 +18,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from tests.integration.test_redis_tls import PASSWORD as ACL_PASSWORD
+from tests.integration.test_redis_tls import operators_acl
 from tests.integration.test_service import (
     BROKER_URL,
     Worker,
@@ -25,6 +27,7 @@ from tests.integration.test_service import (
     completed,
     job,
 )
+from tests.redis_servers import start_redis
 from worker import metrics
 from worker.client import Client
 from worker.service.reaper import reap_once
@@ -166,3 +169,27 @@ async def test_a_broker_the_reaper_cannot_read_skips_the_sweep_with_a_log_line(
         time.sleep(0.05)
     assert said in caplog.text
     assert await aredis.zcard(keys.STRANDED) == 0  # never judged: nothing was read
+
+
+async def test_the_sweep_needs_no_more_than_the_operators_acl(tmp_path: Path) -> None:
+    """Store and broker one Redis whose only user is docs/durability.md's operator's."""
+    server = start_redis(tmp_path / "redis", users=[operators_acl()])
+    try:
+        url = f"redis://acpw:{ACL_PASSWORD}@127.0.0.1:{server.port}/0"
+        settings = _settings(url, tmp_path, 0.01).model_copy(update={"broker_url": url})
+        admin = server.admin()  # the test's own reads and the lost pop: not the ACL's
+        with Client(url, settings=settings) as client:
+            client.submit(job("st-acl"))
+        _take(admin, "st-acl")
+        store = aioredis.Redis.from_url(url)
+        try:
+            time.sleep(0.05)
+            assert await requeue_stranded(store, settings) == []
+            time.sleep(0.05)
+            assert await requeue_stranded(store, settings) == ["st-acl"]
+        finally:
+            await store.aclose()
+        assert list(_messages(admin)) == ["st-acl"]
+        admin.close()
+    finally:
+        server.stop()
