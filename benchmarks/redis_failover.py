@@ -7,7 +7,9 @@ broker are ``sentinel://`` URLs, N jobs submitted (each talks for about two seco
 Once some have settled and others run, the primary is SIGKILLed. Printed: seconds from
 the kill to the sentinels' promotion and to the first event written on the new master,
 and, per job, whether it settled ``succeeded`` exactly once with contiguous events (a
-job that did not is lost).
+job that did not is lost). A job whose message the failover took mid-delivery is left to
+serve's own reaper, which requeues it (``requeued_by_reaper``); nothing is requeued by
+hand.
 
     PYTHONPATH=. .venv/bin/python benchmarks/redis_failover.py --jobs 24
 """
@@ -35,6 +37,7 @@ from worker.store import fields, keys
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "no job lost or run twice through a failover, events contiguous"
+STRANDED_AFTER_S = 10
 ACP_WORKER = str(Path(sys.executable).with_name("acp-worker"))
 
 
@@ -68,6 +71,10 @@ def main() -> None:
         ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
         ACPW_LEASE_TTL="15",
         ACPW_LEASE_RENEW="1",
+        # A job whose message the failover took mid-delivery is requeued by serve's own
+        # reaper (docs/durability.md): within these, not the defaults' 120 s and 15 s.
+        ACPW_REQUEUE_STRANDED_AFTER_S=str(STRANDED_AFTER_S),
+        ACPW_REAPER_INTERVAL="2",
     )
     os.environ.update({k: v for k, v in env.items() if k.startswith("ACPW_TEST_")})
     settings = Settings(
@@ -108,12 +115,16 @@ def main() -> None:
         writing_again = time.monotonic() - killed
         _settle(new, ids)
         report = _judge(new, ids)
-        stuck = _requeue_stuck(new, ids, settings, report)
-        report.update(promoted_after_s=round(promoted, 2), writing_again_s=round(writing_again, 2))
+        requeued = _requeued_by_reaper(log.read_text(), ids)
+        report.update(
+            promoted_after_s=round(promoted, 2),
+            writing_again_s=round(writing_again, 2),
+            requeued_by_reaper=requeued,
+        )
         print(json.dumps(report, indent=2))
         figure = f"{len(report['lost'])} of {len(ids)} lost, writing again {writing_again:.1f} s"
-        if stuck:
-            figure += f" ({len(report['lost_after_requeue'])} lost after requeue)"
+        if requeued:
+            figure += f" ({len(requeued)} requeued by the reaper)"
         summary(figure, TARGET, not report["lost"] and not report["not_contiguous"])
         new.close()
     finally:
@@ -138,19 +149,11 @@ _SETTINGS = {
 }
 
 
-def _requeue_stuck(
-    admin: Any, ids: list[str], settings: Settings, report: dict[str, Any]
-) -> list[str]:
-    """A job still queued once nothing moves has lost its message (popped from the old
-    master as it died): the documented procedure (docs/durability.md) requeues it."""
-    stuck = [j for j in ids if _status(admin, j) == "queued"]
-    if stuck:
-        with Client(settings.redis_url or "", settings=settings) as client:
-            for job_id in stuck:
-                client.requeue(job_id)
-        _settle(admin, ids)
-        report.update(stuck_queued=stuck, lost_after_requeue=_judge(admin, ids)["lost"])
-    return stuck
+def _requeued_by_reaper(log_text: str, ids: list[str]) -> list[str]:
+    """The jobs the reaper's stranded-job sweep requeued (its log line): a job whose
+    message was popped from the old master as it died, and which then ran from the new
+    message (or is counted lost above)."""
+    return [j for j in ids if f"job {j} stayed queued without a broker message" in log_text]
 
 
 def _settle(admin: Any, ids: list[str], *, quiet_s: float = 60, limit_s: float = 600) -> None:

@@ -68,6 +68,10 @@ PHASES = Histogram(
 EVENTS = Counter("acpw_events_written_total", "Canonical events appended to Redis.")
 RENEW_FAILURES = Counter("acpw_lease_renew_failures_total", "Lease renewals Redis did not answer.")
 REAPED = Counter("acpw_reaped_sandboxes_total", "Orphan sandboxes destroyed.", ["backend"])
+REQUEUED_STRANDED = Counter(
+    "acpw_jobs_requeued_stranded_total",
+    "Queued jobs whose broker message was gone (a failover), requeued by the reaper.",
+)
 WARM_IDLE = Gauge(
     "acpw_warm_slots",
     "Warm slots ready and unclaimed, by pack (summed over the live pool processes).",
@@ -121,6 +125,11 @@ def warm_claimed(pack: str, seconds: float) -> None:
 
 def warm_missed(pack: str) -> None:
     WARM_CLAIMS.labels(pack=pack, result="miss").inc()
+
+
+def stranded_requeued(count: int) -> None:
+    if count:
+        REQUEUED_STRANDED.inc(count)
 
 
 def sandboxes_reaped(backend: str, count: int) -> None:

@@ -284,6 +284,14 @@ class Settings(BaseSettings):
         description="Seconds the sink (and a lease acquire, a budget read) retries Redis.",
     )
     reaper_interval: float = Field(default=15.0, gt=0, description="Seconds between reaps.")
+    requeue_stranded_after_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="The reaper requeues a job queued (its message published) at least this "
+        "long ago, without a lease, whose message two passes found neither in the broker's "
+        "queue nor delivered (`unacked`): a failover lost it (docs/durability.md); "
+        "0: never.",
+    )
     reap_backends: tuple[str, ...] = Field(
         default=("local",),
         description="Backends the reaper sweeps for orphans (names as for `backend`).",

@@ -1,6 +1,6 @@
 """The reaper: settles jobs whose owner vanished and destroys what it left behind.
 
-One pass (``reap_once``) does four sweeps, each safe to run from any process at any
+One pass (``reap_once``) does six sweeps, each safe to run from any process at any
 time and concurrently with other reapers (``reap_pass`` also serializes the passes of
 one host on a lock file next to ``work_dir``):
 
@@ -26,7 +26,9 @@ one host on a lock file next to ``work_dir``):
 4. every attempt directory under ``results_dir`` (a captured patch) untouched for
    ``results_keep_s`` is removed (never when that setting is 0);
 5. every recorded session of the session store (``settings.session_root``) neither
-   saved nor resumed for ``session_keep_s`` is removed (never when that setting is 0).
+   saved nor resumed for ``session_keep_s`` is removed (never when that setting is 0);
+6. every job left ``queued`` with its broker message lost (a failover took it
+   mid-delivery) is requeued (:mod:`worker.service.stranded`).
 
 A served job whose worker died while its lease still lives loses its sandbox at once,
 but is settled ``lost`` only by step 1, once that lease has expired.
@@ -63,6 +65,7 @@ from worker.sandbox.base import (
     SandboxBackend,
     SandboxInfo,
 )
+from worker.service.stranded import requeue_stranded
 from worker.sessions import reap_sessions
 from worker.settings import Settings
 from worker.store import warm
@@ -87,6 +90,7 @@ class ReapReport:
     workspaces: tuple[str, ...] = ()
     results: tuple[str, ...] = ()
     sessions: tuple[str, ...] = ()
+    requeued: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, list[str]]:
         return {
@@ -96,6 +100,7 @@ class ReapReport:
             "workspaces": list(self.workspaces),
             "results": list(self.results),
             "sessions": list(self.sessions),
+            "requeued": list(self.requeued),
         }
 
 
@@ -143,6 +148,7 @@ async def reap_once(
     sessions = await asyncio.to_thread(
         reap_sessions, settings.session_root, keep_s=settings.session_keep_s
     )
+    requeued = await requeue_stranded(client, settings)
     return ReapReport(
         tuple(sweep.lost),
         tuple(sweep.destroyed),
@@ -150,6 +156,7 @@ async def reap_once(
         tuple(workspaces),
         tuple(results),
         tuple(sessions),
+        tuple(requeued),
     )
 
 

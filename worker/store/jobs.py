@@ -7,6 +7,7 @@ A control plane is often a plain web service, so these take a synchronous
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +87,10 @@ def reclaim_enqueue(
 
 
 def mark_enqueued(client: redis.Redis, job_id: str, attempt: int, claim: str) -> None:
-    """Record that ``attempt``'s message was published (a resubmit will not again)."""
+    """Record that ``attempt``'s message was published (a resubmit will not again), and
+    index the job for the reaper's stranded-job sweep (:mod:`.queued`) from now."""
     _enqueue_op(client, job_id, "done", attempt, claim, hold_ms=0)
+    client.zadd(keys.QUEUED, {job_id: time.time()})
 
 
 def release_enqueue(client: redis.Redis, job_id: str, attempt: int, claim: str) -> None:

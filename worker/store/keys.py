@@ -11,6 +11,14 @@ PREFIX = "acpw"
 LEASES = f"{PREFIX}:leases"
 """Sorted set of job ids scored by lease expiry (for the reaper)."""
 
+QUEUED = f"{PREFIX}:queued"
+"""Sorted set of job ids whose current attempt's message was published and whose lease
+was not taken yet, scored by when it was published (the reaper's stranded-job sweep)."""
+
+STRANDED = f"{PREFIX}:stranded"
+"""Sorted set of queued job ids the reaper found without a broker message, scored by when
+it first did (a second pass that finds the same requeues the job)."""
+
 
 def _job(job_id: str, suffix: str) -> str:
     return f"{PREFIX}:{{{job_id}}}:{suffix}"

@@ -122,6 +122,7 @@ async def acquire(
         return Refusal(job_id, outcome, int(got_attempt), detail)
     lease = Lease(job_id, int(got_attempt), int(detail), worker_id, nonce)
     await _index(client, job_id, ttl)
+    await _started(client, job_id)
     await connect.replicated(client, f"lease of {job_id}")
     return lease
 
@@ -129,6 +130,14 @@ async def acquire(
 async def _index(client: aioredis.Redis, job_id: str, ttl: float) -> None:
     """Hint for the reaper: when this lease expires unless renewed."""
     await client.zadd(keys.LEASES, {job_id: time.time() + ttl})
+
+
+async def _started(client: aioredis.Redis, job_id: str) -> None:
+    """Out of the stranded-job sweep's indexes (:mod:`.queued`): its attempt started."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(keys.QUEUED, job_id)
+    pipe.zrem(keys.STRANDED, job_id)
+    await pipe.execute()
 
 
 async def renew(client: aioredis.Redis, lease: Lease, *, ttl: float) -> bool:
