@@ -271,7 +271,7 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
             client.submit(job("warm-served-3"))
             events = [e.event for e in client.events("warm-served-3", follow=True, timeout=60)]
             assert "warm" not in _ready(events)
-            wait_for(_slots, "a new warm slot")
+            wait_for(lambda: _slots_ready(worker.log) >= 3 and _slots(), "a new warm slot")
     finally:
         worker.stop()
         idle.close()

@@ -17,8 +17,8 @@ that process claims among them. The claim is atomic and recorded in Redis
 a reaper destroys the slots of a dead worker like any orphan sandbox. One use: a claimed
 slot becomes the attempt's sandbox and is destroyed by the job's teardown; once the job
 settled, the pool makes a replacement in the background from the same job's recipe (so
-the first job of an identity is cold, the next one warm). Idle slots age out after ``ACPW_WARM_MAX_IDLE_S``
-and are destroyed, never handed back, on drain and shutdown.
+the first job of an identity is cold, the next one warm). Idle slots age out after
+``ACPW_WARM_MAX_IDLE_S`` and are destroyed, never handed back, on drain and shutdown.
 """
 
 from __future__ import annotations
