@@ -80,8 +80,12 @@ def _job(tmp_path: Path, key: str) -> dict[str, Any]:
     }
 
 
+_running: list[str] = []  # the jobs ``_deliver`` ran, the last one last
+
+
 async def _deliver(job: dict[str, Any], settings: Settings, pool: WarmPool) -> list[Event]:
     spec = parse_job(job)
+    _running.append(spec.job_id)
     with redis.Redis.from_url(REDIS_URL) as sync:
         store_jobs.submit(
             sync,
@@ -118,6 +122,18 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
     settings = _settings(tmp_path)
     config = backend_config(settings)
     pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
+
+    # What each job had written when it asked for its replacement: the slot is made only
+    # once the job settled, never on its loop and CPU while it runs.
+    asked: list[str] = []
+    replenish = pool.replenish
+
+    def replenish_after(recipe: Any) -> None:
+        with Client(REDIS_URL) as client:
+            asked.append([item.event["type"] for item in client.events(_running[-1])][-1])
+        replenish(recipe)
+
+    pool.replenish = replenish_after  # type: ignore[method-assign]
 
     async def scenario() -> None:
         try:
@@ -171,6 +187,7 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             assert not orphan.directory.exists()
             await pool.tend()  # its renewal fails: the pool lets it go
             assert pool.idle() == []
+            assert asked == ["job.completed"] * 3
         finally:
             await pool.close()
         assert await pool.backend.list({"acpw.worker": "it-warm"}) == []
@@ -235,12 +252,14 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
     try:
         with Client(redis_url, settings=_settings()) as client:
             readies = []
-            for job_id in ("warm-served-1", "warm-served-2"):
+            for made, job_id in enumerate(("warm-served-1", "warm-served-2"), start=1):
                 client.submit(job(job_id))
                 events = [e.event for e in client.events(job_id, follow=True, timeout=60)]
                 assert events[-1]["data"]["status"] == "succeeded"
                 readies.append(_ready(events))
-                wait_for(lambda: _idle_slots(idle), "a warm slot")
+                # Made once the job settled: recorded idle first, ready (logged) last.
+                wait_for(lambda n=made: _slots_ready(worker.log) >= n, "a warm slot")
+                assert _idle_slots(idle)
             assert "warm" not in readies[0]
             assert readies[1]["warm"] is True
             assert sandboxes_of("warm-served-2") == []
@@ -252,7 +271,7 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
             client.submit(job("warm-served-3"))
             events = [e.event for e in client.events("warm-served-3", follow=True, timeout=60)]
             assert "warm" not in _ready(events)
-            wait_for(_slots, "a new warm slot")
+            wait_for(lambda: _slots_ready(worker.log) >= 3 and _slots(), "a new warm slot")
     finally:
         worker.stop()
         idle.close()
@@ -266,6 +285,11 @@ def _slots() -> list[Any]:
     return [
         s for s in asyncio.run(backend.list({"acpw.worker": "it-warm"})) if LABEL_SLOT in s.labels
     ]
+
+
+def _slots_ready(log: Path) -> int:
+    """How many warm slots the served worker made (each is logged once ready)."""
+    return log.read_text().count(" ready (made in ")
 
 
 def _idle_slots(client: redis.Redis) -> list[bytes]:

@@ -36,7 +36,7 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
-from worker.job.slot import Pool, Slot
+from worker.job.slot import Pool, Recipe, Slot
 from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import (
     Created,
@@ -112,10 +112,14 @@ async def run_job(
         handing_back=handing_back,
         pool=pool,
     )
+    job = Job(ctx)
     try:
-        outcome = await Job(ctx).run(cancel or asyncio.Event())
+        outcome = await job.run(cancel or asyncio.Event())
     finally:
-        await emitter.close()
+        try:
+            await emitter.close()  # every event written, ``job.completed`` last
+        finally:
+            job.replenish()
     return outcome
 
 
@@ -135,6 +139,8 @@ class Job:
         #: time.monotonic() by which the job must settle (set when it starts executing).
         self._deadline = float("inf")
         self._turn: Turn | None = None
+        #: The recipe of the warm slot to make once the job settled (``_claim``).
+        self._refill: Recipe | None = None
 
     async def run(self, cancel: asyncio.Event) -> JobOutcome:
         """accepted → prepare → launch → session → turn, then teardown and completion."""
@@ -160,6 +166,14 @@ class Job:
         outcome = after_expectations(outcome, expected)
         await self._complete(outcome, torn)
         return outcome
+
+    def replenish(self) -> None:
+        """Once the job settled (its events all written, ``run_job``), start the slot
+        that replaces the one it asked for (``_claim``). Made while the job ran, it took
+        the job's CPU and its loop: the warm job ended slower than a cold one."""
+        if self._refill is not None and self._ctx.pool is not None:
+            self._ctx.pool.replenish(self._refill)
+            self._refill = None
 
     async def _interrupted(self, stop: Stopped) -> JobOutcome:
         """The outcome of a job stopped early. A lost lease also sets ``cancel``, and the
@@ -286,7 +300,8 @@ class Job:
         credentials: Mapping[str, str],
     ) -> Slot | None:
         """A warm slot of the job's launch identity, claimed for this attempt, or None
-        (the cold path). A replacement of the same identity is started either way."""
+        (the cold path). A replacement of the same identity is made either way, once the
+        job settled."""
         ctx = self._ctx
         pool = ctx.pool
         assert pool is not None
@@ -295,7 +310,7 @@ class Job:
             return None
         token = ctx.labels.get(LABEL_TOKEN, "0")
         slot = await pool.claim(recipe, job_id=ctx.spec.job_id, attempt=ctx.attempt, token=token)
-        pool.replenish(recipe)
+        self._refill = recipe  # made once the job settled (``replenish``)
         if slot is None:
             return None
         # Recorded at once: whatever happens next, the teardown stops its agent, destroys

@@ -15,10 +15,10 @@ process keeps its own slots on its one long-lived event loop (``tasks``) and a j
 that process claims among them. The claim is atomic and recorded in Redis
 (``worker.store.warm``): the slot's record is a lease its pool renews while it lives, so
 a reaper destroys the slots of a dead worker like any orphan sandbox. One use: a claimed
-slot becomes the attempt's sandbox and is destroyed by the job's teardown; the pool
-makes a replacement in the background from the same job's recipe (so the first job of an
-identity is cold, the next one warm). Idle slots age out after ``ACPW_WARM_MAX_IDLE_S``
-and are destroyed, never handed back, on drain and shutdown.
+slot becomes the attempt's sandbox and is destroyed by the job's teardown; once the job
+settled, the pool makes a replacement in the background from the same job's recipe (so
+the first job of an identity is cold, the next one warm). Idle slots age out after
+``ACPW_WARM_MAX_IDLE_S`` and are destroyed, never handed back, on drain and shutdown.
 """
 
 from __future__ import annotations
@@ -159,6 +159,7 @@ class WarmPool:
         self._start_keeper()
 
     async def _make(self, recipe: Recipe) -> None:
+        started = time.monotonic()
         try:
             slot = await self.make(recipe)
         except WorkerError as exc:
@@ -176,6 +177,8 @@ class WarmPool:
             return
         self._idle.append(slot)
         self._gauge()
+        took = (time.monotonic() - started) * 1000
+        log.info("warm slot %s of %s ready (made in %.0f ms)", slot.slot_id, recipe.pack_name, took)
 
     async def make(self, recipe: Recipe) -> Slot | None:
         """A new slot of ``recipe``: recorded, its sandbox made, its agent spawned and
