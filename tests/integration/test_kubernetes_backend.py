@@ -18,6 +18,8 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +263,31 @@ async def test_spawn_carries_stdio_env_signals_and_exit_status(
     await backend.destroy(sandbox.sandbox_id)  # idempotent
     assert await backend.list({LABEL_JOB: spec.job_id}) == []
     assert_within_rbac(cluster)
+
+
+async def test_a_create_cancelled_as_its_pod_is_made_leaves_no_pod(
+    tmp_path: Path, cluster: Cluster, images: EngineConfig, base_by_digest: str
+) -> None:
+    """A create cancelled while its request is under way (a job cancelled, a warm slot
+    being made as its pool closes): the request still makes the pod, whose answer comes
+    late; the create waits for it and deletes the pod before it ends cancelled."""
+    backend = _on_base(_backend(tmp_path, cluster, images), base_by_digest)
+    spec = _spec(tmp_path)
+    made = threading.Event()
+    create_pod = backend.api.create_pod
+
+    def answered_late(pod: Any) -> None:
+        create_pod(pod)
+        made.set()
+        time.sleep(1.0)
+
+    backend.api.create_pod = answered_late  # type: ignore[method-assign]
+    creating = asyncio.ensure_future(backend.create(spec))
+    assert await asyncio.to_thread(made.wait, 60)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    assert await backend.list({LABEL_JOB: spec.job_id}) == []
 
 
 async def test_the_reaper_deletes_a_pod_whose_owner_is_gone(

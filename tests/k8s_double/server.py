@@ -5,7 +5,11 @@ A real HTTP server on loopback that the tests start, speaking exactly the subset
 backend uses, as the API does:
 
 - pods: create, get, list (``labelSelector``, equality terms and existence), delete
-  (with the API server's graceful semantics, below);
+  (with the API server's graceful semantics, below), patch (a JSON merge patch or a
+  strategic merge patch, which are the same on metadata's maps: a null value removes a
+  key; a patch that changes anything but ``metadata.labels``/``annotations`` is a 422, as
+  the API server refuses most of a running pod's changes, and every label must be a
+  valid label);
 - events: list (``fieldSelector`` on ``involvedObject``);
 - ``pods/exec`` as a WebSocket with the real channel protocol: ``v5.channel.k8s.io``
   when the client offers it (the official client does), else ``v4.channel.k8s.io``
@@ -310,6 +314,42 @@ class ApiDouble:
     def pod_object(self, pod: podman_pods.PodmanPod) -> dict[str, Any]:
         return {**pod.obj, "kind": "Pod", "apiVersion": "v1", "status": pod.status(self.engine)}
 
+    def patch_pod(
+        self, ns: str, name: str, patch: dict[str, Any], content_type: str
+    ) -> dict[str, Any]:
+        """Merge ``patch`` into the pod's labels and annotations, as the API server does
+        for a merge patch or a strategic merge patch (the same on these maps: a null
+        value removes the key); anything else a 415 or a 422, as the API server answers."""
+        kind = content_type.split(";", 1)[0].strip()
+        if kind not in _MERGE_PATCHES:
+            raise ApiError(415, "UnsupportedMediaType", f"the media type {kind!r} is not served")
+        metadata = patch.get("metadata")
+        if set(patch) - {"metadata"} or not isinstance(metadata, dict):
+            raise ApiError(422, "Invalid", f"Pod {name!r} is invalid: {POD_UPDATE_REFUSED}")
+        if set(metadata) - {"labels", "annotations"}:
+            raise ApiError(422, "Invalid", f"Pod {name!r} is invalid: metadata is immutable")
+        pod = self.pod(ns, name)
+        with self.lock:
+            merged = copy.deepcopy(pod.obj["metadata"])
+            for field in ("labels", "annotations"):
+                changes = metadata.get(field) or {}
+                if not isinstance(changes, dict):
+                    raise ApiError(422, "Invalid", f"metadata.{field}: not a map")
+                kept = dict(merged.get(field) or {})
+                for key, value in changes.items():
+                    if value is None:
+                        kept.pop(key, None)
+                    else:
+                        kept[key] = value
+                merged[field] = kept
+            for key, value in merged["labels"].items():
+                if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+                    raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {key}")
+            _validate({**pod.obj, "metadata": merged}, "Pod", k8s.V1Pod)
+            merged["resourceVersion"] = str(int(merged.get("resourceVersion", "1")) + 1)
+            pod.obj["metadata"] = merged
+        return self.pod_object(pod)
+
     def list_pods(self, ns: str, selector: str) -> dict[str, Any]:
         match = _selector(selector)
         items = [
@@ -448,6 +488,19 @@ class ApiDouble:
         }
 
 
+#: The patches the double merges (a JSON patch, a list of operations, it does not serve).
+_MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+#: A label value as the API server validates it (at most 63 characters).
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
+#: The API server's words for a pod change outside what may change.
+POD_UPDATE_REFUSED = (
+    "spec: Forbidden: pod updates may not change fields other than "
+    "`spec.containers[*].image`, `spec.initContainers[*].image`, "
+    "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+    "tolerations), `spec.terminationGracePeriodSeconds`"
+)
+
+
 def _stamp(metadata: dict[str, Any], ns: str) -> None:
     metadata["namespace"] = ns
     metadata["uid"] = str(uuid.uuid4())
@@ -506,6 +559,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -626,6 +682,8 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if method == "GET":
             return api.pod_object(api.pod(ns, name))
+        if method == "PATCH":
+            return api.patch_pod(ns, name, body or {}, self.headers.get("Content-Type", ""))
         if method != "DELETE":
             return None
         return api.delete_pod(ns, name, _grace(query, body))

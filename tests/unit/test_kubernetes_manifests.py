@@ -585,6 +585,7 @@ def test_the_role_grants_exactly_what_the_backend_needs() -> None:
     }
     needed = {
         *(("", "pods", v) for v in ("create", "get", "list", "delete")),
+        ("", "pods", "patch"),  # a warm slot's pod relabelled to the attempt claiming it
         *(("", "pods/exec", v) for v in ("create", "get")),
         ("", "events", "list"),  # a failed scheduling or pull carries the pod's events
         ("networking.k8s.io", "networkpolicies", "create"),

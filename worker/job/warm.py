@@ -82,6 +82,9 @@ class WarmPool:
         self._idle: list[Slot] = []
         self._making: dict[str, int] = {}  # pack name -> slots being made
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The tasks that only make slots: cancelled on ``close`` (a destroy is not: a
+        #: sandbox whose deletion is cut short is left to the reaper).
+        self._making_tasks: set[asyncio.Task[None]] = set()
         self._client: aioredis.Redis | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -155,7 +158,7 @@ class WarmPool:
             self._idle.remove(others[0])
             self._spawn(self._destroy(others[0], retire=True))
         self._making[recipe.pack_name] = self._making.get(recipe.pack_name, 0) + 1
-        self._spawn(self._make(recipe))
+        self._making_tasks.add(self._spawn(self._make(recipe)))
         self._start_keeper()
 
     async def _make(self, recipe: Recipe) -> None:
@@ -325,11 +328,12 @@ class WarmPool:
         self._gauge()
 
     async def close(self) -> None:
-        """Destroy every idle slot (never handed back) and stop making new ones."""
+        """Destroy every idle slot (never handed back) and stop making new ones (a slot
+        being made is cancelled, one being destroyed is waited for)."""
         self._closed = True
         if self._keeper is not None:
             self._keeper.cancel()
-        for task in list(self._tasks):
+        for task in list(self._making_tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         slots, self._idle = self._idle, []
@@ -373,10 +377,12 @@ class WarmPool:
             if hold is not None:
                 os.close(hold)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._making_tasks.discard)
+        return task
 
     def _gauge(self) -> None:
         counts: dict[str, int] = {}

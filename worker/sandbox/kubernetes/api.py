@@ -313,6 +313,23 @@ class PodApi:
                 return None
             raise
 
+    def patch_pod_metadata(
+        self, name: str, *, labels: Mapping[str, str | None], annotations: Mapping[str, str]
+    ) -> None:
+        """Merge ``labels`` (a None value removes that label) and ``annotations`` into
+        the pod's metadata: a JSON merge patch, the one pod change the backend makes
+        (labels and annotations are mutable on a running pod), retried on a transient
+        answer (the same patch twice is the same pod)."""
+        body = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        with translate("patch pod", pod=name):
+            retrying(
+                self.core.patch_namespaced_pod,
+                name,
+                self.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+
     def list_pods(self, selector: str) -> list[client.V1Pod]:
         with translate("list pods", selector=selector):
             found = retrying(self.core.list_namespaced_pod, self.namespace, label_selector=selector)

@@ -11,15 +11,21 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from worker.admission import MaskEntry, MaskKind, mask_plan
 from worker.errors import SandboxConnectionLost, SandboxError
+from worker.sandbox import hostfill
 from worker.sandbox.base import (
     HOME,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
     WORKSPACE,
     Capabilities,
     ExitDiagnosis,
+    LeaseDeadline,
+    Sandbox,
     SandboxInfo,
     SandboxSpec,
     SignalledByCall,
@@ -29,7 +35,7 @@ from worker.sandbox.base import (
 from worker.sandbox.kubernetes import manifests, transfer
 from worker.sandbox.kubernetes.api import PodApi, cluster_end, connect
 from worker.sandbox.kubernetes.files import KubernetesWorkspaceFiles
-from worker.sandbox.kubernetes.names import pod_labels
+from worker.sandbox.kubernetes.names import exact_labels, pod_labels
 from worker.sandbox.kubernetes.netproxy import PodNetwork
 from worker.sandbox.kubernetes.stream import ExecStream
 from worker.sandbox.kubernetes.view import pod_admission
@@ -159,6 +165,8 @@ class KubernetesSandbox:
         self._pod = pod
         self.masks = tuple(masks)
         self.made = tuple(made)
+        #: The pod's exact labels as last written (``create``, then ``assign``).
+        self.labels = manifests.sandbox_labels(spec, backend.config)
         self.processes: list[KubernetesProcess] = []
         self.files: KubernetesWorkspaceFiles | None = None
         #: Our destroy began: a program that ends now was ended by it, not the cluster.
@@ -259,7 +267,7 @@ class KubernetesBackend:
     ``k8s_namespace``; ``list``/``destroy`` work from any process that reaches the API."""
 
     name = manifests.BACKEND_NAME
-    capabilities = Capabilities(runs_host_usr=False)
+    capabilities = Capabilities(runs_host_usr=False, warm_slots=True)
 
     def __init__(
         self,
@@ -337,7 +345,7 @@ class KubernetesBackend:
         await self.network.open(name, spec)
         try:
             await self._ensure_policies()
-            await asyncio.to_thread(self.api.create_pod, pod)
+            await self._create_pod(pod, name)
         except BaseException:
             await asyncio.shield(self.network.close(name))
             raise
@@ -357,6 +365,76 @@ class KubernetesBackend:
         sandbox = KubernetesSandbox(self, spec, name, masks=masks, made=made)
         self._sandboxes[name] = sandbox
         return sandbox
+
+    async def assign(
+        self,
+        sandbox: Sandbox,
+        *,
+        labels: Mapping[str, str],
+        lease_deadline: LeaseDeadline | None,
+    ) -> None:
+        """A warm slot's pod made the attempt's: its labels and their exact annotation
+        patched to what ``create`` would have written for the attempt (the reaper judges
+        it by the attempt's lease from then on). ``lease_deadline`` is not followed, as
+        ``create`` does not follow it: a pod is bounded by its lease through the reaper,
+        and by its ``activeDeadlineSeconds`` (a slot's: ``k8s_active_deadline_s``).
+
+        Raises:
+            SandboxError: the API refused the patch (the pod is gone, a 403 without
+                ``patch`` on pods).
+        """
+        assert isinstance(sandbox, KubernetesSandbox)
+        del lease_deadline
+        spec = sandbox.spec
+        job_spec = dataclasses.replace(
+            spec,
+            labels=labels,
+            job_id=labels.get(LABEL_JOB, spec.job_id),
+            attempt=int(labels.get(LABEL_ATTEMPT, str(spec.attempt))),
+        )
+        new = manifests.sandbox_labels(job_spec, self.config)
+        removed: dict[str, str | None] = {k: None for k in sandbox.labels if k not in new}
+        await asyncio.to_thread(
+            self.api.patch_pod_metadata,
+            sandbox.sandbox_id,
+            labels=removed | pod_labels(new),
+            annotations={manifests.ANNOTATION_LABELS: exact_labels(new)},
+        )
+        sandbox.labels = new
+
+    async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
+        """The staged copy moved into the slot's host workspace (``hostfill``: it was
+        empty), then copied into the pod's ``/workspace`` by the copy-in ``create``
+        does (tar over exec), what the masks cover left out: the mask volumes stay
+        mounted where they are. The copy out at ``destroy`` goes back to that host
+        workspace, as a cold pod's goes to its job's.
+
+        Raises:
+            SandboxError: the move or the copy in failed.
+        """
+        assert isinstance(sandbox, KubernetesSandbox)
+        workspace = sandbox.spec.workspace
+        await asyncio.to_thread(hostfill.move_into, staged, workspace)
+        sandbox.made = tuple(_missing_anchors(workspace, sandbox.masks))
+        await asyncio.to_thread(
+            transfer.put_tree, self.api, sandbox.sandbox_id, manifests.CONTAINER,
+            workspace, WORKSPACE, masks=sandbox.masks,
+        )  # fmt: skip
+        return workspace
+
+    async def _create_pod(self, pod: Mapping[str, Any], name: str) -> None:
+        """Create the pod. Cancelled meanwhile (a job cancelled, a warm slot being made
+        as its pool closes), the request still goes on in its thread and may make the
+        pod after all: it is waited for and the pod deleted before the cancellation
+        goes on, so that nothing is left for the reaper."""
+        creating = asyncio.ensure_future(asyncio.to_thread(self.api.create_pod, pod))
+        try:
+            await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(creating)
+            await asyncio.shield(asyncio.to_thread(self._remove, name))
+            raise
 
     async def _ensure_policies(self) -> None:
         if self._policies_ready:
@@ -477,8 +555,14 @@ def pod_deadline(spec: SandboxSpec, config: KubernetesConfig) -> int:
 def _plan_masks(spec: SandboxSpec) -> tuple[list[MaskEntry], list[str]]:
     """The masks of ``spec``'s pod, and the anchors its host workspace does not have."""
     masks = mask_plan(spec.workspace) if spec.mask_config else []
+    return masks, _missing_anchors(spec.workspace, masks)
+
+
+def _missing_anchors(workspace: Path, masks: Sequence[MaskEntry]) -> list[str]:
+    """The mask anchors the host ``workspace`` does not have (removed after the copy
+    out while empty)."""
     anchors = [str(e.path) for e in masks if e.kind is MaskKind.ANCHOR]
-    return masks, [p for p in anchors if not os.path.lexists(spec.workspace / p)]
+    return [p for p in anchors if not os.path.lexists(workspace / p)]
 
 
 def _exact_labels(pod: Any) -> dict[str, str] | None:

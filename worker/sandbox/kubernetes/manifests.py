@@ -448,9 +448,10 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule(
         "",
         "pods",
-        ("create", "get", "list", "delete"),
+        ("create", "get", "list", "delete", "patch"),
         "one pod per job attempt, read until it runs and until it is gone; the reaper "
-        "lists sandbox pods by label and deletes orphans",
+        "lists sandbox pods by label and deletes orphans; a warm slot's pod is "
+        "relabelled to the job attempt that claims it (its labels only)",
     ),
     RbacRule(
         "",
