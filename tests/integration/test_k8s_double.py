@@ -128,6 +128,35 @@ def test_a_request_the_api_would_reject_is_rejected(core: client.CoreV1Api) -> N
     assert b"comand" in response.data
 
 
+def test_a_pods_labels_and_annotations_are_merge_patched_and_nothing_else(
+    core: client.CoreV1Api, base_by_digest: str
+) -> None:
+    """A merge patch and a strategic merge patch change a running pod's labels and
+    annotations (a null removes a key), as the API server does; a change of its spec or
+    an invalid label value is a 422 and changes nothing."""
+    core.create_namespaced_pod(NAMESPACE, _pod("patched", base_by_digest, gone="x"))
+    _running(core, "patched")
+    merge = "application/merge-patch+json"
+    body = {"metadata": {"labels": {"gone": None, "new": "v"}, "annotations": {"a": "b"}}}
+    core.patch_namespaced_pod("patched", NAMESPACE, body, _content_type=merge)
+    strategic = {"metadata": {"labels": {"more": "w"}}}
+    core.patch_namespaced_pod(
+        "patched", NAMESPACE, strategic, _content_type="application/strategic-merge-patch+json"
+    )
+    pod = core.read_namespaced_pod("patched", NAMESPACE)
+    assert pod.metadata.labels == {"acpw.test": "double", "new": "v", "more": "w"}
+    assert pod.metadata.annotations == {"a": "b"}
+    for refused in (
+        {"spec": {"containers": [{"name": "agent", "command": ["true"]}]}},
+        {"metadata": {"labels": {"new": "not a label value"}}},
+    ):
+        with pytest.raises(ApiException) as caught:
+            core.patch_namespaced_pod("patched", NAMESPACE, refused, _content_type=merge)
+        assert caught.value.status == 422
+    assert core.read_namespaced_pod("patched", NAMESPACE).metadata.labels == pod.metadata.labels
+    core.delete_namespaced_pod("patched", NAMESPACE, grace_period_seconds=0)
+
+
 def test_the_token_is_required(k8s_double: ApiDouble, tmp_path: Path) -> None:
     path = k8s_double.kubeconfig(tmp_path / "kc", namespace=NAMESPACE)
     data = json.loads(path.read_text())

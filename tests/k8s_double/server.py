@@ -319,7 +319,9 @@ class ApiDouble:
     ) -> dict[str, Any]:
         """Merge ``patch`` into the pod's labels and annotations, as the API server does
         for a merge patch or a strategic merge patch (the same on these maps: a null
-        value removes the key); anything else a 415 or a 422, as the API server answers."""
+        value removes the key). A change of anything else is a 422 (the API server
+        allows a few spec fields the backend never patches); a JSON patch, which the
+        double does not serve, a 415."""
         kind = content_type.split(";", 1)[0].strip()
         if kind not in _MERGE_PATCHES:
             raise ApiError(415, "UnsupportedMediaType", f"the media type {kind!r} is not served")
