@@ -276,16 +276,27 @@ class ContainerEngine:
             self.client.api.remove_container(container, force=True, v=True)
 
 
-def list_sandboxes(api: Any, labels: Mapping[str, str]) -> list[SandboxInfo]:
-    """The engine's sandboxes whose labels include all of ``labels`` (blocking)."""
+def list_sandboxes(
+    api: Any, labels: Mapping[str, str], assigned: Mapping[str, Mapping[str, str]] | None = None
+) -> list[SandboxInfo]:
+    """The engine's sandboxes whose labels include all of ``labels`` (blocking).
+
+    ``assigned``: the labels of reassigned sandboxes by id (``Assignments``), which
+    replace what their containers were created with.
+    """
+    assigned = assigned or {}
     wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
-    filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
+    # A reassigned sandbox's containers may not carry the labels asked for: ask for all.
+    asked = {LABEL_BACKEND: BACKEND_NAME} if assigned else wanted
+    filters = {"label": [f"{k}={v}" for k, v in asked.items()]}
     with translate("list"):
         found = api.containers(all=True, filters=filters)
     infos: dict[str, SandboxInfo] = {}
     for container in found:
         have = {str(k): str(v) for k, v in (container.get("Labels") or {}).items()}
         sandbox_id = have.get(LABEL_SANDBOX)
+        if sandbox_id is not None and sandbox_id in assigned:
+            have = {**assigned[sandbox_id], LABEL_SANDBOX: sandbox_id, LABEL_BACKEND: BACKEND_NAME}
         # Filters are re-checked: an engine may match label filters loosely.
         if sandbox_id and wanted.items() <= have.items() and sandbox_id not in infos:
             infos[sandbox_id] = SandboxInfo(sandbox_id, BACKEND_NAME, own_labels(have))
