@@ -209,8 +209,6 @@ def test_warm_slots_serve_one_job_each_per_identity(
             assert _changed(second) == _changed(first)
             # One use: the slot is gone with its job, a new one replaces it.
             assert await pool.backend.list({LABEL_SLOT: slot.slot_id}) == []
-            if isinstance(backend, DockerBackend):  # its label record went with it
-                assert slot.sandbox.sandbox_id not in backend.assignments.all()
             assert not slot.directory.exists()
             await _until_idle(pool, 1)
             [replacement] = pool.idle()

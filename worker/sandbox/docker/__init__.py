@@ -58,13 +58,13 @@ process) and removes its directory (label ``acpw.proxy_dir``, from any process).
 
 Warm slots (``SlotHost``): a slot is a sandbox created for no job, its agent's container
 running. ``assign`` makes it an attempt's: as a container's labels are fixed at its
-creation, the attempt's labels are recorded on this host (``assigned``: one file per
-sandbox, in ``/run/acp-worker/docker-assigned``) and ``list`` reports them instead of
-the containers' own (so the reaper of this host judges the sandbox by the attempt's
-lease, as a cold one); containers made later carry them; the running containers get
-the attempt's lease watchdog, as ``spawn`` gives each container it starts. ``fill``
-gives the staged copy to the sandbox user and moves it into the bound host workspace
-(``hostfill``); re-admission then checks the running agent's container's view.
+creation, it creates the sandbox's next container with the attempt's labels, and a
+sandbox is listed with its newest container's labels (named ``<sandbox id>-<n>``), so
+every process that reaches the engine (a reaper) judges it by the attempt's lease, as a
+cold one; the running containers get the attempt's lease watchdog, as ``spawn`` gives
+each container it starts. ``fill`` gives the staged copy to the sandbox user and moves
+it into the bound host workspace (``hostfill``); re-admission then checks the running
+agent's container's view.
 """
 
 from worker.sandbox.docker.backend import DockerBackend, DockerSandbox

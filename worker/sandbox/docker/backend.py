@@ -31,7 +31,6 @@ from worker.sandbox.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from worker.sandbox.docker.assigned import Assignments
 from worker.sandbox.docker.containers import (
     BACKEND_NAME,
     INTERNAL_LABELS,
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
 
 #: The deadline files of this host's docker sandboxes' lease watchdogs.
 DEFAULT_LEASE_DIR = Path("/run/acp-worker/docker-leases")
-#: The labels of this host's reassigned docker sandboxes (warm slots claimed by a job).
-DEFAULT_ASSIGN_DIR = Path("/run/acp-worker/docker-assigned")
 
 
 class DockerSandbox:
@@ -238,13 +235,14 @@ class DockerSandbox:
         return 0
 
     def assign(self, labels: Mapping[str, str], lease_deadline: LeaseDeadline | None) -> None:
-        """Make the sandbox the attempt's (blocking): ``labels`` recorded as its own (and
-        given to the containers it makes from now on), its running containers bounded by
-        the attempt's lease, as ``spawn`` bounds each container it starts.
+        """Make the sandbox the attempt's (blocking): its next container created now with
+        ``labels`` (a sandbox is listed with its newest container's labels, as a
+        container's are fixed at creation), its running containers bounded by the
+        attempt's lease, as ``spawn`` bounds each container it starts.
 
         Raises:
-            SandboxError: the record could not be written, or a running container could
-                not be bounded by the lease.
+            SandboxError: the engine could not create the container, or a running
+                container could not be bounded by the lease.
         """
         internal = {k: v for k, v in self.labels.items() if k in INTERNAL_LABELS}
         self.labels = {
@@ -253,7 +251,12 @@ class DockerSandbox:
             LABEL_SANDBOX: self._sandbox_id,
             LABEL_BACKEND: BACKEND_NAME,
         }
-        self.backend.assignments.write(self._sandbox_id, self.labels)
+        engine, pending = self.backend.engine, self._pending
+        self._pending = engine.create_container_now(
+            self._spec, self.plan, self.labels, self._next_name(), self._masks
+        )
+        if pending is not None:  # made with the slot's labels: never to run
+            engine.remove_all([{"Id": pending}])
         self._spec = replace(self._spec, lease_deadline=lease_deadline)
         if lease_deadline is None:
             return
@@ -315,7 +318,6 @@ class DockerBackend:
         client: docker.DockerClient | None = None,
         build_missing: bool = True,
         lease_dir: Path = DEFAULT_LEASE_DIR,
-        assign_dir: Path = DEFAULT_ASSIGN_DIR,
     ) -> None:
         """``engine_config``: the engine and image settings (default: ``config.engine()``).
 
@@ -323,16 +325,12 @@ class DockerBackend:
 
         ``lease_dir``: where the lease watchdogs' deadline files are (shared with the
         reaper of this host, whose ``destroy`` ends them).
-
-        ``assign_dir``: the labels of reassigned sandboxes (``assign``), shared with the
-        reaper of this host, which lists them so.
         """
         self.config = config
         self.engine = ContainerEngine(engine_config or config.engine(), client=client)
         self._proxies = ProxyRegistry()
         self.build_missing = build_missing
         self.watchdogs = Watchdogs(lease_dir)
-        self.assignments = Assignments(assign_dir)
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -416,9 +414,9 @@ class DockerBackend:
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
     ) -> None:
-        """A warm slot's sandbox made the attempt's: its labels recorded on this host
-        (``Assignments``: a container's labels are fixed at creation), which ``list``
-        reports from now on, and its running containers bounded by the attempt's lease.
+        """A warm slot's sandbox made the attempt's: a container of it created with the
+        attempt's labels, which ``list`` reports from now on (from any process that
+        reaches the engine), and its running containers bounded by the attempt's lease.
         """
         assert isinstance(sandbox, DockerSandbox)
         full = {LABEL_WORKER: self.config.worker_id, **labels}
@@ -456,8 +454,6 @@ class DockerBackend:
             await asyncio.to_thread(remove_mask_points, labels)
             await self._close_proxy(sandbox_id, labels)
         await asyncio.to_thread(self.engine.remove_all, found)
-        # Last: until its containers are gone the sandbox is listed as the attempt's.
-        self.assignments.delete(sandbox_id)
 
     async def _close_proxy(self, sandbox_id: str, labels: Mapping[str, str]) -> None:
         await self._proxies.close(sandbox_id)
@@ -467,11 +463,7 @@ class DockerBackend:
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
 
-        def listed() -> list[SandboxInfo]:
-            assigned = self.assignments.all()
-            return list_sandboxes(self.engine.client.api, labels, assigned)
-
-        return await asyncio.to_thread(listed)
+        return await asyncio.to_thread(lambda: list_sandboxes(self.engine.client.api, labels))
 
     async def status(self, sandbox_id: str) -> dict[str, object] | None:
         """Per-container state of a sandbox (running, exit status, OOM as inferred)."""
