@@ -25,20 +25,32 @@ import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
 from worker.images.engine import EngineConfig
+from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
 from worker.jobs.spec import parse_job
 from worker.sandbox import backend_config, get_backend
-from worker.sandbox.base import LABEL_JOB, LABEL_SLOT, LABEL_TOKEN, SlotHost
+from worker.sandbox.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_SLOT,
+    LABEL_TOKEN,
+    ResourceLimits,
+    SandboxSpec,
+    SlotHost,
+)
 from worker.sandbox.docker import DockerBackend
 from worker.service.guarded import Delivery, run_delivery
 from worker.service.reaper import ReapReport, reap_once
 from worker.settings import Settings
 from worker.store import jobs as store_jobs
 from worker.store import keys
+from worker.store import lease as leases
 from worker.store import warm as records
+from worker.store.owner import owner_labels
 
 pytestmark = pytest.mark.integration
 
@@ -241,6 +253,91 @@ def test_warm_slots_serve_one_job_each_per_identity(
         finally:
             await pool.close()
         assert await pool.backend.list({"acpw.worker": settings.worker_id}) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_claimed_slot_is_judged_by_its_attempts_lease(
+    tmp_path: Path, redis_url: str, warm_backend: str
+) -> None:
+    """Once assigned, a slot is the attempt's sandbox to any reaper: kept while the
+    attempt's lease holds, even with its slot record gone (it lapses after the claim),
+    destroyed once that lease is gone, as a cold sandbox."""
+    settings = _settings(tmp_path, warm_backend)
+    config = backend_config(settings)
+    backend = get_backend(config)
+    assert isinstance(backend, SlotHost)
+    assert backend.capabilities.warm_slots
+    slot_id = uuid.uuid4().hex[:16]
+    workspace, closure = tmp_path / "slot-ws", tmp_path / "closure"
+    workspace.mkdir()
+    closure.mkdir()
+    chown_to_sandbox(workspace, config)
+    spec = parse_job(_job(tmp_path, "alpha"))
+
+    async def reaped(client: aioredis.Redis) -> list[str]:
+        return list((await reap_once(client, settings, {warm_backend: backend})).destroyed)
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        sandbox = None
+        try:
+            assert await records.register(client, slot_id, owner="it", ttl_s=30)
+            slot_labels = {
+                LABEL_JOB: f"warm-{slot_id}",
+                LABEL_ATTEMPT: "1",
+                LABEL_TOKEN: "0",
+                LABEL_SLOT: slot_id,
+                **owner_labels(),
+            }
+            sandbox = await backend.create(
+                SandboxSpec(
+                    job_id=f"warm-{slot_id}",
+                    attempt=1,
+                    workspace=workspace,
+                    pack_closure=closure,
+                    limits=ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50),
+                    labels=slot_labels,
+                    mask_config=False,
+                )
+            )
+            await sandbox.spawn(["/bin/sleep", "30"], env={"PATH": "/usr/bin:/bin"})
+            assert sandbox.sandbox_id not in await reaped(client)  # its record is alive
+
+            with redis.Redis.from_url(redis_url) as sync:
+                store_jobs.submit(
+                    sync,
+                    spec.job_id,
+                    job_json=spec.model_dump_json(),
+                    new_attempt=False,
+                    digest=spec_digest(spec),
+                )
+            lease = await leases.acquire(client, spec.job_id, worker_id="it", ttl=30)
+            assert isinstance(lease, leases.Lease)
+            assert await records.claim(
+                client, slot_id, owner="it", job_id=spec.job_id, attempt=lease.attempt,
+                token=str(lease.token), ttl_s=30,
+            )  # fmt: skip
+            labels = sandbox_labels(
+                settings,
+                job_id=spec.job_id,
+                attempt=lease.attempt,
+                labels={LABEL_TOKEN: str(lease.token)},
+            )
+            await backend.assign(sandbox, labels=labels, lease_deadline=None)
+            await client.delete(keys.warm_slot(slot_id))  # the claimed record lapsed
+            [info] = await backend.list({LABEL_JOB: spec.job_id})
+            assert info.sandbox_id == sandbox.sandbox_id
+            assert LABEL_SLOT not in info.labels
+            assert sandbox.sandbox_id not in await reaped(client)  # the lease holds
+
+            assert await leases.release(client, lease)
+            assert sandbox.sandbox_id in await reaped(client)
+            assert await backend.list({LABEL_JOB: spec.job_id}) == []
+        finally:
+            if sandbox is not None:
+                await backend.destroy(sandbox.sandbox_id)
+            await client.aclose()
 
     asyncio.run(scenario())
 
