@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,16 +32,27 @@ REPO = Path(__file__).resolve().parent.parent
 # environment keep what is not ACPW_*), so what it left running is told from what other
 # sessions on this machine run, even once reparented to init.
 SESSION_MARK = "PYTEST_ACPW_SESSION"
-os.environ[SESSION_MARK] = uuid.uuid4().hex
+# A program a test runs that imports this module (a benchmark importing a test's helpers)
+# is not a session of its own: it keeps the mark and the temp dir it inherited, or the
+# session would lose sight of what it starts and find an empty folder of its making.
+_ARGV0 = Path(sys.argv[0])
+_A_SESSION = _ARGV0.name in ("pytest", "py.test") or _ARGV0.parent.name == "pytest"
+_INHERITED = Path(tempfile.gettempdir())
+_NESTED = not _A_SESSION and _INHERITED.name.startswith("acpw-tests-")
+if not (_NESTED and SESSION_MARK in os.environ):
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
 # The session's temp dir, which every process it starts inherits (``TMPDIR``), set before
 # any test runs: what the code under test leaves there is told apart from what other
 # sessions and programs on this machine leave in /tmp. pytest's own ``tmp_path`` folders
 # stay where they were (its basetemp, which pytest keeps for the last three sessions and
 # removes itself): ``PYTEST_DEBUG_TEMPROOT`` pins that to the temp dir as it was.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-SESSION_TMPDIR = Path(tempfile.mkdtemp(prefix="acpw-tests-"))  # short: sockets go there
-# As /tmp is (sticky, anyone's): a test dropping to another uid still reaches its folders.
-SESSION_TMPDIR.chmod(0o1777)
+if _NESTED:
+    SESSION_TMPDIR = _INHERITED
+else:
+    SESSION_TMPDIR = Path(tempfile.mkdtemp(prefix="acpw-tests-"))  # short: sockets go there
+    # As /tmp is (sticky, anyone's): a test dropping to another uid still reaches it.
+    SESSION_TMPDIR.chmod(0o1777)
 os.environ["TMPDIR"] = str(SESSION_TMPDIR)
 tempfile.tempdir = str(SESSION_TMPDIR)
 #: The worker's own processes: none may outlive the session that started it.

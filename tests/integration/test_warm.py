@@ -1,5 +1,6 @@
-"""Warm pools, in process: real Redis, real bubblewrap (the local backend), the Cursor
-emulator pack, jobs delivered as the service delivers them (``run_delivery``).
+"""Warm pools, in process: real Redis, real bubblewrap (the local backend) or a real
+container engine (the docker backend: Podman's Docker API), the Cursor emulator pack,
+jobs delivered as the service delivers them (``run_delivery``).
 
 The first job of a launch identity is cold and leaves a slot of its identity behind; the
 next one of the same identity claims it (``sandbox.ready`` says ``warm``), a job with
@@ -23,34 +24,52 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
+from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
+from worker.images.engine import EngineConfig
+from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
 from worker.jobs.spec import parse_job
 from worker.sandbox import backend_config, get_backend
-from worker.sandbox.base import LABEL_SLOT
+from worker.sandbox.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_SLOT,
+    LABEL_TOKEN,
+    ResourceLimits,
+    SandboxSpec,
+    SlotHost,
+)
+from worker.sandbox.docker import DockerBackend
 from worker.service.guarded import Delivery, run_delivery
-from worker.service.reaper import reap_once
+from worker.service.reaper import ReapReport, reap_once
 from worker.settings import Settings
 from worker.store import jobs as store_jobs
 from worker.store import keys
+from worker.store import lease as leases
 from worker.store import warm as records
+from worker.store.owner import owner_labels
 
 pytestmark = pytest.mark.integration
+
+__all__ = ["base_image", "docker_host", "engine_config"]  # fixtures used below
 
 Event = Mapping[str, Any]
 PACK = "cursor-emulator"
 
 
-def _settings(tmp_path: Path) -> Settings:
+def _settings(tmp_path: Path, backend: str = "local") -> Settings:
     return Settings(
+        backend=backend,
         redis_url=REDIS_URL,
         cache_dir=tmp_path / "cache",
         work_dir=tmp_path / "work",
         results_dir=tmp_path / "results",
         session_dir=tmp_path / "sessions",
         secrets_dir=tmp_path / "secrets",
-        worker_id="it-warm",
+        worker_id="it-warm" if backend == "local" else f"it-warm-{backend}",
         shutdown_eof_grace=1.0,
         shutdown_term_grace=1.0,
         lease_renew=0.5,
@@ -118,8 +137,22 @@ async def _until_idle(pool: WarmPool, count: int) -> None:
     raise AssertionError(f"the pool never had {count} idle slots: {pool.idle()}")
 
 
-def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: str) -> None:
-    settings = _settings(tmp_path)
+@pytest.fixture(params=["local", "docker"])
+def warm_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each backend with warm slots; docker on the engine and image store of
+    ``docker_engine`` (the base image built first)."""
+    if request.param == "docker":
+        config: EngineConfig = request.getfixturevalue("engine_config")
+        request.getfixturevalue("base_image")
+        monkeypatch.setenv("ACPW_DOCKER_HOST", str(config.docker_host))
+        monkeypatch.setenv("ACPW_IMAGES_DIR", str(config.images_dir))
+    return str(request.param)
+
+
+def test_warm_slots_serve_one_job_each_per_identity(
+    tmp_path: Path, redis_url: str, warm_backend: str
+) -> None:
+    settings = _settings(tmp_path, warm_backend)
     config = backend_config(settings)
     pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
 
@@ -135,11 +168,35 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
 
     pool.replenish = replenish_after  # type: ignore[method-assign]
 
+    # Once assigned (before the fill), the claimed slot is listed as the attempt's sandbox
+    # and a reaper pass keeps it: it is judged by the attempt's live lease, as a cold one.
+    assigned: list[tuple[dict[str, str], ReapReport]] = []
+    backend = pool.backend
+    assert isinstance(backend, SlotHost)
+    fill = backend.fill
+
+    async def fill_after_check(sandbox: Any, staged: Path) -> Path:
+        [info] = await backend.list({LABEL_JOB: _running[-1]})
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert await backend.list({LABEL_SLOT: info.labels.get(LABEL_SLOT, "-")}) == []
+        client = aioredis.Redis.from_url(REDIS_URL)
+        try:
+            report = await reap_once(client, settings, {warm_backend: backend})
+        finally:
+            await client.aclose()
+        assigned.append((dict(info.labels), report))
+        if isinstance(backend, DockerBackend):  # its running agent's container is bounded
+            assert backend.watchdogs.deadline_file(sandbox.sandbox_id).is_file()
+        return await fill(sandbox, staged)
+
+    backend.fill = fill_after_check  # type: ignore[method-assign]
+
     async def scenario() -> None:
         try:
             # Cold: nothing to claim; a slot of this job's identity is made behind it.
             first = await _deliver(_job(tmp_path, "alpha"), settings, pool)
             assert _ready(first).keys() == {"backend", "sandbox_id"}  # as before pools
+            assert _ready(first)["backend"] == warm_backend
             await _until_idle(pool, 1)
             [slot] = pool.idle()
             assert "alpha-secret-value" in slot.recipe.plan.env.values()
@@ -150,6 +207,11 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             assert ready["warm"] is True
             assert ready["claim_ms"] >= 0
             assert ready["sandbox_id"] == slot.sandbox.sandbox_id
+            [(labels, report)] = assigned
+            assert LABEL_SLOT not in labels
+            assert labels[LABEL_JOB] == _running[-1]
+            assert labels[LABEL_TOKEN] not in ("", "0")  # the attempt's lease's fence
+            assert slot.sandbox.sandbox_id not in report.destroyed
             types = [e["type"] for e in second]
             assert types.index("sandbox.ready") < types.index("agent.initialized")
             assert types.index("agent.initialized") < types.index("session.started")
@@ -180,7 +242,7 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             client = aioredis.Redis.from_url(REDIS_URL)
             try:
                 await client.delete(keys.warm_slot(orphan.slot_id))
-                report = await reap_once(client, settings, {"local": pool.backend})
+                report = await reap_once(client, settings, {warm_backend: pool.backend})
             finally:
                 await client.aclose()
             assert orphan.sandbox.sandbox_id in report.destroyed
@@ -190,7 +252,92 @@ def test_warm_slots_serve_one_job_each_per_identity(tmp_path: Path, redis_url: s
             assert asked == ["job.completed"] * 3
         finally:
             await pool.close()
-        assert await pool.backend.list({"acpw.worker": "it-warm"}) == []
+        assert await pool.backend.list({"acpw.worker": settings.worker_id}) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_claimed_slot_is_judged_by_its_attempts_lease(
+    tmp_path: Path, redis_url: str, warm_backend: str
+) -> None:
+    """Once assigned, a slot is the attempt's sandbox to any reaper: kept while the
+    attempt's lease holds, even with its slot record gone (it lapses after the claim),
+    destroyed once that lease is gone, as a cold sandbox."""
+    settings = _settings(tmp_path, warm_backend)
+    config = backend_config(settings)
+    backend = get_backend(config)
+    assert isinstance(backend, SlotHost)
+    assert backend.capabilities.warm_slots
+    slot_id = uuid.uuid4().hex[:16]
+    workspace, closure = tmp_path / "slot-ws", tmp_path / "closure"
+    workspace.mkdir()
+    closure.mkdir()
+    chown_to_sandbox(workspace, config)
+    spec = parse_job(_job(tmp_path, "alpha"))
+
+    async def reaped(client: aioredis.Redis) -> list[str]:
+        return list((await reap_once(client, settings, {warm_backend: backend})).destroyed)
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        sandbox = None
+        try:
+            assert await records.register(client, slot_id, owner="it", ttl_s=30)
+            slot_labels = {
+                LABEL_JOB: f"warm-{slot_id}",
+                LABEL_ATTEMPT: "1",
+                LABEL_TOKEN: "0",
+                LABEL_SLOT: slot_id,
+                **owner_labels(),
+            }
+            sandbox = await backend.create(
+                SandboxSpec(
+                    job_id=f"warm-{slot_id}",
+                    attempt=1,
+                    workspace=workspace,
+                    pack_closure=closure,
+                    limits=ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50),
+                    labels=slot_labels,
+                    mask_config=False,
+                )
+            )
+            await sandbox.spawn(["/bin/sleep", "30"], env={"PATH": "/usr/bin:/bin"})
+            assert sandbox.sandbox_id not in await reaped(client)  # its record is alive
+
+            with redis.Redis.from_url(redis_url) as sync:
+                store_jobs.submit(
+                    sync,
+                    spec.job_id,
+                    job_json=spec.model_dump_json(),
+                    new_attempt=False,
+                    digest=spec_digest(spec),
+                )
+            lease = await leases.acquire(client, spec.job_id, worker_id="it", ttl=30)
+            assert isinstance(lease, leases.Lease)
+            assert await records.claim(
+                client, slot_id, owner="it", job_id=spec.job_id, attempt=lease.attempt,
+                token=str(lease.token), ttl_s=30,
+            )  # fmt: skip
+            labels = sandbox_labels(
+                settings,
+                job_id=spec.job_id,
+                attempt=lease.attempt,
+                labels={LABEL_TOKEN: str(lease.token)},
+            )
+            await backend.assign(sandbox, labels=labels, lease_deadline=None)
+            await client.delete(keys.warm_slot(slot_id))  # the claimed record lapsed
+            [info] = await backend.list({LABEL_JOB: spec.job_id})
+            assert info.sandbox_id == sandbox.sandbox_id
+            assert LABEL_SLOT not in info.labels
+            assert sandbox.sandbox_id not in await reaped(client)  # the lease holds
+
+            assert await leases.release(client, lease)
+            assert sandbox.sandbox_id in await reaped(client)
+            assert await backend.list({LABEL_JOB: spec.job_id}) == []
+        finally:
+            if sandbox is not None:
+                await backend.destroy(sandbox.sandbox_id)
+            await client.aclose()
 
     asyncio.run(scenario())
 

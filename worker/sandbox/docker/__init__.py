@@ -55,6 +55,16 @@ network mode ``none`` (loopback only); the job's proxy socket and the forwarder 
 are bound read-only at ``/run/acpw``, the launch header runs the program behind the
 forwarder with the proxy variables added, and ``destroy`` closes the proxy (in this
 process) and removes its directory (label ``acpw.proxy_dir``, from any process).
+
+Warm slots (``SlotHost``): a slot is a sandbox created for no job, its agent's container
+running. ``assign`` makes it an attempt's: as a container's labels are fixed at its
+creation, it creates the sandbox's next container with the attempt's labels, and a
+sandbox is listed with its newest container's labels (named ``<sandbox id>-<n>``), so
+every process that reaches the engine (a reaper) judges it by the attempt's lease, as a
+cold one; the running containers get the attempt's lease watchdog, as ``spawn`` gives
+each container it starts. ``fill`` gives the staged copy to the sandbox user and moves
+it into the bound host workspace (``hostfill``); re-admission then checks the running
+agent's container's view.
 """
 
 from worker.sandbox.docker.backend import DockerBackend, DockerSandbox

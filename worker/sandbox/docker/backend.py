@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,19 +19,25 @@ from worker.network import (
     forwarder_argv,
     proxy_env,
 )
-from worker.sandbox import cgroups, mountpoints, netpolicy
+from worker.sandbox import cgroups, hostfill, mountpoints, netpolicy
 from worker.sandbox.base import (
+    LABEL_WORKER,
     SANDBOX_GID,
     SANDBOX_UID,
     WORKSPACE,
     Capabilities,
+    LeaseDeadline,
+    Sandbox,
     SandboxInfo,
     SandboxSpec,
 )
 from worker.sandbox.docker.containers import (
     BACKEND_NAME,
+    INTERNAL_LABELS,
+    LABEL_BACKEND,
     LABEL_MASK_POINTS,
     LABEL_PROXY_DIR,
+    LABEL_SANDBOX,
     LABEL_WORKSPACE,
     ImagePlan,
     ensure_mask_points,
@@ -178,7 +185,9 @@ class DockerSandbox:
         launch header on stdin, so nothing of the agent runs yet) and checks ``/workspace``
         as that container sees it, through ``/proc/<its init pid>/root``: the binds and
         masks as mounted, the image's system locations, links resolved inside it (see
-        ``worker.sandbox.view``). Blocking: call it from a thread.
+        ``worker.sandbox.view``). When no container waits but a spawned process still
+        runs (a warm slot's agent, before its job's launch), that process's container is
+        the view checked. Blocking: call it from a thread.
 
         Raises:
             ImageMismatch: the container's image is not the pinned one.
@@ -186,7 +195,17 @@ class DockerSandbox:
                 this host (the engine runs elsewhere).
             WorkspaceUnavailable: the view has no workspace.
         """
-        started = self.backend.engine.started(self._sandbox_id)
+        engine = self.backend.engine
+        started = engine.started(self._sandbox_id)
+        running = self._running_process_pid() if started is None else 0
+        if running > 0:
+            # A warm slot's agent runs already: its container is the view to check.
+            result = container_admission(
+                running, host_workspace=self._spec.workspace.resolve(), masks=self._masks,
+                provider=provider,
+            )  # fmt: skip
+            self._bind_proven = True
+            return result
         if started is None:
             container = self._pending or self.backend.engine.create_container_now(
                 self._spec, self.plan, self.labels, self._next_name(), self._masks
@@ -201,6 +220,52 @@ class DockerSandbox:
         )  # fmt: skip
         self._bind_proven = True  # container_admission checked the bind first
         return result
+
+    def _running_process_pid(self) -> int:
+        """The host pid of the init of a container in which a spawned process still runs
+        (0: none)."""
+        for process in self.processes:
+            if process.returncode is None:
+                try:
+                    pid = self.backend.engine.init_pid(process.container_id)
+                except SandboxError:
+                    continue
+                if pid > 0:
+                    return pid
+        return 0
+
+    def assign(self, labels: Mapping[str, str], lease_deadline: LeaseDeadline | None) -> None:
+        """Make the sandbox the attempt's (blocking): its next container created now with
+        ``labels`` (a sandbox is listed with its newest container's labels, as a
+        container's are fixed at creation), its running containers bounded by the
+        attempt's lease, as ``spawn`` bounds each container it starts.
+
+        Raises:
+            SandboxError: the engine could not create the container, or a running
+                container could not be bounded by the lease.
+        """
+        internal = {k: v for k, v in self.labels.items() if k in INTERNAL_LABELS}
+        self.labels = {
+            **labels,
+            **internal,
+            LABEL_SANDBOX: self._sandbox_id,
+            LABEL_BACKEND: BACKEND_NAME,
+        }
+        engine, pending = self.backend.engine, self._pending
+        self._pending = engine.create_container_now(
+            self._spec, self.plan, self.labels, self._next_name(), self._masks
+        )
+        if pending is not None:  # made with the slot's labels: never to run
+            engine.remove_all([{"Id": pending}])
+        self._spec = replace(self._spec, lease_deadline=lease_deadline)
+        if lease_deadline is None:
+            return
+        containers = [p.container_id for p in self.processes if p.returncode is None]
+        started = self.backend.engine.started(self._sandbox_id)
+        if started is not None:
+            containers.append(started.container)
+        for container in containers:
+            self._bound(container)
 
     def _bound(self, container: str) -> None:
         """Bound a container that just started by the job's lease (blocking): a watchdog
@@ -243,7 +308,7 @@ class DockerBackend:
     process that reaches the same engine."""
 
     name = BACKEND_NAME
-    capabilities = Capabilities(runs_host_usr=False)
+    capabilities = Capabilities(runs_host_usr=False, warm_slots=True)
 
     def __init__(
         self,
@@ -342,6 +407,35 @@ class DockerBackend:
             return None
         return f"sha256:{resolved.name}"
 
+    async def assign(
+        self,
+        sandbox: Sandbox,
+        *,
+        labels: Mapping[str, str],
+        lease_deadline: LeaseDeadline | None,
+    ) -> None:
+        """A warm slot's sandbox made the attempt's: a container of it created with the
+        attempt's labels, which ``list`` reports from now on (from any process that
+        reaches the engine), and its running containers bounded by the attempt's lease.
+        """
+        assert isinstance(sandbox, DockerSandbox)
+        full = {LABEL_WORKER: self.config.worker_id, **labels}
+        await asyncio.to_thread(sandbox.assign, full, lease_deadline)
+
+    async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
+        """The staged copy, given to the sandbox user as ``create`` gives a workspace,
+        moved into the host directory every container binds at ``/workspace``
+        (``hostfill``: in place, the mask mount points kept)."""
+        assert isinstance(sandbox, DockerSandbox)
+        workspace = sandbox.spec.workspace.resolve()
+
+        def move() -> None:
+            own_workspace(staged)
+            hostfill.move_into(staged, workspace)
+
+        await asyncio.to_thread(move)
+        return workspace
+
     async def destroy(self, sandbox_id: str) -> None:
         """Force-remove every container of the sandbox (kills what runs); idempotent.
 
@@ -368,6 +462,7 @@ class DockerBackend:
 
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels`` (one per sandbox id)."""
+
         return await asyncio.to_thread(lambda: list_sandboxes(self.engine.client.api, labels))
 
     async def status(self, sandbox_id: str) -> dict[str, object] | None:

@@ -44,7 +44,7 @@ LABEL_MASK_POINTS = "acpw.mask_points"
 LABEL_WORKSPACE = "acpw.workspace"
 #: The host directory of the network proxy's socket (``allowlist`` only).
 LABEL_PROXY_DIR = "acpw.proxy_dir"
-_INTERNAL_LABELS = frozenset({LABEL_MASK_POINTS, LABEL_WORKSPACE, LABEL_PROXY_DIR})
+INTERNAL_LABELS = frozenset({LABEL_MASK_POINTS, LABEL_WORKSPACE, LABEL_PROXY_DIR})
 DEV_NULL = "/dev/null"
 HOSTNAME = "acpw"
 SANDBOX_TMP = "/tmp"  # noqa: S108 - the container's private tmpfs
@@ -194,7 +194,7 @@ def own_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {
         k: v
         for k, v in labels.items()
-        if not k.startswith(_IMAGE_LABEL_PREFIXES) and k not in _INTERNAL_LABELS
+        if not k.startswith(_IMAGE_LABEL_PREFIXES) and k not in INTERNAL_LABELS
     }
 
 

@@ -277,19 +277,41 @@ class ContainerEngine:
 
 
 def list_sandboxes(api: Any, labels: Mapping[str, str]) -> list[SandboxInfo]:
-    """The engine's sandboxes whose labels include all of ``labels`` (blocking)."""
+    """The engine's sandboxes whose labels include all of ``labels`` (blocking).
+
+    A sandbox's labels are its newest container's (a warm slot's next container is made
+    with the labels of the attempt that claimed it: ``DockerSandbox.assign``).
+    """
     wanted = {**labels, LABEL_BACKEND: BACKEND_NAME}
-    filters = {"label": [f"{k}={v}" for k, v in wanted.items()]}
     with translate("list"):
-        found = api.containers(all=True, filters=filters)
-    infos: dict[str, SandboxInfo] = {}
+        # Every sandbox's containers: an older one may carry labels that match.
+        found = api.containers(all=True, filters={"label": [f"{LABEL_BACKEND}={BACKEND_NAME}"]})
+    newest: dict[str, tuple[int, dict[str, str]]] = {}
     for container in found:
         have = {str(k): str(v) for k, v in (container.get("Labels") or {}).items()}
         sandbox_id = have.get(LABEL_SANDBOX)
-        # Filters are re-checked: an engine may match label filters loosely.
-        if sandbox_id and wanted.items() <= have.items() and sandbox_id not in infos:
-            infos[sandbox_id] = SandboxInfo(sandbox_id, BACKEND_NAME, own_labels(have))
-    return sorted(infos.values(), key=lambda i: i.sandbox_id)
+        if not sandbox_id:
+            continue
+        rank = _sequence(container, sandbox_id)
+        if sandbox_id not in newest or rank > newest[sandbox_id][0]:
+            newest[sandbox_id] = (rank, have)
+    # Filters are checked here: an engine may match label filters loosely.
+    infos = [
+        SandboxInfo(sandbox_id, BACKEND_NAME, own_labels(have))
+        for sandbox_id, (_, have) in newest.items()
+        if wanted.items() <= have.items()
+    ]
+    return sorted(infos, key=lambda i: i.sandbox_id)
+
+
+def _sequence(container: Mapping[str, Any], sandbox_id: str) -> int:
+    """A container's place in its sandbox: 0 for the first (named as the sandbox), ``n``
+    for ``<sandbox id>-<n>`` (``DockerSandbox._next_name``)."""
+    for name in container.get("Names") or ():
+        rest = str(name).lstrip("/").removeprefix(sandbox_id)
+        if rest.startswith("-") and rest[1:].isdigit():
+            return int(rest[1:])
+    return 0
 
 
 def sandbox_status(api: Any, sandbox_id: str) -> dict[str, object] | None:
