@@ -21,14 +21,17 @@ from tests.integration.docker_engine import REPO, base_image, docker_host, engin
 from tests.integration.test_kubernetes_backend import assert_within_rbac
 from tests.integration.test_warm import _changed, _deliver, _job, _ready, _until_idle
 from tests.integration.test_warm import _settings as _warm_settings
-from tests.k8s_double.fixtures import Cluster, cluster, images
+from tests.integration.test_warm import (
+    test_a_claimed_slot_is_judged_by_its_attempts_lease as judged_by_its_lease,
+)
+from tests.k8s_double.fixtures import Cluster, base_by_digest, cluster, images
 from worker.images.engine import EngineConfig
 from worker.job.warm import WarmPool
 from worker.sandbox.base import LABEL_JOB, LABEL_SLOT, LABEL_TOKEN, Sandbox
 from worker.sandbox.config import KubernetesConfig
 from worker.sandbox.kubernetes.backend import KubernetesBackend
 
-__all__ = ["base_image", "cluster", "docker_host", "engine_config", "images"]
+__all__ = ["base_by_digest", "base_image", "cluster", "docker_host", "engine_config", "images"]
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +42,8 @@ PROMPT = "#!scenario\nwrite notes/k8s.txt written in the pod\nsay Hello from the
 def test_a_warm_kubernetes_job_runs_in_its_relabelled_slot_pod(
     tmp_path: Path, redis_url: str, cluster: Cluster, images: EngineConfig
 ) -> None:
-    settings = _warm_settings(tmp_path).model_copy(
-        update={"backend": "kubernetes", "packs_dir": REPO / "provider_packs"}
+    settings = _warm_settings(tmp_path, "kubernetes").model_copy(
+        update={"packs_dir": REPO / "provider_packs"}
     )
     config = KubernetesConfig(
         worker_id=settings.worker_id,
@@ -111,3 +114,23 @@ def test_a_warm_kubernetes_job_runs_in_its_relabelled_slot_pod(
         patches = [p for m, p in cluster.double.requests if m == "PATCH"]
         assert patches == [f"/api/v1/namespaces/{cluster.namespace}/pods/{seen[0].sandbox_id}"]
     assert_within_rbac(cluster)
+
+
+@pytest.mark.usefixtures("base_image")
+def test_a_claimed_slot_pod_is_judged_by_its_attempts_lease(
+    tmp_path: Path,
+    redis_url: str,
+    cluster: Cluster,
+    images: EngineConfig,
+    base_by_digest: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``test_warm``'s lease case on a pod: relabelled, it is the attempt's to the reaper
+    (kept while the lease holds, its slot record gone; deleted once the lease is gone).
+    The pod runs the base image (the case's closure is empty: no pack image)."""
+    monkeypatch.setattr(KubernetesBackend, "_image", lambda self, spec: base_by_digest)
+    monkeypatch.setenv("ACPW_K8S_KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setenv("ACPW_K8S_NAMESPACE", cluster.namespace)
+    monkeypatch.setenv("ACPW_DOCKER_HOST", str(images.docker_host))
+    monkeypatch.setenv("ACPW_IMAGES_DIR", str(images.images_dir))
+    judged_by_its_lease(tmp_path, redis_url, "kubernetes")
