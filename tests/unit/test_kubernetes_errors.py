@@ -303,8 +303,8 @@ class _Api:
 
 def _sandbox(answer: Any) -> tuple[KubernetesSandbox, _Api]:
     api = _Api(answer)
-    backend: Any = SimpleNamespace(api=api)
-    spec: Any = SimpleNamespace()
+    backend: Any = SimpleNamespace(api=api, config=SimpleNamespace(worker_id="w-1"))
+    spec: Any = SimpleNamespace(labels={}, job_id="j", attempt=1, network="none")
     return KubernetesSandbox(backend, spec, "acpw-j-1-abc"), api
 
 
