@@ -181,11 +181,12 @@ async def test_load_from_the_kept_files_alone(
         assert earlier in request.text, f"{earlier!r} not in the request after the load"
 
 
-#: When each agent reads the workspace's project memory file and git state: at
-#: ``session/new`` (what changes later is not seen) or at the prompt (docs/sessions.md,
-#: "Opening the session before the workspace").
-READ_AT = {"claude-agent-acp": "session/new", "codex-acp": "prompt"}
-MEMORY = {"claude-agent-acp": "CLAUDE.md", "codex-acp": "AGENTS.md"}
+#: When an agent reads the workspace's project memory file and git state: at the prompt
+#: (docs/sessions.md, "Opening the session before the workspace"). claude-agent-acp is not
+#: here: the Claude Code process ``session/new`` starts reads them as it starts, racing a
+#: change made after ``session/new`` (seen both ways), so no test can pin when.
+READ_AT = {"codex-acp": "prompt"}
+MEMORY = {"codex-acp": "AGENTS.md"}
 
 
 def _commit(ws: Path, message: str) -> str:
