@@ -7,8 +7,8 @@ real HTTP server (aiohttp, on a loopback port the tests pick) that answers:
 
 - the main API: snapshots (create, get by id or name, list), sandboxes (create from a
   snapshot with labels, ``networkBlockAll`` / allow lists, auto-stop, auto-delete and TTL;
-  get by id or name, list by labels, start, stop, delete, last activity, toolbox proxy
-  URL);
+  get by id or name, list by labels, replace labels, start, stop, delete, last activity,
+  toolbox proxy URL);
 - the toolbox API below ``/toolbox/<sandbox id>``: process sessions (create, execute a
   command synchronously or asynchronously, send input to its stdin, its status and exit
   code, its logs as a websocket stream framed as the daemon frames them, delete), and

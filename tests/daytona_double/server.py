@@ -157,6 +157,8 @@ class DaytonaDouble:
         self.image_files: dict[str, bytes] = {}
         #: every path asked for with files/info, in order
         self.info_paths: list[str] = []
+        #: (sandbox name, labels) of every label replacement served, in order
+        self.relabels: list[tuple[str, dict[str, str]]] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -249,6 +251,7 @@ class DaytonaDouble:
         r.add_post("/api/sandbox/{id}/start", self.start_sandbox)
         r.add_post("/api/sandbox/{id}/stop", self.stop_sandbox)
         r.add_post("/api/sandbox/{id}/last-activity", self.last_activity)
+        r.add_put("/api/sandbox/{id}/labels", self.replace_labels)
         r.add_get("/api/sandbox/{id}/toolbox-proxy-url", self.toolbox_url)
         t = "/toolbox/{sid}"
         r.add_post(t + "/process/session", self.create_session)
@@ -486,6 +489,19 @@ class DaytonaDouble:
         shutil.rmtree(record.root, ignore_errors=True)
         record.dto["state"] = "destroyed"
         return self._sandbox_response(record.dto)
+
+    async def replace_labels(self, request: web.Request) -> web.Response:
+        """``PUT /sandbox/{sandboxIdOrName}/labels``: the whole label set replaced by the
+        body's (``SandboxLabels``; a value that is not a string is refused by the model,
+        400), answered with the labels now held, as the API's ``replaceLabels`` does."""
+        record = self._find(request.match_info["id"])
+        if record is None:
+            return _error(404, "Sandbox not found")
+        body = api.SandboxLabels.from_dict(await request.json())
+        assert body is not None
+        record.dto.update(labels=dict(body.labels), updatedAt=_now())
+        self.relabels.append((record.dto["name"], dict(body.labels)))
+        return _json(api.SandboxLabels(labels=record.dto["labels"]))
 
     async def start_sandbox(self, request: web.Request) -> web.Response:
         return await self._set_state(request, "started")

@@ -163,6 +163,43 @@ def test_a_program_that_cannot_start_exits_127(tmp_path: Path) -> None:
     assert b"cannot exec /nonexistent/agent" in done.stderr
 
 
+def test_a_first_lease_frame_arms_the_watchdog_of_a_relay_started_without_one(
+    tmp_path: Path,
+) -> None:
+    """A warm slot's agent is started with no lease (no watchdog: it waits for a job);
+    the claiming attempt's first ``L`` frame arms the watchdog, and once renewals stop
+    the program is killed and the relay exits 137, as with a lease from the start."""
+    script = "import time\nprint('ready',flush=True);time.sleep(60)"
+    header = _header(tmp_path, launch_header([sys.executable, "-c", script], {}, "/"))
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", RELAY, header],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        time.sleep(1.0)  # no lease: nothing bounds it yet
+        assert proc.poll() is None
+        for _ in range(3):  # armed, then renewed 0.8 s ahead: still running
+            proc.stdin.write(lease_frame(0.8).encode())
+            proc.stdin.flush()
+            time.sleep(0.3)
+            assert proc.poll() is None
+        assert proc.wait(20) == 137
+        assert b"the lease lapsed unrenewed" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_the_launch_header_carries_the_environment_masks_and_lease() -> None:
     header = launch_header(["a"], {"K": "é"}, "/w", masks=[("file", "/w/.mcp.json")], lease_s=2.5)
     assert json.loads(header) == {

@@ -1,5 +1,6 @@
-"""``DaytonaBackend`` (create, destroy, list; its snapshots: ``snapshots.py``) and
-``DaytonaSandbox`` (spawn). See the package docstring."""
+"""``DaytonaBackend`` (create, destroy, list; its snapshots: ``snapshots.py``; warm slots'
+assign and fill: ``slots.py``) and ``DaytonaSandbox`` (spawn). See the package
+docstring."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from worker.sandbox.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from worker.sandbox.daytona import sdk, sync, view
+from worker.sandbox.daytona import sdk, slots, sync, view
 from worker.sandbox.daytona.api import Api, close_client
 from worker.sandbox.daytona.files import DaytonaWorkspaceFiles
 from worker.sandbox.daytona.process import CommandControl, DaytonaProcess
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
     from worker.admission import MaskEntry
     from worker.admission.result import AdmissionResult
-    from worker.sandbox.base import LeaseDeadline
+    from worker.sandbox.base import LeaseDeadline, Sandbox
     from worker.sandbox.config import DaytonaConfig
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ log = logging.getLogger(__name__)
 BACKEND_NAME = "daytona"
 LABEL_SANDBOX = "acpw.sandbox"
 LABEL_BACKEND = "acpw.backend"
-#: A label the SDK adds to every sandbox it creates; not one of ours.
-_SDK_LABELS = frozenset({"code-toolbox-language"})
+_SDK_LABELS = slots.SDK_LABELS
 _SYNC_SESSION = "acpw-sync"
 #: How long the runner's thread waits for the admission view (bounded calls, each retried).
 _VIEW_TIMEOUT_S = 300.0
@@ -135,6 +135,7 @@ class DaytonaSandbox:
         self._refreshes: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
         self._files: DaytonaWorkspaceFiles | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     @property
     def sandbox_id(self) -> str:
@@ -218,7 +219,7 @@ class DaytonaSandbox:
         else:
             raise SandboxError("daytona: admission_view must be called off the event loop")
         future = asyncio.run_coroutine_threadsafe(
-            view.sandbox_admission(self, provider=provider), self._loop
+            view.sandbox_admission(self, provider=provider, masks=self.masks), self._loop
         )
         try:
             return future.result(timeout=_VIEW_TIMEOUT_S)
@@ -258,6 +259,40 @@ class DaytonaSandbox:
 
         self._unfollow = deadline.follow(renewed)
 
+    def keep_active(self) -> None:
+        """An unclaimed warm slot has no lease whose renewals would refresh its activity:
+        refreshed every ``daytona_activity_every_s`` from this process while it is idle,
+        so Daytona's auto-stop does not stop it under its pool (it stops a dead worker's
+        slot within ``auto_stop_minutes``, as a dead worker's job sandbox)."""
+
+        async def keep() -> None:
+            while True:
+                await asyncio.sleep(self.backend.config.daytona_activity_every_s)
+                await self._refresh()
+
+        self._keeper = self._loop.create_task(keep())
+
+    def stop_keeping_active(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+
+    def adopt(self, spec: SandboxSpec) -> None:
+        """A claimed slot becomes the attempt's: ``spec`` is the attempt's (its labels,
+        job, attempt and lease; the slot's workspace and HOME mounts)."""
+        self._spec = spec
+
+    async def arm_lease(self, deadline: LeaseDeadline) -> None:
+        """Bound what runs by ``deadline`` now: an ``L`` frame to each running relay arms
+        its watchdog (a slot's agent was started with no lease).
+
+        Raises:
+            SandboxError: a frame was not delivered (the agent would be unbounded).
+        """
+        for control, process in zip(self._controls, self.processes, strict=True):
+            if process.returncode is None:
+                await control.send_lease(deadline)
+
     def _spawn_task(self, call: Coroutine[Any, Any, None]) -> None:
         task = self._loop.create_task(call)
         self._refreshes.add(task)
@@ -284,6 +319,7 @@ class DaytonaSandbox:
         await close_client(self.client)
 
     def unfollow(self) -> None:
+        self.stop_keeping_active()
         if self._unfollow is not None:
             self._unfollow()
             self._unfollow = None
@@ -317,7 +353,7 @@ class DaytonaBackend:
     same account."""
 
     name = BACKEND_NAME
-    capabilities = Capabilities(runs_host_usr=False)
+    capabilities = Capabilities(runs_host_usr=False, warm_slots=True)
 
     def __init__(self, config: DaytonaConfig) -> None:
         """Raises ``ImportError`` when the SDK is missing (``get_backend`` names the
@@ -388,13 +424,42 @@ class DaytonaBackend:
             self, sandbox_id=sandbox_id, spec=spec, client=client, remote=remote, masks=masks
         )
         try:
-            await self._upload(sandbox)
+            await self.upload(sandbox, spec)
         except BaseException:
             await self._delete(client, sandbox_id)
             raise
         self._live[sandbox_id] = sandbox
         sandbox.follow_lease(spec.lease_deadline)
+        if spec.lease_deadline is None and slots.is_unclaimed_slot(spec):
+            sandbox.keep_active()
         return sandbox
+
+    async def assign(
+        self,
+        sandbox: Sandbox,
+        *,
+        labels: Mapping[str, str],
+        lease_deadline: LeaseDeadline | None,
+    ) -> None:
+        """A warm slot's sandbox relabelled to the attempt through Daytona's label call
+        and bound by the attempt's lease (``slots.py``).
+
+        Raises:
+            SandboxError: Daytona refused or garbled the relabel, or the lease frame
+                was not delivered.
+        """
+        assert isinstance(sandbox, DaytonaSandbox)
+        await slots.assign(self, sandbox, labels, lease_deadline)
+
+    async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
+        """The staged copy moved into the slot's host workspace and uploaded into its
+        ``/workspace`` through the file API, masked paths left out (``slots.py``).
+
+        Raises:
+            SandboxError: a collision on the host, or the upload or unpack failed.
+        """
+        assert isinstance(sandbox, DaytonaSandbox)
+        return await slots.fill(self, sandbox, staged)
 
     def labels(self, spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
         """The spec's labels plus job, attempt, worker, sandbox id and backend."""
@@ -405,13 +470,19 @@ class DaytonaBackend:
         labels[LABEL_BACKEND] = BACKEND_NAME
         return labels
 
-    async def _upload(self, sandbox: DaytonaSandbox) -> None:
+    async def upload(self, sandbox: DaytonaSandbox, spec: SandboxSpec) -> None:
+        """The trees of ``spec`` (its workspace, masked paths left out, and its HOME
+        mounts) uploaded as one tar and unpacked in the sandbox.
+
+        Raises:
+            SandboxError: the upload or the unpack failed.
+        """
         with tempfile.TemporaryDirectory(prefix="acpw-daytona-") as tmp:
             tar = Path(tmp) / "in.tar"
-            await asyncio.to_thread(sync.pack_in, sandbox.spec, tar, masked=sandbox.masks)
+            await asyncio.to_thread(sync.pack_in, spec, tar, masked=sandbox.masks)
             fs = sandbox.remote.fs
             await self.api.call("upload workspace", lambda: fs.upload_file(str(tar), sync.IN_TAR))
-        await sandbox.run(sync.unpack_in_command(sandbox.spec), "unpack workspace")
+        await sandbox.run(sync.unpack_in_command(spec), "unpack workspace")
 
     async def _bring_back(self, sandbox: DaytonaSandbox) -> None:
         """The sandbox's workspace and HOME mounts downloaded into the staged copies.
@@ -433,8 +504,9 @@ class DaytonaBackend:
 
     async def destroy(self, sandbox_id: str) -> None:
         """Delete the sandbox (what runs in it dies with it); idempotent. When this
-        process made it, its workspace and HOME mounts are brought back first, and the
-        sandbox is deleted whether or not that worked.
+        process made it, its workspace and HOME mounts are brought back first (not an
+        unclaimed warm slot's: nothing of a job is in it), and the sandbox is deleted
+        whether or not that worked.
 
         Raises:
             SandboxError: Daytona failed to delete it, or the workspace did not come back
@@ -454,7 +526,8 @@ class DaytonaBackend:
             for process in sandbox.processes:
                 await process.stop()
             try:
-                await self._bring_back(sandbox)
+                if not slots.is_unclaimed_slot(sandbox.spec):
+                    await self._bring_back(sandbox)
             except Exception as exc:  # still delete; the caller learns it after
                 failure = exc
             await self._delete(sandbox.client, sandbox_id)

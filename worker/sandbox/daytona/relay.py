@@ -27,11 +27,13 @@ closes it (nor a PTY-free way to signal the command), while a CLI agent waits fo
    process group), ``L`` + ``%010d`` milliseconds (the lease was renewed: it now ends that
    long from now). Any other byte between frames (a newline a daemon may add to an input)
    is skipped;
-4. when the header gave a lease and the last renewal's time passes unrenewed (the worker
-   is frozen or gone), a watchdog thread (it looks every 0.1 s) SIGKILLs every
-   descendant of the relay until none is left — the relay is their child subreaper, so a
-   process that left the program's session or was orphaned is still one — and the relay
-   exits 137: the sandbox's work dies with the lease whatever state the worker is in;
+4. when the header gave a lease (or, for a warm slot's agent started with none, once
+   its first ``L`` frame arrives: the claiming attempt's lease) and the last renewal's
+   time passes unrenewed (the worker is frozen or gone), a watchdog thread (it looks
+   every 0.1 s) SIGKILLs every descendant of the relay until none is left — the relay
+   is their child subreaper, so a process that left the program's session or was
+   orphaned is still one — and the relay exits 137: the sandbox's work dies with the
+   lease whatever state the worker is in;
 5. it removes the mount points it made (when still empty) and exits with the program's
    status (128 + N when signal N ended it).
 """
@@ -115,7 +117,10 @@ RELAY = (
     " if t in (b'T',b'K'): sig(t)\n"
     " if t==b'L':\n"
     "  n=num()\n"
-    "  if n is not None and dl[0] is not None: dl[0]=time.monotonic()+n/1000.0\n"
+    "  if n is None: return\n"
+    "  armed=dl[0] is not None\n"
+    "  dl[0]=time.monotonic()+n/1000.0\n"
+    "  if not armed: threading.Thread(target=dog,daemon=True).start()\n"
     "def dog():\n"
     " while True:\n"
     "  time.sleep(0.1)\n"
@@ -196,7 +201,8 @@ def launch_header(
 ) -> bytes:
     """The header file the relay reads before it forks the program: ``masks`` are
     (``anchor``/``file``/``dir``, absolute path in the sandbox) in mount order,
-    ``lease_s`` the seconds the lease has left (``None``: no lease, no watchdog)."""
+    ``lease_s`` the seconds the lease has left (``None``: no lease, no watchdog until an
+    ``L`` frame arms it)."""
     body = {
         "argv": list(argv),
         "env": dict(env),

@@ -17,19 +17,25 @@ admission reads the content (Claude settings, a gitfile), which is downloaded bo
 :data:`worker.admission.MAX_SETTINGS_BYTES` (one byte more, so "too large" stays
 visible); a symbolic link as a link to nowhere, anything else as a FIFO. Then
 :func:`worker.admission.check_view` runs on it, so its findings read as in the sandbox.
-Nothing is dropped for a mask: masks are applied by content (``sync.py``), so whatever
-is at a masked path in the sandbox was not uploaded by us (a snapshot planted it) and
-the agent would see it. At most ``_MAX_CALLS`` file API calls and ``_MAX_BYTES`` bytes.
+Masks are applied by content (``sync.py``) and the relay binds what is at a masked path
+read-only onto itself, so the agent sees what is there: a finding at a masked path is
+kept, with one exception: a finding at a file or directory mask's own path where the
+sandbox holds an empty regular file or an empty directory (listed: one more call) —
+what the relay makes as a mask point (a warm slot's running relay made them before its
+job's admission), which the agent sees empty and cannot write.
+At most ``_MAX_CALLS`` file API calls and ``_MAX_BYTES`` bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from worker.admission import MAX_SETTINGS_BYTES, AdmissionResult, check_view
+from worker.admission import MAX_SETTINGS_BYTES, AdmissionResult, MaskEntry, MaskKind, check_view
 from worker.admission import rules as admission_rules
 from worker.admission.probe import Kind
 from worker.errors import SandboxError
@@ -49,6 +55,10 @@ class _Rebuild:
         self.root = root
         self.calls = 0
         self.bytes = 0
+        #: sandbox paths of the regular files found empty (their size by file info)
+        self.empty: set[PurePosixPath] = set()
+        #: sandbox paths of the directories found
+        self.dirs: set[PurePosixPath] = set()
 
     async def stat(self, path: PurePosixPath) -> Any | None:
         self.calls += 1
@@ -67,10 +77,16 @@ class _Rebuild:
         local.parent.mkdir(parents=True, exist_ok=True)
         if kind is Kind.DIR:
             local.mkdir(exist_ok=True)
+            self.dirs.add(path)
         elif kind is Kind.SYMLINK:
             local.symlink_to("/nonexistent/acpw-daytona-link")
         elif kind is Kind.FILE:
-            local.write_bytes(await self._read(path, content) if content else b"")
+            # An empty file (a warm slot's mask points, made by its running relay) is not
+            # downloaded: the SDK refuses a download that yields no data.
+            size = remote.size_of(info)
+            if size == 0:
+                self.empty.add(path)
+            local.write_bytes(await self._read(path, content) if content and size else b"")
         else:
             os.mkfifo(local)
         return kind
@@ -82,6 +98,22 @@ class _Rebuild:
         if self.bytes > _MAX_BYTES:
             raise SandboxError("daytona: the admission view reads too much", bytes=self.bytes)
         return data
+
+    async def is_empty_dir(self, path: PurePosixPath) -> bool:
+        self.calls += 1
+        if self.calls > _MAX_CALLS:
+            raise SandboxError("daytona: the admission view asks too much", calls=self.calls)
+        fs = self.box.remote.fs
+        found = await self.box.api.call("list files", lambda: fs.list_files(str(path)))
+        return not found
+
+    async def mask_point(self, entry: MaskEntry) -> bool:
+        """Whether the sandbox holds at ``entry``'s path what the relay makes there: an
+        empty regular file for a file mask, an empty directory for a directory mask."""
+        path = PurePosixPath(WORKSPACE) / entry.path
+        if entry.kind is MaskKind.FILE:
+            return path in self.empty
+        return entry.kind is MaskKind.DIR and path in self.dirs and await self.is_empty_dir(path)
 
     async def level(self, level: PurePosixPath) -> Kind:
         """Rebuild one level's config paths; the kind of its ``.git``."""
@@ -106,7 +138,9 @@ def _limit(spec: admission_rules.ConfigPath) -> int | None:
     return MAX_SETTINGS_BYTES if spec.keys is not None else None
 
 
-async def sandbox_admission(sandbox: remote.Box, *, provider: str) -> AdmissionResult:
+async def sandbox_admission(
+    sandbox: remote.Box, *, provider: str, masks: Sequence[MaskEntry] = ()
+) -> AdmissionResult:
     """The admission check as the sandbox sees ``/workspace`` (see the module).
 
     Raises:
@@ -125,4 +159,11 @@ async def sandbox_admission(sandbox: remote.Box, *, provider: str) -> AdmissionR
                     break
                 level = level.parent
         await rebuild.system(provider)
-        return check_view(root, workspace=WORKSPACE, provider=provider)
+        result = check_view(root, workspace=WORKSPACE, provider=provider)
+    points = {e.path: e for e in masks if e.kind is not MaskKind.ANCHOR}
+    kept = []
+    for finding in result.findings:
+        entry = points.get(PurePosixPath(finding.path))
+        if entry is None or not await rebuild.mask_point(entry):
+            kept.append(finding)
+    return dataclasses.replace(result, findings=tuple(kept))
