@@ -86,7 +86,8 @@ test-daytona: emulator-pack
 	  exit 2; \
 	fi
 	@$(PY) -m pytest -q -p no:cacheprovider -rs tests/integration/test_daytona_live.py \
-	  tests/integration/test_daytona_backend.py tests/integration/test_daytona_stdio.py $(PYTEST_ARGS)
+	  tests/integration/test_daytona_backend.py tests/integration/test_daytona_stdio.py \
+	  tests/integration/test_warm_daytona.py $(PYTEST_ARGS)
 
 # The one-node install run for real: the chart rendered (values-single-node.yaml, dev
 # Redis), the worker image built (scripts/worker-image.sh) and both played with `podman

@@ -12,14 +12,24 @@ against the local double of Daytona's API.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from worker.errors import BackendAuthFailed
-from worker.sandbox.base import LABEL_JOB, ResourceLimits, SandboxSpec
+from worker.sandbox.base import (
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_SLOT,
+    LABEL_TOKEN,
+    LeaseDeadline,
+    ResourceLimits,
+    SandboxSpec,
+)
 from worker.sandbox.config import DaytonaConfig
 from worker.sandbox.daytona import DaytonaBackend
 from worker.sandbox.files import PathRefused
@@ -227,3 +237,52 @@ async def test_live_masked_paths_are_read_only(tmp_path: Path, backend: DaytonaB
         assert out.startswith(b"refused"), out
     finally:
         await backend.destroy(sandbox.sandbox_id)
+
+
+async def test_live_a_warm_slot_is_relabelled_filled_and_bounded(
+    tmp_path: Path, backend: DaytonaBackend
+) -> None:
+    """Warm slots on a real account (``tests/integration/test_warm_daytona.py`` runs the
+    pool and real jobs against the double): a slot sandbox made with the slot's labels,
+    its program started with no lease; ``assign`` replaces the labels through Daytona's
+    label call (listed by the attempt's job label, ``acpw.slot`` gone, the token the
+    attempt's) and arms the relay's watchdog; ``fill`` uploads the staged workspace the
+    program then reads; the view admits the relay's mask points; the program dies with
+    the lease once renewals stop; what it wrote comes back on ``destroy``."""
+    slot_spec = _spec(tmp_path)
+    slot_labels = {LABEL_JOB: "live-warm-slot", LABEL_ATTEMPT: "1", LABEL_TOKEN: "0"}
+    slot = dataclasses.replace(
+        slot_spec, job_id="live-warm-slot", labels={**slot_labels, LABEL_SLOT: "live-slot"}
+    )
+    (slot.workspace / "README.md").unlink()  # a slot's workspace is empty
+    sandbox = await backend.create(slot)
+    try:
+        script = (
+            "import sys,time\nprint('up',flush=True)\nsys.stdin.readline()\n"
+            "print(open('/workspace/README.md').read().strip(),flush=True)\n"
+            "open('/workspace/out.txt','w').write('warm')\ntime.sleep(300)"
+        )
+        proc = await sandbox.spawn(["python3", "-c", script], env={})
+        assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"up\n"
+        deadline = LeaseDeadline(time.monotonic() + 600)
+        labels = {LABEL_JOB: "live-warm-1", LABEL_ATTEMPT: "1", LABEL_TOKEN: "42"}
+        await backend.assign(sandbox, labels=labels, lease_deadline=deadline)
+        [info] = await backend.list({LABEL_JOB: "live-warm-1"})
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert LABEL_SLOT not in info.labels
+        assert info.labels[LABEL_TOKEN] == "42"
+        assert await backend.list({LABEL_SLOT: "live-slot"}) == []
+        staged = tmp_path / "staged"
+        staged.mkdir()
+        (staged / "README.md").write_text("# warm\n")
+        await backend.fill(sandbox, staged)
+        view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+        assert view.admitted, view.to_dict()
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"# warm\n"
+        deadline.extend(time.monotonic() + 5)  # then never again
+        assert await asyncio.wait_for(proc.wait(), 120) == -9
+    finally:
+        await backend.destroy(sandbox.sandbox_id)
+    assert (slot.workspace / "out.txt").read_text() == "warm"

@@ -86,12 +86,12 @@ async def warm_backend(tmp_path: Path, double: DaytonaDouble) -> AsyncIterator[D
 
 def _secret_files(double: DaytonaDouble, secret: str) -> list[str]:
     """Every file of every live sandbox of the double holding ``secret``."""
-    found = []
-    for record in double.sandboxes.values():
-        for path in record.root.rglob("*"):
-            if path.is_file() and not path.is_symlink() and secret.encode() in path.read_bytes():
-                found.append(str(path))
-    return found
+    return [
+        str(path)
+        for record in double.sandboxes.values()
+        for path in record.root.rglob("*")
+        if path.is_file() and not path.is_symlink() and secret.encode() in path.read_bytes()
+    ]
 
 
 async def test_a_warm_daytona_job_runs_in_its_relabelled_slot(
@@ -324,3 +324,30 @@ async def test_a_relabel_daytona_refuses_fails_the_assignment(
     assert LABEL_SLOT in (await warm_backend.list({LABEL_JOB: f"warm-{slot_id}"}))[0].labels
     await warm_backend.destroy(sandbox.sandbox_id)
     assert double.sandboxes == {}
+
+
+async def test_a_slots_mask_points_are_admitted_and_anything_more_refused(
+    tmp_path: Path, double: DaytonaDouble, warm_backend: DaytonaBackend
+) -> None:
+    """A warm slot's relay made its mask points before its job's re-admission: the
+    sandbox's view admits exactly those (an empty file at a file mask, an empty directory
+    at a directory mask, which the agent sees read-only); content at a masked path —
+    settings written there, a plugin in a masked directory — is refused as before."""
+    slot_id = uuid.uuid4().hex[:16]
+    sandbox = await warm_backend.create(_slot_spec(tmp_path, slot_id))
+    assert isinstance(sandbox, DaytonaSandbox)
+    script = "import time\nprint('agent up',flush=True)\ntime.sleep(120)"
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={})
+    assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"agent up\n"
+    [record] = double.sandboxes.values()
+    made = record.root / "workspace"
+    assert (made / ".claude" / "settings.json").read_bytes() == b""  # the relay's
+    assert (made / ".cursor" / "plugins").is_dir()
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    assert view.admitted, view.to_dict()
+
+    (made / ".cursor" / "plugins" / "evil").mkdir()
+    (made / ".claude" / "settings.json").write_text('{"hooks": {"Stop": []}}')
+    view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
+    assert {f.path for f in view.findings} >= {".claude/settings.json", ".cursor/plugins"}
+    await warm_backend.destroy(sandbox.sandbox_id)
