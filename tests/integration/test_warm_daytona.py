@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -313,7 +314,8 @@ async def test_a_relabel_daytona_refuses_fails_the_assignment(
 ) -> None:
     """A sandbox gone under its slot (404 to the label call) fails the claim with a
     typed error, and the slot keeps its slot labels (a reaper still judges it by its
-    record)."""
+    record). The double refuses a label set the SDK's ``SandboxLabels`` model refuses
+    (a value that is not a string), replacing nothing."""
     slot_id = uuid.uuid4().hex[:16]
     sandbox = await warm_backend.create(_slot_spec(tmp_path, slot_id))
     labels = {LABEL_JOB: "job-x", LABEL_ATTEMPT: "1", LABEL_TOKEN: "9"}
@@ -322,6 +324,15 @@ async def test_a_relabel_daytona_refuses_fails_the_assignment(
         await warm_backend.assign(sandbox, labels=labels, lease_deadline=None)
     assert refused.value.details["status"] == 404
     assert LABEL_SLOT in (await warm_backend.list({LABEL_JOB: f"warm-{slot_id}"}))[0].labels
+    auth = {"Authorization": f"Bearer {double.api_key}"}
+    url = f"{double.api_url}/sandbox/{sandbox.sandbox_id}/labels"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.put(url, json={"labels": {LABEL_JOB: 1}}) as reply:
+            assert reply.status == 400
+        async with http.put(url, json={"labels": {"a": "b"}}) as reply:
+            assert reply.status == 200
+            assert await reply.json() == {"labels": {"a": "b"}}
+    assert double.relabels == [(sandbox.sandbox_id, {"a": "b"})]
     await warm_backend.destroy(sandbox.sandbox_id)
     assert double.sandboxes == {}
 

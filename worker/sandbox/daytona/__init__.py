@@ -15,7 +15,8 @@ TTL as the cleanup behind the leases; a lease renewal refreshes the sandbox's ac
 
 Agent stdio: a session command started asynchronously, no PTY, running the relay of
 ``relay.py`` (framed stdin, EOF, signals); the launch header with the environment goes as
-the first input, never in the command line. Output is followed from the logs stream.
+a 0600 file uploaded through the file API, never an input call nor the command line.
+Output is followed from the logs stream.
 
 Workspace: uploaded into the sandbox at create, brought back (bounded, extracted safely)
 by ``destroy`` before the sandbox is deleted; the change capture then runs on the host
@@ -23,6 +24,12 @@ as for docker (``sync.py``). Config masks are applied by content there: masked p
 not uploaded and never taken back. Admission runs again in the sandbox's view, rebuilt
 from its file API (``view.py``); ``fs/*``, artifacts and links go through the file API
 too (``files.py``, ``remote.py``). The SDK's exceptions are translated in ``api.py``.
+
+Warm slots (``SlotHost``, ``slots.py``): a slot is a sandbox made for no job, its agent
+started with no lease; ``assign`` replaces its labels with the attempt's through
+Daytona's label call (``PUT /sandbox/{id}/labels``: any reaper then judges it by the
+attempt's lease) and arms the relay's watchdog with the attempt's lease; ``fill`` uploads
+the staged workspace through the file API as ``create`` does.
 """
 
 from worker.sandbox.daytona.backend import BACKEND_NAME, DaytonaBackend, DaytonaSandbox

@@ -459,7 +459,8 @@ class DaytonaBackend:
             SandboxError: a collision on the host, or the upload or unpack failed.
         """
         assert isinstance(sandbox, DaytonaSandbox)
-        return await slots.fill(self, sandbox, staged)
+        await self.upload(sandbox, await slots.fill_host(sandbox, staged))
+        return sandbox.spec.workspace
 
     def labels(self, spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
         """The spec's labels plus job, attempt, worker, sandbox id and backend."""

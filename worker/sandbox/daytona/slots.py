@@ -24,15 +24,46 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from worker.errors import SandboxError
 from worker.sandbox import hostfill
-from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_SLOT
+from worker.sandbox.base import LABEL_ATTEMPT, LABEL_JOB, LABEL_SLOT, SandboxSpec
 
 if TYPE_CHECKING:
-    from worker.sandbox.base import LeaseDeadline, SandboxSpec
-    from worker.sandbox.daytona.backend import DaytonaBackend, DaytonaSandbox
+    from daytona import AsyncSandbox
+
+    from worker.sandbox.base import LeaseDeadline
+    from worker.sandbox.daytona.api import Api
+
+
+class SlotSandbox(Protocol):
+    """What of ``DaytonaSandbox`` a slot's assignment and fill use (``backend.py``
+    imports this module, so it is not named here)."""
+
+    remote: AsyncSandbox
+
+    @property
+    def sandbox_id(self) -> str: ...
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    def stop_keeping_active(self) -> None: ...
+
+    def adopt(self, spec: SandboxSpec) -> None: ...
+
+    async def arm_lease(self, deadline: LeaseDeadline) -> None: ...
+
+    def follow_lease(self, deadline: LeaseDeadline | None) -> None: ...
+
+
+class SlotBackend(Protocol):
+    """What of ``DaytonaBackend`` they use."""
+
+    api: Api
+
+    def labels(self, spec: SandboxSpec, sandbox_id: str) -> dict[str, str]: ...
 
 
 #: Labels the SDK adds to every sandbox it creates; not ours, kept as they are.
@@ -45,8 +76,8 @@ def is_unclaimed_slot(spec: SandboxSpec) -> bool:
 
 
 async def assign(
-    backend: DaytonaBackend,
-    sandbox: DaytonaSandbox,
+    backend: SlotBackend,
+    sandbox: SlotSandbox,
     labels: Mapping[str, str],
     lease_deadline: LeaseDeadline | None,
 ) -> None:
@@ -84,16 +115,16 @@ async def assign(
         sandbox.follow_lease(lease_deadline)
 
 
-async def fill(backend: DaytonaBackend, sandbox: DaytonaSandbox, staged: Path) -> Path:
-    """See the module docstring. Returns the slot's host workspace.
+async def fill_host(sandbox: SlotSandbox, staged: Path) -> SandboxSpec:
+    """The first half of a fill (the module docstring): the staged copy moved into the
+    slot's host workspace. Returns the spec of what to upload: that workspace alone
+    (the HOME mounts went in at ``create``).
 
     Raises:
-        SandboxError: the move (a collision) or the upload failed.
+        SandboxError: a staged entry collides with one of another kind.
     """
-    workspace = sandbox.spec.workspace
-    await asyncio.to_thread(hostfill.move_into, staged, workspace)
-    await backend.upload(sandbox, dataclasses.replace(sandbox.spec, state_mounts=()))
-    return workspace
+    await asyncio.to_thread(hostfill.move_into, staged, sandbox.spec.workspace)
+    return dataclasses.replace(sandbox.spec, state_mounts=())
 
 
-__all__ = ["SDK_LABELS", "assign", "fill", "is_unclaimed_slot"]
+__all__ = ["SDK_LABELS", "SlotBackend", "SlotSandbox", "assign", "fill_host", "is_unclaimed_slot"]
