@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,9 +34,18 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
-from tests.integration.test_daytona_backend import REPO, _closure, _config, double
+from tests.integration.daytona_thread import BASE_ID, REGISTRY
+from tests.integration.test_daytona_backend import (
+    REPO,
+    SECRET,
+    _closure,
+    _config,
+    _until,
+    double,
+)
 from tests.integration.test_warm import _changed, _deliver, _job, _ready, _running, _until_idle
 from tests.integration.test_warm import _settings as _warm_settings
+from worker.client import Client
 from worker.client.client import spec_digest
 from worker.errors import SandboxError
 from worker.job.prepare import sandbox_labels
@@ -362,3 +375,102 @@ async def test_a_slots_mask_points_are_admitted_and_anything_more_refused(
     view = await asyncio.to_thread(sandbox.admission_view, provider="cursor")
     assert {f.path for f in view.findings} >= {".claude/settings.json", ".cursor/plugins"}
     await warm_backend.destroy(sandbox.sandbox_id)
+
+
+async def test_an_idle_slot_keeps_its_sandbox_active_until_claimed(
+    tmp_path: Path, double: DaytonaDouble
+) -> None:
+    """Daytona's auto-stop counts API calls only and an idle slot has no lease whose
+    renewals would refresh it: its process refreshes its activity every
+    ``daytona_activity_every_s`` while it waits, and stops once the slot is claimed
+    (from then on the attempt's lease renewals do it)."""
+    backend = DaytonaBackend(_config(tmp_path, double, daytona_activity_every_s=0.05))
+    try:
+        sandbox = await backend.create(_slot_spec(tmp_path, uuid.uuid4().hex[:16]))
+        for _ in range(200):
+            if double.activity_refreshes(sandbox.sandbox_id) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert double.activity_refreshes(sandbox.sandbox_id) >= 3
+        labels = {LABEL_JOB: "job-k", LABEL_ATTEMPT: "1", LABEL_TOKEN: "3"}
+        await backend.assign(sandbox, labels=labels, lease_deadline=None)
+        claimed = double.activity_refreshes(sandbox.sandbox_id)
+        await asyncio.sleep(0.5)  # ten intervals: none is refreshed by the slot's keeper
+        assert double.activity_refreshes(sandbox.sandbox_id) == claimed
+        [info] = await backend.list({LABEL_JOB: "job-k"})
+        assert info.labels[LABEL_TOKEN] == "3"
+    finally:
+        await backend.aclose()
+    assert double.sandboxes == {}
+
+
+async def test_a_served_daytona_job_claims_the_slot_its_predecessor_left(
+    tmp_path: Path, double: DaytonaDouble, redis_url: str
+) -> None:
+    """``acp-worker serve`` with ``ACPW_BACKEND=daytona`` and ``ACPW_WARM_POOLS``: the
+    slot made after the first job lives on the pool process's long-lived loop (its SDK
+    client with it) and the second job of the identity runs in it; on SIGTERM the idle
+    slot made after that is destroyed, never handed back."""
+    broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
+    with redis.Redis.from_url(broker) as sync_client:
+        sync_client.flushdb()
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
+    } | {
+        "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
+        "ACPW_WORKER_ID": "w-served-warm", "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
+        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "30",
+        "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
+        "ACPW_WARM_POOLS": json.dumps({"cursor-emulator": 1}),
+        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
+        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
+    }  # fmt: skip
+    log = tmp_path / "serve.log"
+    argv = [str(Path(sys.executable).with_name("acp-worker")), "serve", "--concurrency", "1"]
+    with log.open("w") as out:
+        serve = subprocess.Popen(
+            [*argv, "--no-reaper"], cwd=REPO, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def slots() -> list[str]:
+        return [r.dto["name"] for r in double.sandboxes.values() if LABEL_SLOT in r.dto["labels"]]
+
+    readies = []
+    try:
+        await _until(lambda: " ready." in log.read_text(), 90)
+        settings = Settings(redis_url=redis_url, broker_url=broker)
+        with Client(redis_url, settings=settings) as client:
+            for made, job_id in enumerate(("dt-warm-1", "dt-warm-2"), start=1):
+                (tmp_path / job_id).mkdir()
+                (tmp_path / job_id / "README.md").write_text("# served\n")
+                job = {
+                    "v": 1, "job_id": job_id, "pack": {"name": "cursor-emulator"},
+                    "workspace": {"kind": "local", "path": str(tmp_path / job_id)},
+                    "prompt": "scenario: hello", "credentials": {"CURSOR_API_KEY": "file:key"},
+                    "limits": {"timeout_s": 60, "memory_mb": 512, "pids": 128},
+                }  # fmt: skip
+                await asyncio.to_thread(client.submit, job)
+
+                def done(job_id: str = job_id) -> list[dict[str, Any]]:
+                    events = [dict(item.event) for item in client.events(job_id)]
+                    return events if events and events[-1]["type"] == "job.completed" else []
+
+                events = await _until(done, 90)
+                assert events[-1]["data"]["status"] == "succeeded", log.read_text()[-3000:]
+                readies.append(_ready(events))
+                await _until(lambda n=made: log.read_text().count(" ready (made in ") >= n, 90)
+        assert "warm" not in readies[0]
+        assert readies[1]["warm"] is True
+        assert readies[1]["backend"] == "daytona"
+        [slot] = slots()  # the replacement, made after the second job
+        assert slot != readies[1]["sandbox_id"]
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        await asyncio.to_thread(serve.wait, 60)
+    assert double.sandboxes == {}  # the drain destroyed the idle slot
+    assert SECRET not in log.read_text()
+    assert all(SECRET not in text for text in double.logged)
