@@ -36,7 +36,13 @@ from celery.signals import (
 from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
-from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.client.queue import (
+    HARD_MARGIN_S,
+    REAP_TASK,
+    RUN_TASK,
+    fill_time_limits,
+    make_celery,
+)
 from worker.job.warm import WarmPool
 from worker.sandbox import backend_config, get_backend
 from worker.service.children import REAPER_PID_ENV, keep_pool_files_in, stop_child
@@ -56,6 +62,9 @@ hand_back = HandBack()
 _drain: list[DrainTimer] = []  # the main process's, made at worker_init
 REAPER_STOP_GRACE_S = 5.0  # a pass under way ends first (well under a second here)
 WARM_CLOSE_S = 30.0  # what a pool process waits for its warm slots to be destroyed
+#: What a task past its soft time limit waits for its cancelled job's teardown: it
+#: returns before the hard limit (``HARD_MARGIN_S`` later) would kill the process.
+TEARDOWN_WAIT_S = HARD_MARGIN_S - 10
 _loop_lock = threading.Lock()
 _loop: list[asyncio.AbstractEventLoop] = []  # this process's, made at its first delivery
 _pool: list[WarmPool] = []  # this process's warm pools, when ACPW_WARM_POOLS names packs
@@ -72,23 +81,38 @@ def run_job(
     """
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     loop = process_loop()
-    running = asyncio.run_coroutine_threadsafe(_deliver(delivery), loop)
+    ended = threading.Event()
+    running = asyncio.run_coroutine_threadsafe(_deliver(delivery, ended), loop)
     try:
         result = running.result()
     except SoftTimeLimitExceeded:
-        # Backstop beyond the job's own timeout: the job is cancelled on its loop (its
-        # teardown runs there); the lease expires and the reaper settles.
+        # Backstop beyond the job's own timeout: the job is cancelled on its loop, where
+        # its teardown runs (its sandbox destroyed; its events unsettled, its lease is
+        # left to expire and a reaper settles it lost). The task returns only once that
+        # teardown ended, bounded, so that the next delivery of this process never runs
+        # beside it.
         running.cancel()
-        log.error("run_job exceeded its Celery soft time limit")
+        log.error("run_job exceeded its Celery soft time limit: the job is cancelled")
+        if not ended.wait(TEARDOWN_WAIT_S):
+            log.error(
+                "the cancelled job's teardown has not ended %.0f s after the soft time "
+                "limit; a reaper finds what it leaves",
+                TEARDOWN_WAIT_S,
+            )
         return {"outcome": "time_limit"}
     return result.to_dict()
 
 
-async def _deliver(delivery: Delivery) -> GuardedResult:
-    environ = dict(os.environ)
-    return await run_delivery(
-        delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
-    )
+async def _deliver(delivery: Delivery, ended: threading.Event) -> GuardedResult:
+    """The delivery on this process's loop; ``ended`` set once it is over, cancelled or
+    not (its teardown included)."""
+    try:
+        environ = dict(os.environ)
+        return await run_delivery(
+            delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
+        )
+    finally:
+        ended.set()
 
 
 def process_loop() -> asyncio.AbstractEventLoop:
