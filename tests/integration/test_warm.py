@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.integration.job_settings import job_settings
 from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
@@ -60,20 +61,10 @@ Event = Mapping[str, Any]
 PACK = "cursor-emulator"
 
 
-def _settings(tmp_path: Path, backend: str = "local") -> Settings:
-    return Settings(
-        backend=backend,
-        redis_url=REDIS_URL,
-        cache_dir=tmp_path / "cache",
-        work_dir=tmp_path / "work",
-        results_dir=tmp_path / "results",
-        session_dir=tmp_path / "sessions",
-        secrets_dir=tmp_path / "secrets",
-        worker_id="it-warm" if backend == "local" else f"it-warm-{backend}",
-        shutdown_eof_grace=1.0,
-        shutdown_term_grace=1.0,
-        lease_renew=0.5,
-        warm_pools={PACK: 1},
+def _settings(tmp_path: Path, backend: str = "local", **overrides: Any) -> Settings:
+    worker_id = "it-warm" if backend == "local" else f"it-warm-{backend}"
+    return job_settings(
+        tmp_path, worker_id, backend=backend, lease_renew=0.5, warm_pools={PACK: 1}, **overrides
     )
 
 

@@ -47,9 +47,7 @@ PROMPT = "#!scenario\nwrite notes/k8s.txt written in the pod\nsay Hello from the
 def test_a_warm_kubernetes_job_runs_in_its_relabelled_slot_pod(
     tmp_path: Path, redis_url: str, cluster: Cluster, images: EngineConfig
 ) -> None:
-    settings = _warm_settings(tmp_path, "kubernetes").model_copy(
-        update={"packs_dir": REPO / "provider_packs"}
-    )
+    settings = _warm_settings(tmp_path, "kubernetes", packs_dir=REPO / "provider_packs")
     config = KubernetesConfig(
         worker_id=settings.worker_id,
         cache_dir=settings.cache_dir,
