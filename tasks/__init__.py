@@ -24,15 +24,18 @@ from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.platforms import EX_FAILURE, EX_OK
 from celery.signals import (
     before_task_publish,
     task_received,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
     worker_shutdown,
     worker_shutting_down,
 )
+from celery.worker import state as worker_state
 from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
@@ -222,6 +225,25 @@ def _drain_started(**_: object) -> None:
     """SIGTERM (or SIGINT, SIGQUIT): Celery has stopped consuming; the grace starts."""
     for timer in _drain:
         timer.arm()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _ctrl_c_drains_to_exit_0(**_: object) -> None:
+    """In the main process, once ready: Ctrl-C (SIGINT) is still Celery's warm shutdown
+    (the drain; a second Ctrl-C its cold shutdown, as Celery's own handler arranges),
+    but a drain that ends cleanly exits 0, as after SIGTERM. Celery's own exit status
+    for it is 1, which a caller cannot tell from a failure: ``make serve-demo`` stopped
+    with Ctrl-C printed ``Error 1``."""
+    celery_handler = signal.getsignal(signal.SIGINT)
+    if not callable(celery_handler):
+        return
+
+    def first_ctrl_c(signum: int, frame: Any) -> None:
+        celery_handler(signum, frame)  # it installs the cold shutdown for the next one
+        if worker_state.should_stop == EX_FAILURE and worker_state.should_terminate is None:
+            worker_state.should_stop = EX_OK
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
 
 
 class _FetchInFlight(bootsteps.StartStopStep):  # type: ignore[misc]
