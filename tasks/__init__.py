@@ -85,16 +85,16 @@ def run_job(
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     loop = process_loop()
     ended = threading.Event()
-    running = asyncio.run_coroutine_threadsafe(_deliver(delivery, ended), loop)
+    task = asyncio.run_coroutine_threadsafe(_start(delivery, ended), loop).result()
     try:
-        result = running.result()
+        ended.wait()  # interrupted by the soft time limit (raised in this thread)
     except SoftTimeLimitExceeded:
         # Backstop beyond the job's own timeout: the job is cancelled on its loop, where
         # its teardown runs (its sandbox destroyed; its events unsettled, its lease is
         # left to expire and a reaper settles it lost). The task returns only once that
         # teardown ended, bounded, so that the next delivery of this process never runs
         # beside it.
-        running.cancel()
+        loop.call_soon_threadsafe(task.cancel)
         log.error("run_job exceeded its Celery soft time limit: the job is cancelled")
         if not ended.wait(TEARDOWN_WAIT_S):
             log.error(
@@ -103,19 +103,22 @@ def run_job(
                 TEARDOWN_WAIT_S,
             )
         return {"outcome": "time_limit"}
-    return result.to_dict()
+    return task.result().to_dict()  # done: read once, from this thread
 
 
-async def _deliver(delivery: Delivery, ended: threading.Event) -> GuardedResult:
-    """The delivery on this process's loop; ``ended`` set once it is over, cancelled or
-    not (its teardown included)."""
-    try:
-        environ = dict(os.environ)
-        return await run_delivery(
-            delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
-        )
-    finally:
-        ended.set()
+async def _start(delivery: Delivery, ended: threading.Event) -> asyncio.Task[GuardedResult]:
+    """The delivery as a task of this process's loop; ``ended`` set once it is done,
+    whether it ran to its end, failed or was cancelled (before it began too)."""
+    task = asyncio.ensure_future(_deliver(delivery))
+    task.add_done_callback(lambda _: ended.set())
+    return task
+
+
+async def _deliver(delivery: Delivery) -> GuardedResult:
+    environ = dict(os.environ)
+    return await run_delivery(
+        delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
+    )
 
 
 def process_loop() -> asyncio.AbstractEventLoop:
