@@ -63,14 +63,8 @@ def main() -> None:
     dry_run(TARGET)
     where = Path(tempfile.mkdtemp(prefix="acpw-bench-failover-"))
     ha = Ha(where / "ha")
-    base = ha.url.rsplit("/", 1)[0]
-    env = ha.env(
+    env = ha.served_env(
         where,
-        ACPW_REDIS_URL=f"{base}/0",
-        ACPW_BROKER_URL=f"{base}/1",
-        ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
-        ACPW_LEASE_TTL="15",
-        ACPW_LEASE_RENEW="1",
         # A job whose message the failover took mid-delivery is requeued by serve's own
         # reaper (docs/durability.md): within these, not the defaults' 120 s and 15 s.
         ACPW_REQUEUE_STRANDED_AFTER_S=str(STRANDED_AFTER_S),

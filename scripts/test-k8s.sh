@@ -4,8 +4,8 @@
 #   1. tests/integration/test_chart_cluster.py installs helm/acp-worker with `helm` and
 #      runs a job through it, then writes a kubeconfig acting as the chart's
 #      ServiceAccount (a token of it);
-#   2. the backend's modules (backend, files, masks, mid-run, network) run with that
-#      kubeconfig, so their RBAC is the one the chart grants, against the chart's
+#   2. the backend's modules (backend, files, masks, mid-run, network, warm slots) run
+#      with that kubeconfig, so their RBAC is the one the chart grants, against the chart's
 #      sandbox namespace and NetworkPolicies (the backend creates none: they are the
 #      chart's);
 #   3. the release is uninstalled, whatever happened.
@@ -57,4 +57,4 @@ ACPW_TEST_KUBECONFIG="$ACPW_TEST_K8S_SA_KUBECONFIG" ACPW_K8S_NETWORK_POLICIES=ex
   "$PY" -m pytest -q -p no:cacheprovider -rs \
   tests/integration/test_kubernetes_backend.py tests/integration/test_kubernetes_files.py \
   tests/integration/test_kubernetes_masks.py tests/integration/test_kubernetes_midrun.py \
-  tests/integration/test_kubernetes_network.py "$@"
+  tests/integration/test_kubernetes_network.py tests/integration/test_warm_kubernetes.py "$@"

@@ -24,19 +24,28 @@ from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.platforms import EX_FAILURE, EX_OK
 from celery.signals import (
     before_task_publish,
     task_received,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
     worker_shutdown,
     worker_shutting_down,
 )
+from celery.worker import state as worker_state
 from celery.worker.state import revoked as revoked_tasks
 
 from worker import metrics
-from worker.client.queue import REAP_TASK, RUN_TASK, fill_time_limits, make_celery
+from worker.client.queue import (
+    HARD_MARGIN_S,
+    REAP_TASK,
+    RUN_TASK,
+    fill_time_limits,
+    make_celery,
+)
 from worker.job.warm import WarmPool
 from worker.sandbox import backend_config, get_backend
 from worker.service.children import REAPER_PID_ENV, keep_pool_files_in, stop_child
@@ -56,6 +65,9 @@ hand_back = HandBack()
 _drain: list[DrainTimer] = []  # the main process's, made at worker_init
 REAPER_STOP_GRACE_S = 5.0  # a pass under way ends first (well under a second here)
 WARM_CLOSE_S = 30.0  # what a pool process waits for its warm slots to be destroyed
+#: What a task past its soft time limit waits for its cancelled job's teardown: it
+#: returns before the hard limit (``HARD_MARGIN_S`` later) would kill the process.
+TEARDOWN_WAIT_S = HARD_MARGIN_S - 10
 _loop_lock = threading.Lock()
 _loop: list[asyncio.AbstractEventLoop] = []  # this process's, made at its first delivery
 _pool: list[WarmPool] = []  # this process's warm pools, when ACPW_WARM_POOLS names packs
@@ -72,16 +84,34 @@ def run_job(
     """
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     loop = process_loop()
-    running = asyncio.run_coroutine_threadsafe(_deliver(delivery), loop)
+    ended = threading.Event()
+    task = asyncio.run_coroutine_threadsafe(_start(delivery, ended), loop).result()
     try:
-        result = running.result()
+        ended.wait()  # interrupted by the soft time limit (raised in this thread)
     except SoftTimeLimitExceeded:
-        # Backstop beyond the job's own timeout: the job is cancelled on its loop (its
-        # teardown runs there); the lease expires and the reaper settles.
-        running.cancel()
-        log.error("run_job exceeded its Celery soft time limit")
+        # Backstop beyond the job's own timeout: the job is cancelled on its loop, where
+        # its teardown runs (its sandbox destroyed; its events unsettled, its lease is
+        # left to expire and a reaper settles it lost). The task returns only once that
+        # teardown ended, bounded, so that the next delivery of this process never runs
+        # beside it.
+        loop.call_soon_threadsafe(task.cancel)
+        log.error("run_job exceeded its Celery soft time limit: the job is cancelled")
+        if not ended.wait(TEARDOWN_WAIT_S):
+            log.error(
+                "the cancelled job's teardown has not ended %.0f s after the soft time "
+                "limit; a reaper finds what it leaves",
+                TEARDOWN_WAIT_S,
+            )
         return {"outcome": "time_limit"}
-    return result.to_dict()
+    return task.result().to_dict()  # done: read once, from this thread
+
+
+async def _start(delivery: Delivery, ended: threading.Event) -> asyncio.Task[GuardedResult]:
+    """The delivery as a task of this process's loop; ``ended`` set once it is done,
+    whether it ran to its end, failed or was cancelled (before it began too)."""
+    task = asyncio.ensure_future(_deliver(delivery))
+    task.add_done_callback(lambda _: ended.set())
+    return task
 
 
 async def _deliver(delivery: Delivery) -> GuardedResult:
@@ -198,6 +228,25 @@ def _drain_started(**_: object) -> None:
     """SIGTERM (or SIGINT, SIGQUIT): Celery has stopped consuming; the grace starts."""
     for timer in _drain:
         timer.arm()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _ctrl_c_drains_to_exit_0(**_: object) -> None:
+    """In the main process, once ready: Ctrl-C (SIGINT) is still Celery's warm shutdown
+    (the drain; a second Ctrl-C its cold shutdown, as Celery's own handler arranges),
+    but a drain that ends cleanly exits 0, as after SIGTERM. Celery's own exit status
+    for it is 1, which a caller cannot tell from a failure: ``make serve-demo`` stopped
+    with Ctrl-C printed ``Error 1``."""
+    celery_handler = signal.getsignal(signal.SIGINT)
+    if not callable(celery_handler):
+        return
+
+    def first_ctrl_c(signum: int, frame: Any) -> None:
+        celery_handler(signum, frame)  # it installs the cold shutdown for the next one
+        if worker_state.should_stop == EX_FAILURE and worker_state.should_terminate is None:
+            worker_state.should_stop = EX_OK
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
 
 
 class _FetchInFlight(bootsteps.StartStopStep):  # type: ignore[misc]

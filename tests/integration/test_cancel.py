@@ -21,6 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
+from tests.integration.job_settings import job_settings
 from worker.client import Client
 from worker.errors import EXIT_CANCELLED
 from worker.events.sinks import MemorySink
@@ -42,17 +43,7 @@ NOT_LAUNCHED = "cancelled_before_launch"
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(
-        redis_url=REDIS_URL,
-        cache_dir=tmp_path / "cache",
-        work_dir=tmp_path / "work",
-        results_dir=tmp_path / "results",
-        session_dir=tmp_path / "sessions",
-        secrets_dir=tmp_path / "secrets",
-        worker_id="it-cancel",
-        shutdown_eof_grace=1.0,
-        shutdown_term_grace=1.0,
-    )
+    return job_settings(tmp_path, "it-cancel")
 
 
 def _job(tmp_path: Path, prompt: str = "scenario: hello") -> dict[str, Any]:

@@ -157,6 +157,49 @@ def test_a_pods_labels_and_annotations_are_merge_patched_and_nothing_else(
     core.delete_namespaced_pod("patched", NAMESPACE, grace_period_seconds=0)
 
 
+def test_a_running_pods_deadline_may_be_lowered_never_raised(
+    core: client.CoreV1Api, base_by_digest: str, k8s_double: ApiDouble
+) -> None:
+    """``spec.activeDeadlineSeconds`` of a running pod, as the API server's pod update
+    validation rules it: lowered, the kubelet ends the pod by the new value (counted from
+    its start); raised or removed, a 422 ``Invalid`` whose cause names the field, in the
+    API server's words, and the pod keeps its deadline."""
+    pod = _pod("deadline", base_by_digest)
+    pod["spec"] |= {"activeDeadlineSeconds": 600, "terminationGracePeriodSeconds": 1}
+    core.create_namespaced_pod(NAMESPACE, client.V1Pod.from_dict(pod))
+    assert _running(core, "deadline").status.phase == "Running"
+    merge = "application/merge-patch+json"
+    for value, detail in (
+        (601, "Invalid value: 601: must be less than or equal to previous value"),
+        (None, "Invalid value: null: must not update from a positive integer to nil value"),
+    ):
+        body = {"spec": {"activeDeadlineSeconds": value}}
+        with pytest.raises(ApiException) as caught:
+            core.patch_namespaced_pod("deadline", NAMESPACE, body, _content_type=merge)
+        status = json.loads(caught.value.body)
+        assert (caught.value.status, status["reason"]) == (422, "Invalid")
+        assert status["details"]["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": detail,
+                "field": "spec.activeDeadlineSeconds",
+            }
+        ]
+        assert status["message"] == (
+            f'Pod "deadline" is invalid: spec.activeDeadlineSeconds: {detail}'
+        )
+    assert core.read_namespaced_pod("deadline", NAMESPACE).spec.active_deadline_seconds == 600
+    left = k8s_double.deadline_left(NAMESPACE, "deadline")
+    assert left is not None
+    assert left > 500
+    body = {"spec": {"activeDeadlineSeconds": 3}}
+    core.patch_namespaced_pod("deadline", NAMESPACE, body, _content_type=merge)
+    assert core.read_namespaced_pod("deadline", NAMESPACE).spec.active_deadline_seconds == 3
+    ended = _ended(core, "deadline")
+    assert ended.status.reason == "DeadlineExceeded"
+    core.delete_namespaced_pod("deadline", NAMESPACE, grace_period_seconds=0)
+
+
 def test_the_token_is_required(k8s_double: ApiDouble, tmp_path: Path) -> None:
     path = k8s_double.kubeconfig(tmp_path / "kc", namespace=NAMESPACE)
     data = json.loads(path.read_text())

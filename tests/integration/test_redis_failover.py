@@ -216,6 +216,21 @@ class Ha:
             **extra,
         )
 
+    def served_env(self, tmp_path: Path, **extra: str) -> dict[str, str]:
+        """``env`` for ``acp-worker serve`` and its clients on this pair: the job service
+        on database 0, the broker on 1, the examples' secrets, a 15 s lease renewed
+        every second (a failover takes seconds: the lease outlives it); ``extra`` last."""
+        base = self.url.rsplit("/", 1)[0]
+        return self.env(
+            tmp_path,
+            ACPW_REDIS_URL=f"{base}/0",
+            ACPW_BROKER_URL=f"{base}/1",
+            ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
+            ACPW_LEASE_TTL="15",
+            ACPW_LEASE_RENEW="1",
+            **extra,
+        )
+
     def promoted(self, timeout: float = 60) -> float:
         """Seconds until the sentinels name the replica as the master."""
         start = time.monotonic()
@@ -324,15 +339,7 @@ def test_a_served_worker_follows_a_failover_for_its_broker_and_store(
 
 def served_through_a_failover(tmp_path: Path, ha: Ha) -> None:
     """The served failover above, against ``ha`` as it is set up (plain or TLS)."""
-    base = ha.url.rsplit("/", 1)[0]
-    env = ha.env(
-        tmp_path,
-        ACPW_REDIS_URL=f"{base}/0",
-        ACPW_BROKER_URL=f"{base}/1",
-        ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
-        ACPW_LEASE_TTL="15",
-        ACPW_LEASE_RENEW="1",
-    )
+    env = ha.served_env(tmp_path)
     log = tmp_path / "serve.log"
     with log.open("w") as sink:
         serve = subprocess.Popen(

@@ -179,14 +179,7 @@ def test_submits_and_a_cancel_storm_through_a_failover(
     each once and in attempt 1."""
     started = time.monotonic()
     base = ha.url.rsplit("/", 1)[0]
-    env = ha.env(
-        tmp_path,
-        ACPW_REDIS_URL=f"{base}/0",
-        ACPW_BROKER_URL=f"{base}/1",
-        ACPW_SECRETS_DIR=str(REPO / "examples" / "secrets"),
-        ACPW_LEASE_TTL="15",
-        ACPW_LEASE_RENEW="1",
-    )
+    env = ha.served_env(tmp_path)
     monkeypatch.setenv("ACPW_TEST_SENTINEL_PW", SENTINEL_PASSWORD)
     monkeypatch.setenv("ACPW_TEST_REDIS_PW", PASSWORD)
     settings = Settings(

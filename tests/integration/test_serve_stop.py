@@ -141,15 +141,55 @@ def test_a_serve_stopped_by_hand_as_its_job_finishes_leaves_nothing(
         client.submit(job(f"stop-{stop}"))
         _task_finishing(f"stop-{stop}")
         STOPS[stop](worker.proc.pid)
-        worker.proc.wait(60)
+        code = worker.proc.wait(60)
         left = session_processes(worker.proc.pid)  # at once: nothing may linger a moment
         events = events_of(client, f"stop-{stop}")
     assert left == [], f"left running after serve exited: {left}"
+    assert code == 0  # a clean drain, whichever stop asked for it (Celery's Ctrl-C says 1)
     assert worker.left_in_tmpdir() == []
     assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
     assert sandboxes_of(f"stop-{stop}") == []
     log = worker.log.read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_make_serve_demo_stopped_with_ctrl_c_reports_no_error(
+    served: list[Served], tmp_path: Path
+) -> None:
+    """The README's tour: ``make serve-demo``, then Ctrl-C in its terminal (SIGINT to the
+    whole foreground group: make, serve, its pool and reaper). serve drains and exits 0,
+    so make reports no ``Error``; make itself then ends by the SIGINT it got, as make
+    does on every Ctrl-C (a shell shows 130 and nothing else). Nothing is left."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = _env("it-serve-demo") | {"TMPDIR": str(tmpdir)}
+    log = tmp_path / "make.log"
+    with log.open("w") as out:
+        make = subprocess.Popen(
+            ["make", "serve-demo"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # A terminal's foreground job takes SIGINT (this test may run with it ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+        )
+    try:
+        wait_for(lambda: " ready." in log.read_text(), "serve-demo's Celery worker", 120)
+        os.killpg(make.pid, signal.SIGINT)
+        code = make.wait(60)
+        left = session_processes(make.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(make.pid, signal.SIGKILL)
+        make.wait()
+    text = log.read_text()
+    assert "Warm shutdown" in text, text[-3000:]
+    assert "Error" not in text, text[-3000:]
+    assert code == -signal.SIGINT
+    assert left == [], f"left running after make exited: {left}"
+    assert sorted(os.listdir(tmpdir)) == []
 
 
 def test_a_killed_serve_leaves_no_process_and_nothing_in_the_temp_dir(

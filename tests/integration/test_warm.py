@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from tests.conftest import REDIS_URL
 from tests.integration.docker_engine import base_image, docker_host, engine_config
+from tests.integration.job_settings import job_settings
 from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
@@ -60,20 +61,10 @@ Event = Mapping[str, Any]
 PACK = "cursor-emulator"
 
 
-def _settings(tmp_path: Path, backend: str = "local") -> Settings:
-    return Settings(
-        backend=backend,
-        redis_url=REDIS_URL,
-        cache_dir=tmp_path / "cache",
-        work_dir=tmp_path / "work",
-        results_dir=tmp_path / "results",
-        session_dir=tmp_path / "sessions",
-        secrets_dir=tmp_path / "secrets",
-        worker_id="it-warm" if backend == "local" else f"it-warm-{backend}",
-        shutdown_eof_grace=1.0,
-        shutdown_term_grace=1.0,
-        lease_renew=0.5,
-        warm_pools={PACK: 1},
+def _settings(tmp_path: Path, backend: str = "local", **overrides: Any) -> Settings:
+    worker_id = "it-warm" if backend == "local" else f"it-warm-{backend}"
+    return job_settings(
+        tmp_path, worker_id, backend=backend, lease_renew=0.5, warm_pools={PACK: 1}, **overrides
     )
 
 
@@ -445,3 +436,73 @@ def _idle_slots(client: redis.Redis) -> list[bytes]:
         for key in client.scan_iter(f"{keys.PREFIX}:warm:*")
         if (client.get(key) or b"").startswith(b"idle ")
     ]
+
+
+@pytest.mark.usefixtures("base_image")
+def test_a_served_docker_job_claims_its_predecessors_slot_container(
+    tmp_path: Path, redis_url: str, engine_config: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``acp-worker serve`` with ``ACPW_BACKEND=docker`` and ``ACPW_WARM_POOLS`` on
+    Podman: the second job of an identity runs in the slot container made after the
+    first (``sandbox.ready`` ``warm``); while it runs, that container carries the
+    attempt's labels exactly (its job, attempt, lease token, worker, store, and the pool
+    process as owner), no slot's; nothing is left once the worker stopped."""
+    from tests.integration.test_drain import ANSWER, GATED, _question
+    from tests.integration.test_service import BROKER_URL, Worker, _flush, job, wait_for
+    from tests.integration.test_service import _settings as service_settings
+
+    worker_id = "it-warm-docker-served"
+    engine = {
+        "ACPW_BACKEND": "docker",
+        "ACPW_DOCKER_HOST": str(engine_config.docker_host),
+        "ACPW_IMAGES_DIR": str(engine_config.images_dir),
+    }
+    for name, value in engine.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(backend="docker", redis_url=redis_url, worker_id=worker_id)
+    backend = get_backend(backend_config(settings))
+
+    def ours() -> list[Any]:
+        return asyncio.run(backend.list({"acpw.worker": worker_id}))
+
+    _flush(BROKER_URL)
+    pools = {"ACPW_WARM_POOLS": json.dumps({PACK: 1})}
+    worker = Worker(tmp_path / "worker.log", worker_id=worker_id, concurrency=1, env=engine | pools)
+    try:
+        with Client(redis_url, settings=service_settings()) as client:
+            client.submit(job("warm-docker-1"))
+            first = [e.event for e in client.events("warm-docker-1", follow=True, timeout=120)]
+            assert first[-1]["data"]["status"] == "succeeded"
+            assert "warm" not in _ready(first)
+            assert _ready(first)["backend"] == "docker"
+            wait_for(lambda: _slots_ready(worker.log) >= 1, "a warm slot", 120)
+            [slot] = [s for s in ours() if LABEL_SLOT in s.labels]
+
+            # A job held at a question, so that its container is seen while it runs.
+            client.submit(job("warm-docker-2", GATED))
+            question = _question(client, "warm-docker-2", 1)
+            [claimed] = [s for s in ours() if s.labels.get(LABEL_JOB) == "warm-docker-2"]
+            assert claimed.sandbox_id == slot.sandbox_id
+            with redis.Redis.from_url(redis_url) as sync:  # the lease: <token>:<nonce>
+                token = (sync.get(keys.lease("warm-docker-2")) or b"").decode().split(":")[0]
+            assert token not in ("", "0")
+            attempt = sandbox_labels(
+                settings, job_id="warm-docker-2", attempt=1, labels={LABEL_TOKEN: token}
+            )
+            # The owner is the pool process's, which made the slot and runs the job; the
+            # backend's own labels (which backend, which sandbox) are the slot's still.
+            attempt["acpw.owner"] = slot.labels["acpw.owner"]
+            backend_own = {k: slot.labels[k] for k in ("acpw.backend", "acpw.sandbox")}
+            assert dict(claimed.labels) == attempt | backend_own
+            client.answer("warm-docker-2", question, ANSWER)
+            second = [e.event for e in client.events("warm-docker-2", follow=True, timeout=120)]
+            assert second[-1]["data"]["status"] == "succeeded"
+            ready = _ready(second)
+            assert ready["warm"] is True
+            assert ready["backend"] == "docker"
+            assert ready["sandbox_id"] == slot.sandbox_id
+            wait_for(lambda: _slots_ready(worker.log) >= 2, "the slot's replacement", 120)
+    finally:
+        worker.stop()
+        _flush(BROKER_URL)
+    assert ours() == []  # the drain destroyed the replacement slot

@@ -7,7 +7,9 @@ backend uses, as the API does:
 - pods: create, get, list (``labelSelector``, equality terms and existence), delete
   (with the API server's graceful semantics, below), patch (a JSON merge patch or a
   strategic merge patch, which are the same on metadata's maps: a null value removes a
-  key; a patch that changes anything but ``metadata.labels``/``annotations`` is a 422, as
+  key; ``spec.activeDeadlineSeconds`` may be lowered, never raised nor removed, as the
+  API server's pod update validation says, with its 422 ``Invalid`` and its cause; a
+  patch that changes anything else but ``metadata.labels``/``annotations`` is a 422, as
   the API server refuses most of a running pod's changes, and every label must be a
   valid label);
 - events: list (``fieldSelector`` on ``involvedObject``);
@@ -50,7 +52,8 @@ grace 0.
 Each pod is then run for real on the shared Podman service (``pods.PodmanPod``: ``podman
 kube play``), and exec runs ``podman exec`` in its container: manifests, client and
 containers are all real; only the API server is stood in for. As the kubelet does, it
-ends a pod that passes its ``activeDeadlineSeconds`` (counted from its creation):
+ends a pod that passes its ``activeDeadlineSeconds`` (counted from its creation, a
+patched value too):
 ``Failed``, reason ``DeadlineExceeded``, its containers stopped. A test can evict a pod
 (``ApiDouble.evict``, standing in for the node's pressure; no request reaches it). What
 the double does not do: watches, real scheduling (no node, quota, or eviction of its
@@ -86,6 +89,7 @@ from kubernetes import client as k8s
 
 from tests.k8s_double import pods as podman_pods
 from tests.k8s_double import rbac
+from tests.k8s_double.patch import ApiError, deadline_errors, invalid, merged_metadata, patch_parts
 from tests.k8s_double.websocket import Connection, ProtocolError, accept_key
 from worker.sandbox.kubernetes.manifests import RBAC_RULES
 
@@ -109,25 +113,6 @@ ROLE: frozenset[rbac.Permission] = frozenset(
 _POLICIES = re.compile(
     r"^/apis/networking\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/networkpolicies(?:/(?P<name>[^/]+))?$"
 )
-
-
-class ApiError(Exception):
-    """Answered as a ``Status`` with ``code`` and ``reason``."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
 
 
 class Fault:
@@ -211,7 +196,8 @@ class ApiDouble:
         self._removals: list[threading.Thread] = []
         #: Set by ``close``: the kubelet's pending syncs (``force_lag_s``) happen at once.
         self._closing = threading.Event()
-        self._deadlines: list[threading.Timer] = []
+        #: Each pod's kubelet deadline timer and when the pod started (monotonic).
+        self._deadlines: dict[tuple[str, str], tuple[threading.Timer | None, float]] = {}
         self.engine = docker.DockerClient(base_url=docker_host)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -229,8 +215,9 @@ class ApiDouble:
         """Stop serving and remove every pod still on the engine."""
         self._server.shutdown()
         self._server.server_close()
-        for timer in self._deadlines:
-            timer.cancel()
+        for timer, _ in self._deadlines.values():
+            if timer is not None:
+                timer.cancel()
         self._closing.set()  # no test is left to see the lag: no waiting it out either
         for thread in self._removals:
             thread.join()
@@ -278,25 +265,41 @@ class ApiDouble:
             pod = podman_pods.PodmanPod(self.docker_host, body, gate=self.gate, event=event)
             self.pods[(ns, name)] = pod
         pod.start()
-        self._enforce_deadline(pod)
+        self._enforce_deadline(ns, name, pod, time.monotonic())
         return self.pod_object(pod)
 
-    def _enforce_deadline(self, pod: podman_pods.PodmanPod) -> None:
-        """End ``pod`` once its ``activeDeadlineSeconds`` have passed, as the kubelet
-        does: ``Failed``, ``DeadlineExceeded``, its containers stopped within its grace
-        period."""
+    def _enforce_deadline(
+        self, ns: str, name: str, pod: podman_pods.PodmanPod, started: float
+    ) -> None:
+        """End ``pod`` once its ``activeDeadlineSeconds`` have passed since ``started``
+        (the kubelet counts from the pod's start; a patched deadline replaces the timer),
+        as the kubelet does: ``Failed``, ``DeadlineExceeded``, its containers stopped
+        within its grace period."""
         spec = pod.obj["spec"]
         deadline = spec.get("activeDeadlineSeconds")
+        previous = self._deadlines.pop((ns, name), None)
+        if previous is not None and previous[0] is not None:
+            previous[0].cancel()
         if deadline is None:
+            self._deadlines[(ns, name)] = (None, started)
             return
         grace = int(spec.get("terminationGracePeriodSeconds", 30))
+        left = max(0.0, started + float(deadline) - time.monotonic())
         timer = threading.Timer(
-            float(deadline), pod.end, args=("DeadlineExceeded", DEADLINE_MESSAGE),
-            kwargs={"grace_s": grace},
-        )  # fmt: skip
+            left, pod.end, args=("DeadlineExceeded", DEADLINE_MESSAGE), kwargs={"grace_s": grace}
+        )
         timer.daemon = True
-        self._deadlines.append(timer)
+        self._deadlines[(ns, name)] = (timer, started)
         timer.start()
+
+    def deadline_left(self, ns: str, name: str) -> float | None:
+        """Test-only: seconds until the kubelet would end the pod for its deadline (None:
+        it has none). A cluster shows no such thing; a test reads it on the double."""
+        entry = self._deadlines.get((ns, name))
+        deadline = self.pod(ns, name).obj["spec"].get("activeDeadlineSeconds")
+        if entry is None or entry[0] is None or deadline is None:
+            return None
+        return entry[1] + float(deadline) - time.monotonic()
 
     def evict(self, ns: str, name: str, message: str = EVICTED_MESSAGE) -> None:
         """Test-only: evict the pod as the kubelet does under node pressure, which the
@@ -319,37 +322,29 @@ class ApiDouble:
     ) -> dict[str, Any]:
         """Merge ``patch`` into the pod's labels and annotations, as the API server does
         for a merge patch or a strategic merge patch (the same on these maps: a null
-        value removes the key). A change of anything else is a 422 (the API server
-        allows a few spec fields the backend never patches); a JSON patch, which the
-        double does not serve, a 415."""
-        kind = content_type.split(";", 1)[0].strip()
-        if kind not in _MERGE_PATCHES:
-            raise ApiError(415, "UnsupportedMediaType", f"the media type {kind!r} is not served")
-        metadata = patch.get("metadata")
-        if set(patch) - {"metadata"} or not isinstance(metadata, dict):
-            raise ApiError(422, "Invalid", f"Pod {name!r} is invalid: {POD_UPDATE_REFUSED}")
-        if set(metadata) - {"labels", "annotations"}:
-            raise ApiError(422, "Invalid", f"Pod {name!r} is invalid: metadata is immutable")
+        value removes the key), and its ``spec.activeDeadlineSeconds`` as the API
+        server's pod update validation allows it: lowered (or set where there was none),
+        never raised nor removed, at least 1 (``patch.deadline_errors``); the kubelet's timer
+        then counts the new value from the pod's start. A change of anything else is a
+        422 (the API server allows a few more spec fields the backend never patches); a
+        JSON patch, which the double does not serve, a 415."""
+        metadata, spec_patch = patch_parts(name, patch, content_type)
         pod = self.pod(ns, name)
         with self.lock:
-            merged = copy.deepcopy(pod.obj["metadata"])
-            for field in ("labels", "annotations"):
-                changes = metadata.get(field) or {}
-                if not isinstance(changes, dict):
-                    raise ApiError(422, "Invalid", f"metadata.{field}: not a map")
-                kept = dict(merged.get(field) or {})
-                for key, value in changes.items():
-                    if value is None:
-                        kept.pop(key, None)
-                    else:
-                        kept[key] = value
-                merged[field] = kept
-            for key, value in merged["labels"].items():
-                if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
-                    raise ApiError(422, "Invalid", f"metadata.labels: Invalid value: {key}")
-            _validate({**pod.obj, "metadata": merged}, "Pod", k8s.V1Pod)
+            spec = pod.obj["spec"]
+            if "activeDeadlineSeconds" in spec_patch:
+                new = spec_patch["activeDeadlineSeconds"]
+                errors = deadline_errors(spec.get("activeDeadlineSeconds"), new)
+                if errors:
+                    raise invalid(name, errors)
+            merged = merged_metadata(pod.obj["metadata"], metadata)
+            new_spec = {**spec, **spec_patch}
+            _validate({**pod.obj, "metadata": merged, "spec": new_spec}, "Pod", k8s.V1Pod)
             merged["resourceVersion"] = str(int(merged.get("resourceVersion", "1")) + 1)
             pod.obj["metadata"] = merged
+            if new_spec != spec:
+                pod.obj["spec"] = new_spec
+                self._enforce_deadline(ns, name, pod, self._deadlines[(ns, name)][1])
         return self.pod_object(pod)
 
     def list_pods(self, ns: str, selector: str) -> dict[str, Any]:
@@ -488,19 +483,6 @@ class ApiDouble:
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}} | {
             "details": {"name": found["metadata"]["name"], "kind": "networkpolicies"}
         }
-
-
-#: The patches the double merges (a JSON patch, a list of operations, it does not serve).
-_MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
-#: A label value as the API server validates it (at most 63 characters).
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")
-#: The API server's words for a pod change outside what may change.
-POD_UPDATE_REFUSED = (
-    "spec: Forbidden: pod updates may not change fields other than "
-    "`spec.containers[*].image`, `spec.initContainers[*].image`, "
-    "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
-    "tolerations), `spec.terminationGracePeriodSeconds`"
-)
 
 
 def _stamp(metadata: dict[str, Any], ns: str) -> None:

@@ -305,7 +305,8 @@ def _sandbox(answer: Any) -> tuple[KubernetesSandbox, _Api]:
     api = _Api(answer)
     backend: Any = SimpleNamespace(api=api, config=SimpleNamespace(worker_id="w-1"))
     spec: Any = SimpleNamespace(labels={}, job_id="j", attempt=1, network="none")
-    return KubernetesSandbox(backend, spec, "acpw-j-1-abc"), api
+    sandbox = KubernetesSandbox(backend, spec, "acpw-j-1-abc", deadline_s=60, begun=0.0)
+    return sandbox, api
 
 
 def _stream(status: int) -> Any:

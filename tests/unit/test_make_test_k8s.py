@@ -36,9 +36,20 @@ def test_without_kubeconfig_make_test_k8s_fails_with_the_reason() -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     done = _make_test_k8s(env)
     assert done.returncode != 0, done.stdout + done.stderr
+    assert "test-k8s] Error 2" in done.stderr  # make names the script's own exit status
     assert "KUBECONFIG is not set" in done.stderr
     assert "FAILED" in done.stderr
     assert "SKIPPED" not in done.stdout + done.stderr
+
+
+def test_the_chart_service_account_runs_the_warm_slot_module_too() -> None:
+    """The modules run as the chart's ServiceAccount include the warm-slot one: its
+    claim patches a pod (labels and ``activeDeadlineSeconds``), which only the chart's
+    Role, on a real API server, can show is granted and judged as the double judges it."""
+    script = (REPO / "scripts" / "test-k8s.sh").read_text()
+    tail = script[script.index('ACPW_TEST_KUBECONFIG="$ACPW_TEST_K8S_SA_KUBECONFIG"') :]
+    for module in ("test_kubernetes_backend.py", "test_warm_kubernetes.py"):
+        assert f"tests/integration/{module}" in tail
 
 
 def test_with_a_cluster_but_no_prerequisites_it_fails_naming_them(tmp_path: Path) -> None:

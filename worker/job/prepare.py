@@ -230,7 +230,12 @@ class Preparation:
         assert isinstance(host, SlotHost)
         slot.relay.denial = self._network_denied
         labels = self._labels()
-        await host.assign(slot.sandbox, labels=labels, lease_deadline=ctx.lease_deadline)
+        await host.assign(
+            slot.sandbox,
+            labels=labels,
+            lease_deadline=ctx.lease_deadline,
+            deadline_s=base.sandbox_deadline(ctx.spec.limits.timeout_s),
+        )
         labelled = {**labels, "pid": str(os.getpid())}
         await asyncio.to_thread(write_labels, slot.directory, labelled)
         await host.fill(slot.sandbox, staged.path)

@@ -459,9 +459,10 @@ class SlotHost(Protocol):
     handed to one job later.
 
     ``assign`` makes it the attempt's exactly as ``create`` would have (its labels, its
-    lease's deadline); ``fill`` then moves the job's staged workspace into the sandbox's
-    ``/workspace`` in place, never replacing what ``create`` made there (the mask mount
-    points: a running sandbox keeps its mounts on those very inodes).
+    lease's deadline, its job's ``deadline_s``); ``fill`` then moves the job's staged
+    workspace into the sandbox's ``/workspace`` in place, never replacing what
+    ``create`` made there (the mask mount points: a running sandbox keeps its mounts on
+    those very inodes).
     """
 
     async def assign(
@@ -470,8 +471,11 @@ class SlotHost(Protocol):
         *,
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
+        deadline_s: int | None = None,
     ) -> None:
-        """Relabel ``sandbox`` to the attempt (``labels``) and bound it by its lease.
+        """Relabel ``sandbox`` to the attempt (``labels``) and bound it by its lease and,
+        where the backend enforces ``SandboxSpec.deadline_s`` without the worker, by the
+        job's ``deadline_s`` counted from now (what a cold sandbox of the job gets).
 
         Raises:
             SandboxError: the sandbox could not be relabelled.

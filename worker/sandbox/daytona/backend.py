@@ -440,15 +440,18 @@ class DaytonaBackend:
         *,
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
+        deadline_s: int | None = None,
     ) -> None:
         """A warm slot's sandbox relabelled to the attempt through Daytona's label call
-        and bound by the attempt's lease (``slots.py``).
+        and bound by the attempt's lease (``slots.py``). ``deadline_s`` is not applied:
+        Daytona's hard TTL was fixed when the slot was made (``daytona.md``).
 
         Raises:
             SandboxError: Daytona refused or garbled the relabel, or the lease frame
                 was not delivered.
         """
         assert isinstance(sandbox, DaytonaSandbox)
+        del deadline_s
         await slots.assign(self, sandbox, labels, lease_deadline)
 
     async def fill(self, sandbox: Sandbox, staged: Path) -> Path:

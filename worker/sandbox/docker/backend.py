@@ -413,12 +413,15 @@ class DockerBackend:
         *,
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
+        deadline_s: int | None = None,
     ) -> None:
         """A warm slot's sandbox made the attempt's: a container of it created with the
         attempt's labels, which ``list`` reports from now on (from any process that
         reaches the engine), and its running containers bounded by the attempt's lease.
+        ``deadline_s`` is not enforced, as ``create`` does not enforce a spec's.
         """
         assert isinstance(sandbox, DockerSandbox)
+        del deadline_s
         full = {LABEL_WORKER: self.config.worker_id, **labels}
         await asyncio.to_thread(sandbox.assign, full, lease_deadline)
 

@@ -314,13 +314,24 @@ class PodApi:
             raise
 
     def patch_pod_metadata(
-        self, name: str, *, labels: Mapping[str, str | None], annotations: Mapping[str, str]
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str],
+        active_deadline_s: int | None = None,
     ) -> None:
         """Merge ``labels`` (a None value removes that label) and ``annotations`` into
-        the pod's metadata: a JSON merge patch, the one pod change the backend makes
-        (labels and annotations are mutable on a running pod), retried on a transient
-        answer (the same patch twice is the same pod)."""
-        body = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        the pod's metadata, and set its ``spec.activeDeadlineSeconds`` to
+        ``active_deadline_s`` when given (the API server takes only a lower value on a
+        running pod: a raise is a 422): one JSON merge patch, the one pod change the
+        backend makes, retried on a transient answer (the same patch twice is the same
+        pod)."""
+        body: dict[str, object] = {
+            "metadata": {"labels": dict(labels), "annotations": dict(annotations)}
+        }
+        if active_deadline_s is not None:
+            body["spec"] = {"activeDeadlineSeconds": active_deadline_s}
         with translate("patch pod", pod=name):
             retrying(
                 self.core.patch_namespaced_pod,

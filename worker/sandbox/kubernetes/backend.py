@@ -8,8 +8,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,9 +159,13 @@ class KubernetesSandbox:
         *,
         masks: Sequence[MaskEntry] = (),
         made: Sequence[str] = (),
+        deadline_s: int,
+        begun: float,
     ) -> None:
         """``masks``: mounted over the pod's workspace; ``made``: the anchor directories
-        the host workspace did not have (removed after the copy out while empty)."""
+        the host workspace did not have (removed after the copy out while empty);
+        ``deadline_s``: the pod's ``activeDeadlineSeconds`` as created; ``begun``: when
+        its creation was asked for (``time.monotonic``: the pod is active no longer)."""
         self.backend = backend
         self._spec = spec
         self._pod = pod
@@ -171,6 +177,9 @@ class KubernetesSandbox:
         self.files: KubernetesWorkspaceFiles | None = None
         #: Our destroy began: a program that ends now was ended by it, not the cluster.
         self.destroying = False
+        #: The pod's ``activeDeadlineSeconds`` as last written (``create``, ``assign``).
+        self.deadline_s = deadline_s
+        self.begun = begun
 
     @property
     def sandbox_id(self) -> str:
@@ -343,6 +352,7 @@ class KubernetesBackend:
         )
         name = str(pod["metadata"]["name"])
         await self.network.open(name, spec)
+        begun = time.monotonic()
         try:
             await self._ensure_policies()
             await self._create_pod(pod, name)
@@ -362,7 +372,10 @@ class KubernetesBackend:
             await asyncio.shield(asyncio.to_thread(self._remove, name))
             await asyncio.shield(self.network.close(name))
             raise
-        sandbox = KubernetesSandbox(self, spec, name, masks=masks, made=made)
+        deadline_s = int(pod["spec"]["activeDeadlineSeconds"])
+        sandbox = KubernetesSandbox(
+            self, spec, name, masks=masks, made=made, deadline_s=deadline_s, begun=begun
+        )
         self._sandboxes[name] = sandbox
         return sandbox
 
@@ -372,12 +385,18 @@ class KubernetesBackend:
         *,
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
+        deadline_s: int | None = None,
     ) -> None:
         """A warm slot's pod made the attempt's: its labels and their exact annotation
         patched to what ``create`` would have written for the attempt (the reaper judges
-        it by the attempt's lease from then on). ``lease_deadline`` is not followed, as
-        ``create`` does not follow it: a pod is bounded by its lease through the reaper,
-        and by its ``activeDeadlineSeconds`` (a slot's: ``k8s_active_deadline_s``).
+        it by the attempt's lease from then on), and in the same patch its
+        ``activeDeadlineSeconds`` (a slot's: ``k8s_active_deadline_s``, it had no job)
+        brought down to the job's bound: the seconds the pod has been active (counted
+        from before its creation was asked for, so never fewer than the kubelet counts)
+        plus ``claimed_deadline`` of ``deadline_s``. The API server takes only a lower
+        value on a running pod, so a slot too old to give the job its whole bound keeps
+        the deadline it has (logged). ``lease_deadline`` is not followed, as ``create``
+        does not follow it: a pod is bounded by its lease through the reaper.
 
         Raises:
             SandboxError: the API refused the patch (the pod is gone, a 403 without
@@ -385,6 +404,15 @@ class KubernetesBackend:
         """
         assert isinstance(sandbox, KubernetesSandbox)
         del lease_deadline
+        active_s = math.ceil(time.monotonic() - sandbox.begun)
+        wanted = active_s + claimed_deadline(deadline_s, self.config)
+        if wanted > sandbox.deadline_s:
+            log.warning(
+                "the warm slot pod %s has been active %d s: its deadline (%d s) leaves the "
+                "job less than its bound",
+                sandbox.sandbox_id, active_s, sandbox.deadline_s,
+            )  # fmt: skip
+        new_deadline = min(wanted, sandbox.deadline_s)
         spec = sandbox.spec
         job_spec = dataclasses.replace(
             spec,
@@ -399,8 +427,10 @@ class KubernetesBackend:
             sandbox.sandbox_id,
             labels=removed | pod_labels(new),
             annotations={manifests.ANNOTATION_LABELS: exact_labels(new)},
+            active_deadline_s=new_deadline if new_deadline < sandbox.deadline_s else None,
         )
         sandbox.labels = new
+        sandbox.deadline_s = new_deadline
 
     async def fill(self, sandbox: Sandbox, staged: Path) -> Path:
         """The staged copy moved into the slot's host workspace (``hostfill``: it was
@@ -548,8 +578,14 @@ class KubernetesBackend:
 def pod_deadline(spec: SandboxSpec, config: KubernetesConfig) -> int:
     """``activeDeadlineSeconds`` of ``spec``'s pod: its ``deadline_s`` (the job's timeout
     and a margin), never over ``k8s_active_deadline_s``."""
+    return claimed_deadline(spec.deadline_s, config)
+
+
+def claimed_deadline(deadline_s: int | None, config: KubernetesConfig) -> int:
+    """What a claimed slot pod may live from its claim on: the bound ``pod_deadline``
+    gives a cold pod of the job's ``deadline_s``."""
     cap = config.k8s_active_deadline_s
-    return cap if spec.deadline_s is None else max(1, min(spec.deadline_s, cap))
+    return cap if deadline_s is None else max(1, min(deadline_s, cap))
 
 
 def _plan_masks(spec: SandboxSpec) -> tuple[list[MaskEntry], list[str]]:

@@ -451,7 +451,8 @@ RBAC_RULES: tuple[RbacRule, ...] = (
         ("create", "get", "list", "delete", "patch"),
         "one pod per job attempt, read until it runs and until it is gone; the reaper "
         "lists sandbox pods by label and deletes orphans; a warm slot's pod is "
-        "relabelled to the job attempt that claims it (its labels only)",
+        "relabelled to the job attempt that claims it and its `activeDeadlineSeconds` "
+        "lowered to the job's bound (labels, annotations and that field only)",
     ),
     RbacRule(
         "",

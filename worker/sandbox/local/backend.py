@@ -344,10 +344,13 @@ class LocalBackend:
         *,
         labels: Mapping[str, str],
         lease_deadline: LeaseDeadline | None,
+        deadline_s: int | None = None,
     ) -> None:
         """A warm slot's sandbox made the attempt's: its record relabelled (the reaper
-        judges it by the attempt's lease from now on) and its lease watchdog started."""
+        judges it by the attempt's lease from now on) and its lease watchdog started.
+        ``deadline_s`` is not enforced, as ``create`` does not enforce a spec's."""
         assert isinstance(sandbox, LocalSandbox)
+        del deadline_s
         record = sandbox.relabel({LABEL_WORKER: self.config.worker_id, **labels})
         if lease_deadline is not None:
             self._watchdogs.start(record.sandbox_id, lease_deadline, record.cgroups.paths)
