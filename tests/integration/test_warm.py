@@ -29,7 +29,6 @@ from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
 from worker.images.engine import EngineConfig
-from worker.job import warm
 from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
 from worker.jobs.spec import parse_job
@@ -251,36 +250,6 @@ def test_warm_slots_serve_one_job_each_per_identity(
             await pool.tend()  # its renewal fails: the pool lets it go
             assert pool.idle() == []
             assert asked == ["job.completed"] * 3
-        finally:
-            await pool.close()
-        assert await pool.backend.list({"acpw.worker": settings.worker_id}) == []
-
-    asyncio.run(scenario())
-
-
-def test_a_job_waits_for_the_slot_of_its_identity_being_made(
-    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a burst the next job comes before the slot its predecessor left is ready: it
-    waits for that one (bounded; the bound raised here so a loaded machine cannot turn
-    it into a miss) instead of making the same sandbox and agent next to it."""
-    monkeypatch.setattr(warm, "MAKING_WAIT_S", 60.0)
-    settings = _settings(tmp_path)
-    config = backend_config(settings)
-    pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
-
-    async def scenario() -> None:
-        try:
-            first = await _deliver(_job(tmp_path, "alpha"), settings, pool)
-            assert "warm" not in _ready(first)
-            # Its replacement is under way, not ready: the loop has not run it through.
-            assert pool.idle() == []
-            assert pool.making(PACK) == 1
-            second = await _deliver(_job(tmp_path, "alpha"), settings, pool)
-            ready = _ready(second)
-            assert ready["warm"] is True
-            assert second[-1]["data"]["status"] == "succeeded"
-            await _until_idle(pool, 1)  # and the second job's own replacement
         finally:
             await pool.close()
         assert await pool.backend.list({"acpw.worker": settings.worker_id}) == []

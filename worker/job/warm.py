@@ -60,10 +60,6 @@ log = logging.getLogger(__name__)
 #: Seconds a claimed slot's record outlives its claim (the reaper then judges the
 #: sandbox by the attempt's own lease, whose labels it carries by then).
 CLAIMED_TTL_S = 60.0
-#: At most how long a job with no free slot waits for one of its identity being made
-#: (behind an earlier job): it would otherwise make the same sandbox and agent itself,
-#: next to the one being made, each slowing the other.
-MAKING_WAIT_S = 1.0
 
 
 class WarmPool:
@@ -85,8 +81,6 @@ class WarmPool:
         self._draining = draining
         self._idle: list[Slot] = []
         self._making: dict[str, int] = {}  # pack name -> slots being made
-        self._making_ids: dict[str, int] = {}  # launch identity -> slots being made
-        self._made = asyncio.Condition()  # notified as each make ends, made or not
         self._tasks: set[asyncio.Task[None]] = set()
         #: The tasks that only make slots: cancelled on ``close`` (a destroy is not: a
         #: sandbox whose deletion is cut short is left to the reaper).
@@ -100,10 +94,6 @@ class WarmPool:
 
     def slots(self, pack: str) -> int:
         return self.settings.warm_pools.get(pack, 0)
-
-    def making(self, pack: str) -> int:
-        """How many slots of ``pack`` are being made."""
-        return self._making.get(pack, 0)
 
     def usable(self) -> bool:
         return isinstance(self.backend, SlotHost) and self.backend.capabilities.warm_slots
@@ -121,30 +111,8 @@ class WarmPool:
     # --- claim -------------------------------------------------------------------------
 
     async def claim(self, recipe: Recipe, *, job_id: str, attempt: int, token: str) -> Slot | None:
-        """A free slot of ``recipe``'s identity, claimed for the attempt (None: a miss).
-        With none free but one of the identity being made, waits for it (at most
-        ``MAKING_WAIT_S``)."""
+        """A free slot of ``recipe``'s identity, claimed for the attempt (None: a miss)."""
         started = time.monotonic()
-        while True:
-            slot = await self._claim_idle(recipe, job_id=job_id, attempt=attempt, token=token)
-            if slot is not None:
-                slot.claim_s = time.monotonic() - started
-                metrics.warm_claimed(recipe.pack_name, slot.claim_s)
-                self._gauge()
-                return slot
-            left = started + MAKING_WAIT_S - time.monotonic()
-            if not self._making_ids.get(recipe.identity) or left <= 0:
-                break
-            async with self._made:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._made.wait(), left)
-        metrics.warm_missed(recipe.pack_name)
-        self._gauge()
-        return None
-
-    async def _claim_idle(
-        self, recipe: Recipe, *, job_id: str, attempt: int, token: str
-    ) -> Slot | None:
         for slot in [s for s in self._idle if s.recipe.identity == recipe.identity]:
             self._idle.remove(slot)  # no other coroutine of this loop can take it now
             if slot.agent.process.returncode is not None:
@@ -164,9 +132,14 @@ class WarmPool:
                 log.exception("warm slot %s: the claim failed", slot.slot_id)
                 won = False
             if won:
+                slot.claim_s = time.monotonic() - started
                 slot.release_hold()
+                metrics.warm_claimed(recipe.pack_name, slot.claim_s)
+                self._gauge()
                 return slot
             self._spawn(self._destroy(slot, retire=False))
+        metrics.warm_missed(recipe.pack_name)
+        self._gauge()
         return None
 
     # --- making slots ------------------------------------------------------------------
@@ -185,7 +158,6 @@ class WarmPool:
             self._idle.remove(others[0])
             self._spawn(self._destroy(others[0], retire=True))
         self._making[recipe.pack_name] = self._making.get(recipe.pack_name, 0) + 1
-        self._making_ids[recipe.identity] = self._making_ids.get(recipe.identity, 0) + 1
         self._making_tasks.add(self._spawn(self._make(recipe)))
         self._start_keeper()
 
@@ -201,19 +173,13 @@ class WarmPool:
             slot = None
         finally:
             self._making[recipe.pack_name] -= 1
-            self._making_ids[recipe.identity] -= 1
-            if not self._making_ids[recipe.identity]:
-                del self._making_ids[recipe.identity]
-        if slot is not None and (self._closed or self._draining()):
-            await self._destroy(slot, retire=True)
-            slot = None
-        if slot is not None:
-            self._idle.append(slot)
-            self._gauge()
-        async with self._made:  # a job waiting for this identity claims it now, or not
-            self._made.notify_all()
         if slot is None:
             return
+        if self._closed or self._draining():
+            await self._destroy(slot, retire=True)
+            return
+        self._idle.append(slot)
+        self._gauge()
         took = (time.monotonic() - started) * 1000
         log.info("warm slot %s of %s ready (made in %.0f ms)", slot.slot_id, recipe.pack_name, took)
 
