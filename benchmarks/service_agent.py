@@ -1,8 +1,10 @@
 """A real agent's job through a resident ``acp-worker serve``, cold and warm, against the
 same exchange driven directly.
 
-One ``acp-worker serve --concurrency 2`` per mode stays up for the whole mode, and one
-resident :class:`worker.client.Client` submits to it:
+One ``acp-worker serve --concurrency 2`` per mode, each on its own queue (``ACPW_QUEUE``)
+of the same Redis dbs, stays up for the whole run, and one resident
+:class:`worker.client.Client` per mode submits to it; the modes are interleaved round by
+round (so a slow spell of a noisy machine falls on both alike):
 
 - **cold**: no ``ACPW_WARM_POOLS``: each job creates its sandbox and spawns its agent;
 - **warm**: ``ACPW_WARM_POOLS`` names every pack measured here, so a job claims a slot whose
@@ -14,9 +16,11 @@ For claude-agent-acp and codex-acp (the packs ``make packs`` builds): submit →
 assistant text (the first ``message.delta``) and submit → ``job.completed``, against the
 agent driven directly over ACP stdio (spawn → first ``agent_message_chunk``, spawn →
 exit: ``benchmarks/real_agent.py``'s baseline, the same fake model API on loopback),
-interleaved round by round, medians. For the emulator's hello job (``examples/hello.json``):
-submit → ``job.completed`` cold against warm, and jobs/s with two jobs at a time. The
-claim time, when ``sandbox.ready`` carries one, is reported as its p95.
+interleaved round by round with both modes' jobs (one direct baseline for both), medians.
+For the emulator's hello job (``examples/hello.json``): submit → ``job.completed`` cold
+against warm, one of each per round, and jobs/s with two jobs at a time: ``--jobs`` hello
+jobs submitted at once, ``--bursts`` bursts per mode alternating between the modes, their
+median. The claim time, when ``sandbox.ready`` carries one, is reported as its p95.
 
 It ends with one line per agent and mode,
 ``<pack> <cold|warm>: <ratio>x direct (<ms> ms vs <ms> ms)``, and the summary line.
@@ -24,7 +28,7 @@ Targets: cold ≤ 1.10x direct; warm ≤ 0.6x (codex-acp), ≤ 0.8x (claude-agen
 claim ≤ 50 ms p95; emulator warm ≤ 0.6x cold; ≥ 20 jobs/s warm.
 
     .venv/bin/python benchmarks/service_agent.py [--runs 7] [--modes cold,warm]
-        [--packs claude-agent-acp,codex-acp] [--jobs 40]
+        [--packs claude-agent-acp,codex-acp] [--jobs 40] [--bursts 3]
 
 Uses Redis db 12 (events) and 11 (broker) unless ACPW_BENCH_REDIS_URL / _BROKER_URL say
 otherwise; both are flushed. ``BENCH_VERBOSE=1`` prints each job's ``timings_ms``.
@@ -214,7 +218,9 @@ def serving(env: dict[str, str], log: Path) -> Iterator[Client]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 sys.exit(f"the worker did not start; see {log}:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
-        with Client(URL, settings=Settings(redis_url=URL, broker_url=BROKER)) as client:
+        queue = env.get("ACPW_QUEUE", Settings.model_fields["queue"].default)
+        settings = Settings(redis_url=URL, broker_url=BROKER, queue=queue)
+        with Client(URL, settings=settings) as client:
             yield client
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -245,44 +251,100 @@ class Mode:
     direct: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     hello: list[Job] = field(default_factory=list)
     rate: float | None = None
+    #: Each burst's jobs/s (``rate`` is their median).
+    rates: list[float] = field(default_factory=list)
 
 
-def run_mode(name: str, opts: argparse.Namespace, tmp: Path, closures: dict[str, Path]) -> Mode:
-    mode = Mode(name)
-    packs = opts.packs
+def start_mode(
+    name: str,
+    stack: ExitStack,
+    tmp: Path,
+    fakes: dict[str, FakeModel],
+    closures: dict[str, Path],
+) -> tuple[Mode, Client | None]:
+    """The mode's resident serve, on its own queue, warmed up; its client, or None when
+    the mode is unavailable (``Mode.why`` says why)."""
     warm = None
     if name == "warm":
         if not warm_pools_known():
-            return Mode(name, available=False, why="this tree has no ACPW_WARM_POOLS setting")
-        warm = {**dict.fromkeys(packs, 1), EMULATOR: 2}
+            why = "this tree has no ACPW_WARM_POOLS setting"
+            return Mode(name, available=False, why=why), None
+        warm = {**dict.fromkeys(fakes, 1), EMULATOR: 2}
+    mtmp = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{name}-"))
+    env = service_env(mtmp, fakes, warm)
+    env["ACPW_QUEUE"] = f"bench-{name}"  # the other mode's serve shares the Redis dbs
+    client = stack.enter_context(serving(env, mtmp / "serve.log"))
+    cold_pack = warm_up(client, fakes, closures, mtmp, name, REFILL_S if warm else 0.0)
+    if cold_pack is not None:
+        why = f"{cold_pack}'s sandbox.ready lacks warm: true"
+        return Mode(name, available=False, why=why), None
+    return Mode(name), client
+
+
+def run_modes(
+    names: list[str], opts: argparse.Namespace, tmp: Path, closures: dict[str, Path]
+) -> dict[str, Mode]:
+    """Every mode's serve up at once, the modes interleaved round by round: the agents'
+    jobs against one direct baseline, the hello jobs, then alternating throughput
+    bursts. A slow spell of a noisy machine so falls on every mode alike."""
     for url in (URL, BROKER):
         redis.Redis.from_url(url).flushdb()
-    mtmp = Path(tempfile.mkdtemp(dir=tmp, prefix=f"{name}-"))
     with ExitStack() as stack:
-        fakes = {p: stack.enter_context(ENDPOINTS[p].fake([])) for p in packs}
-        env = service_env(mtmp, fakes, warm)
-        client = stack.enter_context(serving(env, mtmp / "serve.log"))
-        pause = REFILL_S if warm else 0.0
-        cold_pack = warm_up(client, fakes, closures, mtmp, name, pause)
-        if cold_pack is not None:
-            return Mode(name, available=False, why=f"{cold_pack}'s sandbox.ready lacks warm: true")
-        for pack in packs:
-            mode.jobs[pack], mode.direct[pack] = [], []
-            for i in range(opts.runs):
-                for side in ("direct", "service") if i % 2 == 0 else ("service", "direct"):
-                    if side == "direct":
-                        got = asyncio.run(direct(pack, closures[pack], fakes[pack], mtmp))
-                        mode.direct[pack].append(got)
-                    else:
-                        fakes[pack].add(say("hello"))
-                        spec = agent_job(pack, mtmp, f"{name}-{i}")
-                        mode.jobs[pack].append(through_service(client, spec))
-                        time.sleep(pause)
+        fakes = {p: stack.enter_context(ENDPOINTS[p].fake([])) for p in opts.packs}
+        modes: dict[str, Mode] = {}
+        clients: dict[str, Client] = {}
+        for name in names:
+            modes[name], client = start_mode(name, stack, tmp, fakes, closures)
+            if client is not None:
+                clients[name] = client
+        # The warm mode waits for its pool to fill the slot a job claimed (the other
+        # modes' jobs of the round run first, so the wait is shorter than it says).
+        pause = REFILL_S if "warm" in clients else 0.0
+        for pack in opts.packs:
+            agent_rounds(pack, modes, clients, opts.runs, tmp, fakes, closures[pack], pause)
         for i in range(opts.runs):
-            mode.hello.append(through_service(client, hello_job(f"{name}-h{i}")))
+            for name in rotated(list(clients), i):
+                modes[name].hello.append(through_service(clients[name], hello_job(f"{name}-h{i}")))
             time.sleep(pause)
-        mode.rate = throughput(client, name, opts.jobs)
-    return mode
+        for i in range(opts.bursts):
+            for name in rotated(list(clients), i):
+                modes[name].rates.append(throughput(clients[name], name, opts.jobs))
+                time.sleep(pause)  # the pool's refills settle before the next burst
+        for name in clients:
+            modes[name].rate = statistics.median(modes[name].rates)
+    return modes
+
+
+def rotated(sides: list[str], i: int) -> list[str]:
+    """``sides`` in round ``i``'s order: each starts one round in turn."""
+    shift = i % len(sides) if sides else 0
+    return sides[shift:] + sides[:shift]
+
+
+def agent_rounds(
+    pack: str,
+    modes: dict[str, Mode],
+    clients: dict[str, Client],
+    runs: int,
+    tmp: Path,
+    fakes: dict[str, FakeModel],
+    closure: Path,
+    pause: float,
+) -> None:
+    """``runs`` rounds of one direct run and one job per live mode, in rotating order."""
+    direct_runs: list[tuple[float, float]] = []
+    for name in clients:
+        modes[name].jobs[pack] = []
+        modes[name].direct[pack] = direct_runs  # one baseline, shared
+    for i in range(runs):
+        for side in rotated(["direct", *clients], i):
+            if side == "direct":
+                direct_runs.append(asyncio.run(direct(pack, closure, fakes[pack], tmp)))
+            else:
+                fakes[pack].add(say("hello"))
+                spec = agent_job(pack, tmp, f"{side}-{i}")
+                modes[side].jobs[pack].append(through_service(clients[side], spec))
+        time.sleep(pause)
 
 
 def warm_up(
@@ -379,7 +441,8 @@ def report(modes: dict[str, Mode], packs: list[str]) -> None:
         hello[mode.name] = statistics.median(j.completed_s for j in mode.hello)
         print(
             f"{EMULATOR} hello {mode.name}: submit → job.completed {ms(hello[mode.name])} ms "
-            f"(median of {len(mode.hello)}); {mode.rate:.1f} jobs/s with --concurrency 2"
+            f"(median of {len(mode.hello)}); {mode.rate:.1f} jobs/s with --concurrency 2 "
+            f"(median of bursts: {', '.join(f'{r:.1f}' for r in mode.rates)})"
         )
         figures.append(f"hello {mode.name} {ms(hello[mode.name])} ms, {mode.rate:.1f} jobs/s")
     warm = modes.get("warm")
@@ -410,15 +473,14 @@ def main() -> None:
     parser.add_argument("--modes", default="cold,warm")
     parser.add_argument("--packs", default="claude-agent-acp,codex-acp")
     parser.add_argument("--jobs", type=int, default=size(40, 4))
+    parser.add_argument("--bursts", type=int, default=size(3, 1))
     opts = parser.parse_args()
     opts.packs = [p for p in opts.packs.split(",") if p]
     dry_run(TARGET)
-    modes: dict[str, Mode] = {}
     with tempfile.TemporaryDirectory(prefix="acpw-bench-svc-") as tmp:
         closures = {p: extract_closure(p, Path(tmp) / "closures") for p in opts.packs}
         try:
-            for name in opts.modes.split(","):
-                modes[name] = run_mode(name, opts, Path(tmp), closures)
+            modes = run_modes(opts.modes.split(","), opts, Path(tmp), closures)
         finally:
             for url in (URL, BROKER):
                 redis.Redis.from_url(url).flushdb()

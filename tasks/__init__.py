@@ -16,11 +16,12 @@ running are handed back and queued again as a new attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 from celery.exceptions import SoftTimeLimitExceeded
@@ -53,7 +54,11 @@ from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
 from worker.service.guarded import Delivery, GuardedResult, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
+from worker.store.lease import redis_client
 from worker.store.url import choose_redis
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ TEARDOWN_WAIT_S = HARD_MARGIN_S - 10
 _loop_lock = threading.Lock()
 _loop: list[asyncio.AbstractEventLoop] = []  # this process's, made at its first delivery
 _pool: list[WarmPool] = []  # this process's warm pools, when ACPW_WARM_POOLS names packs
+_client: list[aioredis.Redis] = []  # this process's Redis client, on its loop
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -117,8 +123,21 @@ async def _start(delivery: Delivery, ended: threading.Event) -> asyncio.Task[Gua
 async def _deliver(delivery: Delivery) -> GuardedResult:
     environ = dict(os.environ)
     return await run_delivery(
-        delivery, settings=settings, environ=environ, hand_back=hand_back, pool=_warm_pool()
+        delivery,
+        settings=settings,
+        environ=environ,
+        hand_back=hand_back,
+        pool=_warm_pool(),
+        client=_redis(),
     )
+
+
+def _redis() -> aioredis.Redis:
+    """This process's Redis client (made on its loop at the first delivery, closed on the
+    way out): its deliveries reuse its connections instead of each opening its own."""
+    if not _client:
+        _client.append(redis_client(settings.redis_url, settings))
+    return _client[0]
 
 
 def process_loop() -> asyncio.AbstractEventLoop:
@@ -161,14 +180,19 @@ def _warm_pool() -> WarmPool | None:
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _close_warm_pool(**_: object) -> None:
     """In each pool process, on its way out: its warm slots are destroyed, never handed
-    back (a process killed first leaves them to the reaper)."""
-    if not _pool or not _loop:
+    back (a process killed first leaves them to the reaper); its Redis client closed."""
+    if not _loop:
         return
-    closing = asyncio.run_coroutine_threadsafe(_pool[0].close(), _loop[0])
-    try:
-        closing.result(timeout=WARM_CLOSE_S)
-    except Exception:
-        log.exception("the warm slots were not all destroyed; the reaper finds the rest")
+    if _pool:
+        closing = asyncio.run_coroutine_threadsafe(_pool[0].close(), _loop[0])
+        try:
+            closing.result(timeout=WARM_CLOSE_S)
+        except Exception:
+            log.exception("the warm slots were not all destroyed; the reaper finds the rest")
+    if _client:
+        client = _client.pop()
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(client.aclose(), _loop[0]).result(timeout=5.0)
 
 
 @app.task(name=REAP_TASK)  # type: ignore[untyped-decorator]

@@ -18,6 +18,7 @@ from worker.errors import SandboxError
 from worker.events.models import SandboxReady
 from worker.job.identity import identity
 from worker.job.network import NetworkPlan
+from worker.job.slot import Recipe
 from worker.launch import LaunchPlan
 from worker.sandbox.base import ResourceLimits
 from worker.sandbox.hostfill import move_into
@@ -27,11 +28,15 @@ KEY = b"k" * 32
 
 
 def _identity(credentials: dict[str, str], *, key: bytes = KEY, **changes: Any) -> str:
+    """The identity of a recipe, with ``changes`` to its fields or to the backend's."""
     env = {"HOME": "/home/agent", **credentials}
-    parts: dict[str, Any] = {
-        "key": key,
+    backend: dict[str, Any] = {
         "backend": SimpleNamespace(name="local"),
         "backend_config": '{"type":"local"}',
+    }
+    fields: dict[str, Any] = {
+        "pack_name": "cursor-emulator",
+        "provider": "cursor",
         "pack": SimpleNamespace(
             closure=Path("/cache/closure"),
             target=SimpleNamespace(pin=SimpleNamespace(closure=SimpleNamespace(digest="d1"))),
@@ -42,10 +47,10 @@ def _identity(credentials: dict[str, str], *, key: bytes = KEY, **changes: Any) 
         "disk_mb": 1024,
         "plan": LaunchPlan(argv=("node", "agent.js"), env=env, dialect="cursor"),
         "capabilities": ClientCapabilities(fs=True, terminal=True),
-        "credentials": credentials,
     }
-    parts.update(changes)
-    return identity(**parts)
+    for name, value in changes.items():
+        (backend if name in backend else fields)[name] = value
+    return identity(Recipe(**fields), key=key, credentials=credentials, **backend)
 
 
 def test_the_binding_separates_credentials_and_hides_them() -> None:

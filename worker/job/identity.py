@@ -8,11 +8,11 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from worker.acp.client import ClientCapabilities
 from worker.acp.session import parameterized_models
-from worker.job.network import NetworkPlan
 from worker.job.slot import Recipe
 from worker.launch import LaunchPlan
 from worker.packs.runtime import PreparedPack
@@ -25,26 +25,22 @@ if TYPE_CHECKING:
 
 
 def identity(
+    recipe: Recipe,
     *,
     key: bytes,
     backend: SandboxBackend,
     backend_config: str,
-    pack: PreparedPack,
-    network: NetworkPlan,
-    model: str | None,
-    limits: base.ResourceLimits,
-    disk_mb: int | None,
-    plan: LaunchPlan,
-    capabilities: ClientCapabilities,
     credentials: Mapping[str, str],
 ) -> str:
     """The launch identity: a digest of everything a slot's sandbox and agent are made
-    of. Credential values enter only through the binding, an HMAC under ``key``; the
-    rest of the environment is taken as it is (it holds no secret but those)."""
+    of, ``recipe`` (its own ``identity`` aside) and the backend. Credential values enter
+    only through the binding, an HMAC under ``key``; the rest of the environment is
+    taken as it is (it holds no secret but those)."""
     binding = hmac.new(key, digestmod=hashlib.sha256)
     for name in sorted(credentials):
         binding.update(json.dumps([name, credentials[name]]).encode())
     secret = set(credentials.values())
+    plan, network, pack, limits = recipe.plan, recipe.network, recipe.pack, recipe.limits
     env = {k: ("<credential>" if v in secret else v) for k, v in plan.env.items()}
     endpoint = network.endpoint
     whole: JsonValue = {
@@ -62,9 +58,9 @@ def identity(
             [list(t) for t in network.tunnels],
             None if endpoint is None else endpoint.agent_url,
         ],
-        "model": model,
-        "limits": [limits.memory_bytes, limits.cpus, limits.pids, disk_mb],
-        "capabilities": capabilities.to_wire(),
+        "model": recipe.model,
+        "limits": [limits.memory_bytes, limits.cpus, limits.pids, recipe.disk_mb],
+        "capabilities": recipe.capabilities.to_wire(),
         "binding": binding.hexdigest(),
     }
     return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
@@ -102,20 +98,7 @@ def recipe_for(
         subagents=True,
         parameterized_models=parameterized_models(spec, plan.dialect),
     )
-    digest = identity(
-        key=pool.key,
-        backend=pool.backend,
-        backend_config=pool.backend_config,
-        pack=pack,
-        network=declared.network,
-        model=model_id,
-        limits=limits,
-        disk_mb=disk,
-        plan=plan,
-        capabilities=capabilities,
-        credentials=credentials,
-    )
-    return Recipe(
+    recipe = Recipe(
         pack_name=spec.pack.name,
         provider=declared.provider,
         pack=pack,
@@ -125,5 +108,12 @@ def recipe_for(
         disk_mb=disk,
         plan=plan,
         capabilities=capabilities,
-        identity=digest,
     )
+    digest = identity(
+        recipe,
+        key=pool.key,
+        backend=pool.backend,
+        backend_config=pool.backend_config,
+        credentials=credentials,
+    )
+    return replace(recipe, identity=digest)

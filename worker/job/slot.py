@@ -41,8 +41,9 @@ class Recipe:
     disk_mb: int | None
     plan: LaunchPlan
     capabilities: ClientCapabilities
-    #: The digest of all of the above and of the credential binding (``identity``).
-    identity: str
+    #: The digest of all of the above, of the backend and of the credential binding
+    #: (``worker.job.identity.identity``; empty until ``recipe_for`` computed it).
+    identity: str = ""
 
 
 class Relay:

@@ -81,19 +81,25 @@ async def run_delivery(
     environ: Mapping[str, str],
     hand_back: HandBack | None = None,
     pool: WarmPool | None = None,
+    client: aioredis.Redis | None = None,
 ) -> GuardedResult:
     """Validate, lease and run one delivery; never raises for an anticipated failure.
 
     Once ``hand_back`` is tripped (a draining worker, ``worker.service.drain``) the job
     stops, is handed back (outcome ``handed_back``) and its next attempt is published.
     ``pool``: this process's warm pools (``worker.job.warm``), which the job may claim a
-    slot of.
+    slot of. ``client``: the process's Redis client, kept by the caller across
+    deliveries on the same event loop (its connections too: a job opens a dozen, each a
+    TCP connect and a handshake); without it, one is made for this delivery and closed.
     """
-    client = redis_client(settings.redis_url, settings)
+    own = client is None
+    if client is None:
+        client = redis_client(settings.redis_url, settings)
     try:
         return await _GuardedRun(client, settings, environ, delivery, hand_back, pool=pool).run()
     finally:
-        await client.aclose()
+        if own:
+            await client.aclose()
 
 
 @dataclass(slots=True)

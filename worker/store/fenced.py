@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ log = logging.getLogger(__name__)
 
 BATCH_EVENTS = 512
 BATCH_BYTES = 1024 * 1024
+#: While events keep coming (the last batch went less than this long ago), the next batch
+#: waits out the rest of this window and takes what came meanwhile: a streamed answer's
+#: deltas, a few milliseconds apart, go in a few appends instead of one each. The first
+#: event after a quiet spell, a terminal event and a closing sink's rest go at once.
+LINGER_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,8 @@ class FencedStreamSink:
         self._recent: collections.deque[_Pending] = collections.deque(maxlen=policy.buffer_events)
         self.gaps: list[tuple[int, int]] = []  # seqs lost for good (recorded in ev_gap)
         self._wakeup = asyncio.Event()
+        self._hurry = asyncio.Event()  # set: no lingering (a terminal event, the close)
+        self._sent_at = float("-inf")  # loop time of the last append
         self._space = asyncio.Condition()
         self._flusher: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
@@ -147,8 +155,11 @@ class FencedStreamSink:
             if self._raise_when_broken:
                 raise self._failure()
             return
-        self._queue.append(_Pending(int(event["seq"]), terminal_marker(event), line))
+        pending = _Pending(int(event["seq"]), terminal_marker(event), line)
+        self._queue.append(pending)
         self._wakeup.set()
+        if pending.status or len(self._queue) >= BATCH_EVENTS:
+            self._hurry.set()
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop(), name="fenced-sink")
 
@@ -170,6 +181,7 @@ class FencedStreamSink:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 while self._queue and not self._broken:
+                    await self._linger()
                     await self._send_front()
                 if self._closing or self._broken:
                     return
@@ -180,6 +192,20 @@ class FencedStreamSink:
             await self._notify_space()
             if self._broken:
                 self._on_broken()
+
+    async def _linger(self) -> None:
+        """Wait out the rest of the window since the last append (``LINGER_S``), unless
+        hurried: the events arriving meanwhile join the batch."""
+        loop = asyncio.get_running_loop()
+        wait = self._sent_at + LINGER_S - loop.time()
+        if wait > 0 and not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._hurry.wait()
+        hurried = self._hurry.is_set() and not self._closing
+        if hurried and not any(item.status for item in self._queue):
+            self._hurry.clear()
+        self._sent_at = loop.time()
 
     async def _send_front(self) -> None:
         batch = self._front_batch()
@@ -236,6 +262,10 @@ class FencedStreamSink:
         return batch
 
     async def _append_with_retry(self, batch: list[_Pending]) -> int | tuple[int, int]:
+        try:  # the usual case, without building the retry machinery for every batch
+            return await self._append(batch)
+        except REDIS_ERRORS:
+            pass  # Redis away or failing over: retried below, with backoff, within the budget
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(REDIS_ERRORS),
             wait=wait_exponential(multiplier=0.02, max=1.0),
@@ -276,6 +306,7 @@ class FencedStreamSink:
             SinkUnavailable: Redis stayed unreachable longer than the retry budget.
         """
         self._closing = True
+        self._hurry.set()
         if self._flusher is not None:
             self._wakeup.set()
             await self._flusher

@@ -33,9 +33,20 @@ _DEAD_STATES = frozenset({"Z", "X", "x"})  # zombie, dead: exited, not yet (or j
 
 
 def owner_labels() -> dict[str, str]:
-    """``{"acpw.owner": ...}`` for this process, or nothing where ``/proc`` cannot tell."""
-    identity = owner_label(os.getpid())
-    return {} if identity is None else {LABEL_OWNER: identity}
+    """``{"acpw.owner": ...}`` for this process, or nothing where ``/proc`` cannot tell.
+
+    Read from ``/proc`` once per process (every sandbox and warm slot of a job labels
+    itself with it; a process's boot, namespace, pid and start time never change; a forked
+    child, another pid, reads its own)."""
+    pid = os.getpid()
+    if pid not in _own:
+        identity = owner_label(pid)
+        _own.clear()
+        _own[pid] = {} if identity is None else {LABEL_OWNER: identity}
+    return dict(_own[pid])
+
+
+_own: dict[int, dict[str, str]] = {}  # this process's labels, by its pid
 
 
 def store_label(redis_url: str | None) -> str | None:
