@@ -62,7 +62,9 @@ PACK = "cursor-emulator"
 
 
 def _settings(tmp_path: Path, backend: str = "local", **overrides: Any) -> Settings:
-    worker_id = "it-warm" if backend == "local" else f"it-warm-{backend}"
+    # Unique per test: a sandbox another run on this host left (or is making) under a shared
+    # id would be counted as this pool's leftover.
+    worker_id = f"it-warm-{backend}-{uuid.uuid4().hex[:8]}"
     return job_settings(
         tmp_path, worker_id, backend=backend, lease_renew=0.5, warm_pools={PACK: 1}, **overrides
     )
