@@ -75,7 +75,8 @@ def test_the_job_dir_is_removed_once_job_completed_is_written(tmp_path: Path) ->
     assert _types(sink.events)[-1] == "job.completed"
     [job_dir] = sink.at_completed
     [labels] = sink.labels_at_completed
-    assert labels is not None and labels["acpw.job"] == job["job_id"]
+    assert labels is not None
+    assert labels["acpw.job"] == job["job_id"]
     if os.geteuid() == 0:  # the bounded disk is still mounted, then unmounted
         assert sink.mounted_at_completed == [job_dir / disk.MOUNT]
     assert _left_behind(tmp_path, job["job_id"]) == {"sandboxes": [], "work": [], "held": []}
