@@ -210,7 +210,7 @@ def _is(type_: str, code: str | None = None) -> Callable[[Event], bool]:
 @pytest.mark.parametrize(
     ("when", "next_phase", "made"),
     [
-        # pack ready and held → no workspace staged
+        # pack ready and held → the workspace (staged meanwhile) is not used
         (_is("pack.ready"), "workspace", {"pack.ready"}),
         # workspace staged (the FIFO notice comes right after) → no sandbox created
         (_is("notice", "workspace_special_files_skipped"), "sandbox_create", {"pack.ready"}),

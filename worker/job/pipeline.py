@@ -9,6 +9,8 @@ session is cut at either; the turn is interrupted by either (``turn.Turn``).
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -44,6 +46,7 @@ from worker.job.state import (
     JobContext,
     JobTools,
     Made,
+    Staged,
     TornDown,
     handing_back,
     lease_gone,
@@ -58,6 +61,10 @@ from worker.settings import Settings
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+
+    from worker.workspace.prepare import Prepared
+
+log = logging.getLogger(__name__)
 
 
 async def run_job(
@@ -119,7 +126,10 @@ async def run_job(
         try:
             await emitter.close()  # every event written, ``job.completed`` last
         finally:
-            job.replenish()
+            try:
+                await job.remove_leftovers()
+            finally:
+                job.replenish()
     return outcome
 
 
@@ -141,6 +151,8 @@ class Job:
         self._turn: Turn | None = None
         #: The recipe of the warm slot to make once the job settled (``_claim``).
         self._refill: Recipe | None = None
+        #: The job's directory (and disk) to remove once it settled (``remove_leftovers``).
+        self._leftover: Prepared | None = None
 
     async def run(self, cancel: asyncio.Event) -> JobOutcome:
         """accepted → prepare → launch → session → turn, then teardown and completion."""
@@ -157,6 +169,7 @@ class Job:
             answered_at = None if self._turn is None else self._turn.answered_at
             made = self._made = replace(self._made, answered_at=answered_at)
             torn = await Teardown(self._ctx, self._tools, made).run()
+            self._leftover = torn.leftover
         memory_mb = self._ctx.spec.limits.memory_mb
         outcome = after_agent_exit(outcome, torn.agent_exit, memory_mb=memory_mb)
         outcome = after_upload(outcome, torn.upload_error)
@@ -166,6 +179,25 @@ class Job:
         outcome = after_expectations(outcome, expected)
         await self._complete(outcome, torn)
         return outcome
+
+    async def remove_leftovers(self) -> None:
+        """Once the job settled (its ``job.completed`` written, ``run_job``), remove its
+        directory: the staged workspace, the fetched source, the workspace disk (unmounted,
+        its sparse image unlinked: tens of milliseconds that no result depends on). The
+        caller still holds the job's lease, so no reaper judges the directory over
+        meanwhile; a removal that fails is logged and left to the reaper, which removes
+        a labelled directory once its job is over (its owner gone, or its lease)."""
+        leftover, self._leftover = self._leftover, None
+        if leftover is None:
+            return
+        try:
+            await leftover.remove()
+        except OSError:
+            log.exception(
+                "could not remove the work directory of job %s attempt %s; the reaper will",
+                self._ctx.spec.job_id,
+                self._ctx.attempt,
+            )
 
     def replenish(self) -> None:
         """Once the job settled (its events all written, ``run_job``), start the slot
@@ -265,18 +297,20 @@ class Job:
         names = declared.pack.credentials
         credentials = await prepare.credentials(names)
         await self._boundary(cancel, "pack_verify")
-        pack, hold = await prepare.pack(declared)
-        self._made = replace(self._made, pack_hold=hold)
-        await prepare.pack_ready(pack)
         agent_credentials = {k: v for k, v in credentials.items() if k in names}
         endpoint = declared.network.endpoint
         url = None if endpoint is None else endpoint.agent_url
         slot = None
-        if self._ctx.pool is not None:
+        if not self._may_claim():  # cold for sure: the pack is checked while staging
+            pack, staged = await self._pack_and_workspace(prepare, declared, credentials, cancel)
+        else:
+            pack, hold = await prepare.pack(declared)
+            self._made = replace(self._made, pack_hold=hold)
+            await prepare.pack_ready(pack)
             plan = pack.launch_plan(agent_credentials, endpoint_url=url)
             slot = await self._claim(declared, pack, plan=plan, credentials=agent_credentials)
-        await self._boundary(cancel, "workspace")
-        staged = await prepare.workspace(declared, credentials, self._made.workspace, slot)
+            await self._boundary(cancel, "workspace")
+            staged = await prepare.workspace(declared, credentials, self._made.workspace, slot)
         self._made = replace(self._made, staged=staged)
         await self._boundary(cancel, "sandbox_create")
         if slot is None:
@@ -290,6 +324,48 @@ class Job:
         self._made = replace(self._made, created=created)
         await prepare.sandbox_ready(created, slot)
         return pack.launch_plan(agent_credentials, endpoint_url=url)
+
+    def _may_claim(self) -> bool:
+        """Whether the job may find a warm slot (its pack has a pool here): the claim
+        needs the checked pack before the workspace is staged (into the slot's disk)."""
+        pool = self._ctx.pool
+        return pool is not None and pool.usable() and pool.slots(self._ctx.spec.pack.name) > 0
+
+    async def _pack_and_workspace(
+        self,
+        prepare: Preparation,
+        declared: Declared,
+        secrets: Mapping[str, str],
+        cancel: asyncio.Event,
+    ) -> tuple[PreparedPack, Staged]:
+        """The pack's check (the closure's stat walk against its verified record, or its
+        hashing) and the workspace's staging at once: neither reads the other's result
+        and staging runs nothing. Both always run to their end (each registers what it
+        made for the teardown: the closure's hold, the job's directory); a failed check
+        fails the job after that, before anything runs on the closure, whatever the
+        staging did. ``pack_verify`` is marked when the check returns, ``workspace``
+        when both did (the staging's time past the check). A cancel or the deadline
+        once the pack is ready still stops the job before the workspace phase ends, as
+        in the serial order (its staged directory goes with the teardown)."""
+        checking = asyncio.ensure_future(prepare.pack(declared))
+        staging = asyncio.ensure_future(prepare.stage(declared, secrets, self._made.workspace))
+        try:
+            await asyncio.wait((checking, staging))
+        except asyncio.CancelledError:  # the job's task itself: the hold still goes
+            checking.add_done_callback(_release_hold)
+            staging.add_done_callback(_retrieve)
+            raise
+        failure = checking.exception()
+        if failure is not None:  # the phase under way stays ``pack_verify``
+            _retrieve(staging)  # the check's error is the job's
+            raise failure
+        pack, hold = checking.result()
+        self._made = replace(self._made, pack_hold=hold)
+        await prepare.pack_ready(pack)
+        await self._boundary(cancel, "workspace")
+        staged = staging.result()
+        await prepare.workspace_ready(self._made.workspace, staged)
+        return pack, staged
 
     async def _claim(
         self,
@@ -372,3 +448,14 @@ class Job:
             usage=tools.spend.summary(),
         )
         await emitter.emit(completed)
+
+
+def _release_hold(checking: asyncio.Future[tuple[PreparedPack, int]]) -> None:
+    """Close the closure's hold of a check whose job stopped waiting for it."""
+    if not checking.cancelled() and checking.exception() is None:
+        os.close(checking.result()[1])
+
+
+def _retrieve(task: asyncio.Future[Staged]) -> None:
+    if not task.cancelled():
+        task.exception()  # its directory is registered: the teardown removes it

@@ -163,6 +163,20 @@ class Preparation:
         """The job's directory (labelled for the reaper) and the workspace staged in it
         (or, for a warm ``slot``, next to the slot's workspace, on the slot's disk); what
         it creates is registered in ``prepared`` as it goes (removed at teardown)."""
+        staged = await self.stage(declared, secrets, prepared, slot)
+        await self.workspace_ready(prepared, staged)
+        return staged
+
+    async def stage(
+        self,
+        declared: Declared,
+        secrets: Mapping[str, str],
+        prepared: Prepared,
+        slot: Slot | None = None,
+    ) -> Staged:
+        """``workspace`` without its mark and notices (``workspace_ready``): the staging
+        alone, which a cold job runs while its pack is checked (it reads nothing of the
+        pack and runs nothing)."""
         ctx = self._ctx
         settings, spec = ctx.settings, ctx.spec
         settings.work_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
@@ -183,6 +197,11 @@ class Preparation:
             disk_mb=spec.limits.disk_mb,
             into=None if slot is None else (slot.staging, slot.disk),
         )
+        return Staged(job_dir=job_dir, path=staged.path, skipped=staged.skipped)
+
+    async def workspace_ready(self, prepared: Prepared, staged: Staged) -> None:
+        """The workspace phase ends: its mark, and the notices of what staging found."""
+        ctx = self._ctx
         self._tools.timings.mark("workspace")
         if prepared.admission_notes:
             notes = [n.to_dict() for n in prepared.admission_notes]
@@ -190,8 +209,7 @@ class Preparation:
         if staged.skipped:
             await ctx.emitter.emit(notices.workspace_special_files_skipped(staged.skipped))
         if prepared.disk is None:
-            await ctx.emitter.emit(notices.workspace_disk_unbounded(spec.limits.disk_mb))
-        return Staged(job_dir=job_dir, path=staged.path)
+            await ctx.emitter.emit(notices.workspace_disk_unbounded(ctx.spec.limits.disk_mb))
 
     async def sandbox(self, declared: Declared, pack: PreparedPack, staged: Staged) -> Created:
         """The job's sandbox and its workspace files: artifacts, links and ``fs/*`` go

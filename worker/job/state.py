@@ -121,10 +121,12 @@ class Declared:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Staged:
-    """The workspace phase: the job's labelled directory and the staged workspace in it."""
+    """The workspace phase: the job's labelled directory and the staged workspace in it
+    (``skipped``: the special files staging did not copy)."""
 
     job_dir: Path
     path: Path
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,13 +187,16 @@ class Made:
 class TornDown:
     """What the teardown found: why the agent ended when it ended on its own, what the
     capture found (None: no capture ran, or it failed), the uploaded bundle, and the
-    first failures of the upload and of a teardown step."""
+    first failures of the upload and of a teardown step. ``leftover``: what is still to
+    be removed once ``job.completed`` is written (the job's directory, its disk image);
+    None when nothing is (kept, left to the reaper, or never made)."""
 
     agent_exit: ExitDiagnosis | None = None
     changes: tuple[Change, ...] | None = None
     result: dict[str, object] | None = None
     upload_error: ResultUploadFailed | None = None
     error: WorkerError | None = None
+    leftover: Prepared | None = None
 
 
 def new_tools(ctx: JobContext) -> JobTools:

@@ -1,5 +1,9 @@
 """Dismantling what a job made: stop the agent, destroy the sandbox, then (only once it
-is gone) save the session, capture the changes and remove or keep the workspace.
+is gone) save the session, capture the changes and keep the workspace or mark the job's
+directory for removal. The removal itself (the staged copy, the fetched source, the
+workspace disk's unmount and its image's unlink) runs once ``job.completed`` is written
+(``Job.remove_leftovers``, from ``run_job``): no result depends on it, and a worker that
+dies first leaves the labelled directory to the reaper, as it always could.
 
 The teardown never raises: a step that fails is logged and the first such error kept
 (``TornDown.error``), so the job still settles with exactly one ``job.completed``,
@@ -42,6 +46,7 @@ from worker.job.state import (
     tell_results_skipped,
 )
 from worker.sandbox.base import ExitDiagnosis
+from worker.workspace.prepare import Prepared
 
 #: A file's mtime comes from the kernel's coarse clock (one tick, 4 ms at HZ=250, behind
 #: ``time.time()``): a write right after the answer may carry a time just before it.
@@ -61,6 +66,8 @@ class Teardown:
         self._agent_exit: ExitDiagnosis | None = None
         self._error: WorkerError | None = None
         self._capture = Capture(ctx, tools, made)
+        #: Set once the sandbox is gone and the job's directory may go (``_dismantle``).
+        self._leftover: Prepared | None = None
 
     async def run(self) -> TornDown:
         """Every step, in order; the closure hold is released last, whatever happened."""
@@ -78,6 +85,7 @@ class Teardown:
             result=results.result,
             upload_error=results.upload_error,
             error=self._error,
+            leftover=self._leftover,
         )
 
     async def _step(self, step: str, work: Callable[[], Awaitable[None]]) -> bool:
@@ -182,7 +190,7 @@ class Teardown:
             if ctx.spec.keep_workspace and made.staged is not None:
                 await self._keep(made.staged.job_dir)
             else:
-                await made.workspace.remove()
+                self._leftover = made.workspace
 
     async def _lease_lost(self) -> None:
         """The lease went before the results were written: write none, say so, and
@@ -201,7 +209,7 @@ class Teardown:
         try:
             await tell_results_skipped(ctx, skipped)
         finally:
-            await self._made.workspace.remove()
+            self._leftover = self._made.workspace
 
     async def _save_session(self) -> None:
         """Keep the session the agent recorded (once ``session.started`` went out), then

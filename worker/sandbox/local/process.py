@@ -25,7 +25,12 @@ from worker.sandbox import cgroups, seccomp
 from worker.sandbox.base import ExitDiagnosis, PipedProcess, ended
 from worker.sandbox.local.bwrap import bwrap_command, nul_joined
 
-_KILL_ROUNDS = 200  # x 10 ms: bound on destroy's kill loop
+_KILL_ROUNDS = 200  # x about 10 ms: bound on destroy's kill loop
+#: The pauses between two rounds of the kill loop: the first short (a sandbox whose agent
+#: already exited may be empty within a millisecond or two), doubling up to the longest.
+#: A big agent's last process can take ~20 ms to leave its cgroup after SIGKILL (codex-acp
+#: on a loaded 2-core host): then this saves nothing, and costs a few more rounds.
+_KILL_PAUSE_S = (0.001, 0.01)
 # Bound on bwrap reporting its sandboxed child (it does so right after clone()).
 _ADMIT_TIMEOUT_S = 30.0
 
@@ -264,10 +269,12 @@ async def kill_and_remove(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
     Raises:
         SandboxError: processes survived the bounded kill loop or a cgroup stayed busy.
     """
+    pause, longest = _KILL_PAUSE_S
     for _ in range(_KILL_ROUNDS):
         if cgroups.signal_all(cgs, signal.SIGKILL) == 0 and cgroups.remove(cgs):
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest)
     raise SandboxError(
         "sandbox processes survived destroy",
         sandbox_id=sandbox_id,
