@@ -804,31 +804,28 @@ async def test_acp_worker_run_backend_daytona(tmp_path: Path, double: DaytonaDou
     assert double.sandboxes == {}
 
 
-async def test_a_served_job_runs_on_daytona(
-    tmp_path: Path, double: DaytonaDouble, redis_url: str
-) -> None:
-    """``acp-worker serve`` with ``ACPW_BACKEND=daytona``: a submitted hello job settles
-    ``succeeded`` on a sandbox of the double, leased through the same ``owning()`` as
-    every served job, and the sandbox is gone afterwards."""
+def serve_on_double(
+    tmp_path: Path, double: DaytonaDouble, redis_url: str, worker_id: str, **extra: str
+) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """An ``acp-worker serve --concurrency 1 --no-reaper`` on ``double`` (the broker's db
+    flushed first, ``SECRET`` as the secret ``key``, ``extra`` more ``ACPW_*`` settings):
+    its broker URL, its process (a session of its own) and its log."""
     broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
     with redis.Redis.from_url(broker) as sync_client:
         sync_client.flushdb()
-    # A runner that ignores suppressInputEcho: every input call lands in the command's log.
-    double.echo_input = True
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
     } | {
         "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
-        "ACPW_WORKER_ID": "w-served", "ACPW_WORK_DIR": str(tmp_path / "work"),
+        "ACPW_WORKER_ID": worker_id, "ACPW_WORK_DIR": str(tmp_path / "work"),
         "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
         "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "30",
         "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
         "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
         "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
-        "ACPW_DAYTONA_ACTIVITY_EVERY_S": "0.5",
-    }  # fmt: skip
+    } | extra  # fmt: skip
     log = tmp_path / "serve.log"
     argv = [str(Path(sys.executable).with_name("acp-worker")), "serve", "--concurrency", "1"]
     with log.open("w") as out:
@@ -836,6 +833,20 @@ async def test_a_served_job_runs_on_daytona(
             [*argv, "--no-reaper"], cwd=REPO, env=env, stdout=out,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    return broker, serve, log
+
+
+async def test_a_served_job_runs_on_daytona(
+    tmp_path: Path, double: DaytonaDouble, redis_url: str
+) -> None:
+    """``acp-worker serve`` with ``ACPW_BACKEND=daytona``: a submitted hello job settles
+    ``succeeded`` on a sandbox of the double, leased through the same ``owning()`` as
+    every served job, and the sandbox is gone afterwards."""
+    # A runner that ignores suppressInputEcho: every input call lands in the command's log.
+    double.echo_input = True
+    broker, serve, log = serve_on_double(
+        tmp_path, double, redis_url, "w-served", ACPW_DAYTONA_ACTIVITY_EVERY_S="0.5"
+    )
     try:
         await _until(lambda: " ready." in log.read_text(), 90)
         (tmp_path / "ws").mkdir()

@@ -20,8 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,7 +32,6 @@ import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
-from tests.integration.daytona_thread import BASE_ID, REGISTRY
 from tests.integration.test_daytona_backend import (
     REPO,
     SECRET,
@@ -42,6 +39,7 @@ from tests.integration.test_daytona_backend import (
     _config,
     _until,
     double,
+    serve_on_double,
 )
 from tests.integration.test_warm import _changed, _deliver, _job, _ready, _running, _until_idle
 from tests.integration.test_warm import _settings as _warm_settings
@@ -411,30 +409,13 @@ async def test_a_served_daytona_job_claims_the_slot_its_predecessor_left(
     slot made after the first job lives on the pool process's long-lived loop (its SDK
     client with it) and the second job of the identity runs in it; on SIGTERM the idle
     slot made after that is destroyed, never handed back."""
-    broker = os.environ.get("ACPW_TEST_BROKER_URL", redis_url.rsplit("/", 1)[0] + "/14")
-    with redis.Redis.from_url(broker) as sync_client:
-        sync_client.flushdb()
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "key").write_text(SECRET + "\n")
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("ACPW_", "DAYTONA_"))
-    } | {
-        "ACPW_REDIS_URL": redis_url, "ACPW_BROKER_URL": broker, "ACPW_BACKEND": "daytona",
-        "ACPW_WORKER_ID": "w-served-warm", "ACPW_WORK_DIR": str(tmp_path / "work"),
-        "ACPW_CACHE_DIR": str(tmp_path / "cache"), "ACPW_SECRETS_DIR": str(tmp_path / "secrets"),
-        "ACPW_PACKS_DIR": str(REPO / "provider_packs"), "ACPW_LEASE_TTL": "30",
-        "ACPW_LEASE_RENEW": "1", "ACPW_SHUTDOWN_EOF_GRACE": "1",
-        "ACPW_WARM_POOLS": json.dumps({"cursor-emulator": 1}),
-        "ACPW_DAYTONA_API_URL": double.api_url, "ACPW_DAYTONA_API_KEY": double.api_key,
-        "ACPW_DAYTONA_IMAGE_REGISTRY": REGISTRY, "ACPW_DAYTONA_BASE_IMAGE_ID": BASE_ID,
-    }  # fmt: skip
-    log = tmp_path / "serve.log"
-    argv = [str(Path(sys.executable).with_name("acp-worker")), "serve", "--concurrency", "1"]
-    with log.open("w") as out:
-        serve = subprocess.Popen(
-            [*argv, "--no-reaper"], cwd=REPO, env=env, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    broker, serve, log = serve_on_double(
+        tmp_path,
+        double,
+        redis_url,
+        "w-served-warm",
+        ACPW_WARM_POOLS=json.dumps({"cursor-emulator": 1}),
+    )
 
     def slots() -> list[str]:
         return [r.dto["name"] for r in double.sandboxes.values() if LABEL_SLOT in r.dto["labels"]]
