@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 
 from worker.events.completed import job_completed
 from worker.events.emitter import EventEmitter
-from worker.service.ownership import Claim, LeaseRefusedError, owning
+from worker.service.ownership import Claim, LeaseRefusedError, claim_lease, owning
 from worker.settings import Settings
-from worker.store import keys
+from worker.store import keys, scripts
 from worker.store import lease as leases
 from worker.store.state import read_state
 
@@ -89,6 +89,40 @@ async def test_a_held_lease_is_refused_and_an_orphan_is_settled_lost(
     state = await read_state(client, "own-4")
     assert state is not None
     assert state.status == "lost"
+
+
+async def test_the_next_attempt_waits_for_the_settled_attempts_lease(
+    client: aioredis.Redis,
+) -> None:
+    """A new attempt (``submit --new-attempt``) can be delivered while the settled attempt
+    before it still holds the lease (its work directory is removed after ``job.completed``,
+    before the lease is given back). Its delivery waits for that lease instead of being
+    refused, which acknowledged its message and left the attempt queued with nothing to
+    run it; a duplicate delivery of a running attempt is still refused at once."""
+    cancel = asyncio.Event()
+    async with owning(client, Claim("own-n"), settings=SETTINGS, cancel=cancel) as first:
+        emitter = EventEmitter(job_id="own-n", attempt=first.lease.attempt, sinks=[first.sink])
+        await emitter.emit(DONE)
+        await emitter.close()  # attempt 1 settled, its lease still held
+        submit = scripts.bound(client, scripts.SUBMIT)
+        retried = await submit(keys=keys.job_keys("own-n"), args=["{}", "1", "d"])
+        assert retried[:2] == [b"retried", b"2"]
+        second = asyncio.ensure_future(
+            claim_lease(client, Claim("own-n", attempt=2), settings=SETTINGS)
+        )
+        await asyncio.sleep(0.3)
+        assert not second.done()  # waiting, not refused
+    lease, _ = await asyncio.wait_for(second, 10)  # granted once attempt 1 gave it back
+    try:
+        assert lease.attempt == 2
+        with pytest.raises(LeaseRefusedError) as duplicate:
+            async with owning(
+                client, Claim("own-n", attempt=2), settings=SETTINGS, cancel=asyncio.Event()
+            ):
+                pytest.fail("a duplicate delivery of a running attempt was granted")
+        assert duplicate.value.refusal.reason == "held"
+    finally:
+        await leases.release(client, lease)
 
 
 async def test_each_renewal_moves_the_deadline_never_past_the_lease(

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -33,10 +33,12 @@ from worker.errors import EXIT_INVALID, WorkerError
 from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline
 from worker.service.reaper import mark_lost
 from worker.settings import Settings
+from worker.store import keys
 from worker.store import lease as leases
 from worker.store.control import ControlWatcher
 from worker.store.fenced import FencedStreamSink, SinkPolicy
 from worker.store.lease import Heartbeat, Lease, Refusal
+from worker.store.state import text
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +170,7 @@ async def claim_lease(
     while True:
         asked = time.monotonic()
         try:
-            got = await leases.acquire(
-                client,
-                claim.job_id,
-                worker_id=settings.worker_id,
-                ttl=settings.lease_ttl,
-                attempt=claim.attempt,
-                job_json=claim.job_json,
-            )
+            got = await _ask(client, claim, settings)
             break
         except leases.REDIS_ERRORS as exc:
             if time.monotonic() + pause > deadline:
@@ -184,10 +179,65 @@ async def claim_lease(
             await asyncio.sleep(pause)  # a backoff between attempts, bounded by the deadline
             pause = min(pause * 2, 1.0)
     if isinstance(got, Refusal):
+        if got.reason == "held" and await _next_attempt_queued(client, claim, got):
+            return await _after_previous(client, claim, settings=settings)
         if got.reason == "orphaned":
             await mark_lost(client, got.job_id, settings)
         raise LeaseRefusedError(got)
     return got, asked
+
+
+def _ask(client: aioredis.Redis, claim: Claim, settings: Settings) -> Awaitable[Lease | Refusal]:
+    return leases.acquire(
+        client,
+        claim.job_id,
+        worker_id=settings.worker_id,
+        ttl=settings.lease_ttl,
+        attempt=claim.attempt,
+        job_json=claim.job_json,
+    )
+
+
+async def _next_attempt_queued(client: aioredis.Redis, claim: Claim, held: Refusal) -> bool:
+    """Whether a ``held`` lease belongs to the attempt before the one delivered: the job's
+    state names the delivered attempt and it is still ``queued`` (no acquire of it ever
+    succeeded, so the holder is an earlier attempt). That earlier attempt settled (a new
+    attempt is only queued after it did) and is finishing what follows ``job.completed``
+    (its work directory's removal), or its worker died and its lease is expiring. A
+    duplicate delivery of a running attempt finds it ``running`` instead."""
+    attempt, status = await client.hmget(keys.state(claim.job_id), ["attempt", "status"])
+    return attempt is not None and int(attempt) == held.attempt and text(status) == "queued"
+
+
+async def _after_previous(
+    client: aioredis.Redis, claim: Claim, *, settings: Settings
+) -> tuple[Lease, float]:
+    """The lease, asked for again until the previous attempt's holder lets it go: it
+    releases it once its teardown's last step is done, or it expires within
+    ``ACPW_LEASE_TTL`` of the holder's last renewal. Refusing the delivery instead would
+    acknowledge its message and leave the new attempt queued with nothing to run it."""
+    log.info(
+        "job %s: attempt %s waits for the previous attempt's lease", claim.job_id, claim.attempt
+    )
+    until = time.monotonic() + settings.lease_ttl + settings.sink_retry_s
+    pause = 0.02
+    while True:
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
+        try:
+            asked = time.monotonic()
+            got = await _ask(client, claim, settings)
+        except leases.REDIS_ERRORS as exc:
+            if time.monotonic() > until:
+                raise
+            log.warning("the lease of %s could not be asked for (%s); retrying", claim.job_id, exc)
+            continue
+        if not isinstance(got, Refusal):
+            return got, asked
+        if got.reason != "held" or time.monotonic() > until:
+            if got.reason == "orphaned":
+                await mark_lost(client, got.job_id, settings)
+            raise LeaseRefusedError(got)
 
 
 async def _give_back(client: aioredis.Redis, lease: Lease, sink: FencedStreamSink) -> None:
