@@ -32,7 +32,7 @@ from worker.client.client import spec_digest
 from worker.images.engine import EngineConfig
 from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
-from worker.jobs.spec import parse_job
+from worker.jobs.spec import JobSpec, parse_job
 from worker.sandbox import backend_config, get_backend
 from worker.sandbox.base import (
     LABEL_ATTEMPT,
@@ -95,10 +95,9 @@ def _job(tmp_path: Path, key: str) -> dict[str, Any]:
 _running: list[str] = []  # the jobs ``_deliver`` ran, the last one last
 
 
-async def _deliver(job: dict[str, Any], settings: Settings, pool: WarmPool) -> list[Event]:
-    spec = parse_job(job)
-    _running.append(spec.job_id)
-    with redis.Redis.from_url(REDIS_URL) as sync:
+def _submit(redis_url: str, spec: JobSpec) -> None:
+    """Submitted as a control plane does (its state and its spec in Redis)."""
+    with redis.Redis.from_url(redis_url) as sync:
         store_jobs.submit(
             sync,
             spec.job_id,
@@ -106,6 +105,32 @@ async def _deliver(job: dict[str, Any], settings: Settings, pool: WarmPool) -> l
             new_attempt=False,
             digest=spec_digest(spec),
         )
+
+
+async def _claimed(
+    client: aioredis.Redis, redis_url: str, settings: Settings, spec: JobSpec, slot_id: str
+) -> tuple[leases.Lease, dict[str, str]]:
+    """``spec`` submitted, its attempt's lease taken and ``slot_id`` claimed for it in
+    Redis (as ``WarmPool.claim`` does): the lease, and the labels its sandbox is
+    relabelled with."""
+    _submit(redis_url, spec)
+    lease = await leases.acquire(client, spec.job_id, worker_id="it", ttl=30)
+    assert isinstance(lease, leases.Lease)
+    assert await records.claim(
+        client, slot_id, owner="it", job_id=spec.job_id, attempt=lease.attempt,
+        token=str(lease.token), ttl_s=30,
+    )  # fmt: skip
+    labels = sandbox_labels(
+        settings, job_id=spec.job_id, attempt=lease.attempt,
+        labels={LABEL_TOKEN: str(lease.token)},
+    )  # fmt: skip
+    return lease, labels
+
+
+async def _deliver(job: dict[str, Any], settings: Settings, pool: WarmPool) -> list[Event]:
+    spec = parse_job(job)
+    _running.append(spec.job_id)
+    _submit(REDIS_URL, spec)
     result = await run_delivery(Delivery(job, attempt=1), settings=settings, environ={}, pool=pool)
     assert (result.outcome, result.status) == ("ran", "succeeded"), result
     with Client(REDIS_URL) as client:
@@ -297,26 +322,7 @@ def test_a_claimed_slot_is_judged_by_its_attempts_lease(
             await sandbox.spawn(["/bin/sleep", "30"], env={"PATH": "/usr/bin:/bin"})
             assert sandbox.sandbox_id not in await reaped(client)  # its record is alive
 
-            with redis.Redis.from_url(redis_url) as sync:
-                store_jobs.submit(
-                    sync,
-                    spec.job_id,
-                    job_json=spec.model_dump_json(),
-                    new_attempt=False,
-                    digest=spec_digest(spec),
-                )
-            lease = await leases.acquire(client, spec.job_id, worker_id="it", ttl=30)
-            assert isinstance(lease, leases.Lease)
-            assert await records.claim(
-                client, slot_id, owner="it", job_id=spec.job_id, attempt=lease.attempt,
-                token=str(lease.token), ttl_s=30,
-            )  # fmt: skip
-            labels = sandbox_labels(
-                settings,
-                job_id=spec.job_id,
-                attempt=lease.attempt,
-                labels={LABEL_TOKEN: str(lease.token)},
-            )
+            lease, labels = await _claimed(client, redis_url, settings, spec, slot_id)
             await backend.assign(sandbox, labels=labels, lease_deadline=None)
             await client.delete(keys.warm_slot(slot_id))  # the claimed record lapsed
             [info] = await backend.list({LABEL_JOB: spec.job_id})

@@ -28,7 +28,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from tests.daytona_double import DaytonaDouble
@@ -41,12 +40,18 @@ from tests.integration.test_daytona_backend import (
     double,
     serve_on_double,
 )
-from tests.integration.test_warm import _changed, _deliver, _job, _ready, _running, _until_idle
+from tests.integration.test_warm import (
+    _changed,
+    _claimed,
+    _deliver,
+    _job,
+    _ready,
+    _running,
+    _until_idle,
+)
 from tests.integration.test_warm import _settings as _warm_settings
 from worker.client import Client
-from worker.client.client import spec_digest
 from worker.errors import SandboxError
-from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
 from worker.jobs.spec import parse_job
 from worker.sandbox.base import (
@@ -63,7 +68,6 @@ from worker.sandbox.base import (
 from worker.sandbox.daytona import DaytonaBackend, DaytonaSandbox
 from worker.service.reaper import reap_once
 from worker.settings import Settings
-from worker.store import jobs as store_jobs
 from worker.store import keys
 from worker.store import lease as leases
 from worker.store import warm as records
@@ -277,21 +281,7 @@ async def test_a_claimed_slot_is_judged_and_bounded_by_its_attempts_lease(
         assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"agent up\n"
         assert sandbox.sandbox_id not in await reaped()  # its record is alive
 
-        with redis.Redis.from_url(redis_url) as sync:
-            store_jobs.submit(
-                sync, spec.job_id, job_json=spec.model_dump_json(), new_attempt=False,
-                digest=spec_digest(spec),
-            )  # fmt: skip
-        lease = await leases.acquire(client, spec.job_id, worker_id="it", ttl=30)
-        assert isinstance(lease, leases.Lease)
-        assert await records.claim(
-            client, slot_id, owner="it", job_id=spec.job_id, attempt=lease.attempt,
-            token=str(lease.token), ttl_s=30,
-        )  # fmt: skip
-        labels = sandbox_labels(
-            settings, job_id=spec.job_id, attempt=lease.attempt,
-            labels={LABEL_TOKEN: str(lease.token)},
-        )  # fmt: skip
+        lease, labels = await _claimed(client, redis_url, settings, spec, slot_id)
         double.fail_next("PUT", r"/labels$", 429, "Too Many Requests", Retry_After="1")
         double.fail_next("PUT", r"/labels$", 503, "Service Unavailable", after=True)
         deadline = LeaseDeadline(time.monotonic() + 30.0)
