@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from worker.acp.client import ClientCapabilities
 from worker.acp.session import parameterized_models
-from worker.job.slot import Recipe
+from worker.job.slot import Recipe, pooled
 from worker.launch import LaunchPlan
 from worker.packs.runtime import PreparedPack
 from worker.rpc.wire import JsonValue
@@ -77,7 +77,7 @@ def recipe_for(
     backend cannot keep slots, or the job needs what a slot cannot give it (a resumed
     session, a kept workspace, no lease to fence the claim with)."""
     pool, spec = ctx.pool, ctx.spec
-    if pool is None or not pool.usable() or pool.slots(spec.pack.name) <= 0:
+    if pool is None or not pooled(pool, spec.pack.name):
         return None
     resumes = declared.sessions is not None and declared.sessions.resume is not None
     if resumes or spec.keep_workspace:

@@ -38,7 +38,7 @@ from worker.job.outcome import (
     settled,
 )
 from worker.job.prepare import Preparation
-from worker.job.slot import Pool, Recipe, Slot
+from worker.job.slot import Pool, Recipe, Slot, pooled
 from worker.job.spend import BudgetGuard, tenant_of
 from worker.job.state import (
     Created,
@@ -328,8 +328,7 @@ class Job:
     def _may_claim(self) -> bool:
         """Whether the job may find a warm slot (its pack has a pool here): the claim
         needs the checked pack before the workspace is staged (into the slot's disk)."""
-        pool = self._ctx.pool
-        return pool is not None and pool.usable() and pool.slots(self._ctx.spec.pack.name) > 0
+        return pooled(self._ctx.pool, self._ctx.spec.pack.name)
 
     async def _pack_and_workspace(
         self,

@@ -137,3 +137,9 @@ class Pool(Protocol):
     def replenish(self, recipe: Recipe) -> None:
         """Start making a slot of ``recipe`` in the background, if there is room."""
         ...
+
+
+def pooled(pool: Pool | None, pack: str) -> bool:
+    """Whether a job of ``pack`` may find a warm slot here: the process has pools, its
+    backend keeps slots, and the pack has at least one."""
+    return pool is not None and pool.usable() and pool.slots(pack) > 0
