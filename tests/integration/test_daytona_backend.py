@@ -258,6 +258,38 @@ async def test_echoed_input_carries_no_credential(
     await backend.destroy(sandbox.sandbox_id)
 
 
+async def test_an_echoed_frame_never_joins_the_agents_next_line(
+    tmp_path: Path, backend: DaytonaBackend, double: DaytonaDouble
+) -> None:
+    """With every input call echoed into the log the worker reads as the agent's stdout,
+    a frame the agent does not answer (a lease renewal, the EOF) lands just before the
+    agent's next line: it must be a line of its own, not the head of that line (an echoed
+    ``L`` frame once prefixed the agent's answer to ``initialize``, which was skipped as
+    not JSON, and the served job waited for it until its time-out)."""
+    double.echo_input = True
+    sandbox = await backend.create(_spec(tmp_path))
+    script = (
+        "import sys\n"
+        "sys.stdin.readline();print('{\"id\":1}',flush=True)\n"
+        "sys.stdin.read();print('{\"id\":2}',flush=True)\n"
+    )
+    proc = await sandbox.spawn(["/usr/bin/python3", "-c", script], env={}, cwd="/workspace")
+    proc.stdin.write(b'{"ask":1}\n')
+    lines = []
+    while b'{"id":1}' not in lines:  # the data frame's echo, then the program's answer
+        lines.append((await asyncio.wait_for(proc.stdout.readline(), 20)).strip())
+    # Nothing else is written now: the renewal's echo, then the EOF's, come right before
+    # the program's last line.
+    await sandbox.arm_lease(LeaseDeadline(time.monotonic() + 30))
+    proc.stdin.close()
+    rest = (await asyncio.wait_for(proc.stdout.read(), 20)).splitlines()
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    assert double.echoed == 3
+    assert b'{"id":2}' in rest, rest
+    assert [line[:1] for line in rest if line] == [b"L", b"E", b"{"], rest
+    await backend.destroy(sandbox.sandbox_id)
+
+
 async def test_a_workspace_over_its_bound_is_not_brought_back_but_deleted(
     tmp_path: Path, double: DaytonaDouble
 ) -> None:

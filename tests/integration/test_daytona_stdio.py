@@ -241,7 +241,9 @@ async def test_writes_are_framed_in_order_and_back_pressured() -> None:
         gate.release()
     await asyncio.wait_for(transport.flushed(), 5)
     assert sent[-1] == EOF_FRAME
-    payload = "".join(frame[21:] for frame in sent[:-1])
+    # each frame ends with a newline, after its payload: echoed, it is a line of its own
+    assert all(frame.endswith("\n") for frame in sent)
+    payload = "".join(frame[21:-1] for frame in sent[:-1])
     assert payload == "x" * 10 * 1024
     assert all(frame.startswith("D") and int(frame[11:21]) <= 1024 for frame in sent[:-1])
     # numbered from 1, one more each frame: the relay drops a number it has applied
@@ -267,7 +269,7 @@ async def test_a_burst_of_messages_goes_out_in_few_calls() -> None:
     writer.close()
     await asyncio.wait_for(transport.flushed(), 10)
     assert len(sent) <= 3  # data frame(s), then the EOF
-    assert "".join(f[21:] for f in sent[:-1]).count("jsonrpc") == 200
+    assert "".join(f[21:-1] for f in sent[:-1]).count("jsonrpc") == 200
 
 
 async def test_a_failed_input_call_closes_stdin() -> None:

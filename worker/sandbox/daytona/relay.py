@@ -26,7 +26,12 @@ closes it (nor a PTY-free way to signal the command), while a CLI agent waits fo
    ``E`` (closes it: the program's EOF), ``T``/``K`` (SIGTERM/SIGKILL to the program's
    process group), ``L`` + ``%010d`` milliseconds (the lease was renewed: it now ends that
    long from now). Any other byte between frames (a newline a daemon may add to an input)
-   is skipped;
+   is skipped. The worker ends every frame with a newline: a runner that ignores
+   ``suppressInputEcho`` echoes each input call into the command's log, which is the
+   agent's stdout as the worker reads it, and an echoed frame must be a line of its own
+   (skipped as not JSON-RPC), never the head of the agent's next line (an ``L`` frame
+   echoed just before the agent's answer to ``initialize`` made that answer unreadable,
+   and the job waited for it until its time-out);
 4. when the header gave a lease (or, for a warm slot's agent started with none, once
    its first ``L`` frame arrives: the claiming attempt's lease) and the last renewal's
    time passes unrenewed (the worker is frozen or gone), a watchdog thread (it looks
@@ -180,9 +185,9 @@ RELAY = (
     "os._exit(128+os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st))\n"
 )
 
-EOF_FRAME = "E"
-TERM_FRAME = "T"
-KILL_FRAME = "K"
+EOF_FRAME = "E\n"
+TERM_FRAME = "T\n"
+KILL_FRAME = "K\n"
 
 
 def relay_command(header_path: str, python: str = "python3") -> str:
@@ -215,10 +220,11 @@ def launch_header(
 
 def data_frame(seq: int, payload: str) -> str:
     """``D`` frame number ``seq`` (from 1, increasing) carrying ``payload`` (its length in
-    UTF-8 bytes)."""
-    return f"D{seq:010d}{len(payload.encode()):010d}{payload}"
+    UTF-8 bytes), then the newline that ends every frame (module docstring, 3)."""
+    return f"D{seq:010d}{len(payload.encode()):010d}{payload}\n"
 
 
 def lease_frame(remaining_s: float) -> str:
-    """``L``: the lease now ends ``remaining_s`` from when the relay reads this."""
-    return f"L{max(0, min(int(remaining_s * 1000), 9_999_999_999)):010d}"
+    """``L``: the lease now ends ``remaining_s`` from when the relay reads this (newline
+    ended, as every frame)."""
+    return f"L{max(0, min(int(remaining_s * 1000), 9_999_999_999)):010d}\n"
