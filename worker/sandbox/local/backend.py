@@ -271,7 +271,7 @@ class LocalBackend:
                 _check_owner(state.source, self.owner, what="writable mount")
         self.tools.bwrap_path()
         if self.privileged:
-            for name in ("nsenter", "setpriv", "unshare", "sh"):
+            for name in ("nsenter", "setpriv"):
                 self.tools.tool(name)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         driver = self.cgroup_driver()
@@ -318,9 +318,8 @@ class LocalBackend:
                 record = await self._start_network(record, spec)
                 if record.stage is not None:
                     staging.prepare_root(self._stage_dir)
-                    tools = {"unshare": self.tools.tool("unshare"), "sh": self.tools.tool("sh")}
                     sources = stage_sources(record, spec, empty_dir=self.empty_dir)
-                    await staging.create(record.stage, sources, tools)
+                    await staging.create(record.stage, sources)
         except SandboxError:
             await self.destroy(record.sandbox_id)
             raise
