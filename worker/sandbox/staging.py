@@ -6,10 +6,12 @@ the shared ``/etc`` in the state directory. Passing them as ``--bind-fd`` descri
 not help with bubblewrap 0.8: it ``realpath()``s every bind source, ``/proc/self/fd/N``
 included, and so walks the host path as that uid anyway.
 
-So at ``create`` (once per job) the root worker opens each source (``O_PATH``), makes a
-persistent private mount namespace bound to ``<stage>.mnt`` (``unshare --mount=FILE``),
-and inside it bind-mounts each descriptor (``/proc/self/fd/N``) onto an empty mount point
-under ``<stage>/``, a directory every uid can traverse.
+So at ``create`` (once per job) the root worker opens each source (``O_PATH``), clones
+each as a detached mount from its descriptor (``open_tree``: no path is walked again),
+makes a private mount namespace on a thread of its own (``unshare``), attaches each clone
+there onto an empty mount point under ``<stage>/`` (``move_mount``), a directory every uid
+can traverse, and binds the namespace's file onto ``<stage>.mnt`` from its own namespace
+(``setns`` back), which keeps the namespace alive; no process is spawned for it.
 Each spawn enters that namespace (``nsenter``) before dropping to the unprivileged uid,
 and bubblewrap binds from the staged paths. The staged mounts exist only inside that
 namespace: the host's mount table holds just the namespace file, and nothing on the host
