@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ RATE_TARGET = 20.0
 #: Between two warm jobs, time for the pool to fill the claimed slot again (a sandbox, a
 #: spawn, an ``initialize``: up to about 2 s for codex-acp on a loaded 2-core machine).
 REFILL_S = 3.0
+#: ``BENCH_TRACE=1``: each job's events with when each was written and seen (ms).
+TRACE = bool(os.environ.get("BENCH_TRACE"))
 TARGET = (
     "cold ≤ 1.10x direct; warm ≤ 0.6x (codex), ≤ 0.8x (claude); claim p95 ≤ 50 ms; "
     "hello warm ≤ 0.6x cold; ≥ 20 jobs/s warm"
@@ -110,14 +113,19 @@ def claim_of(ready: dict[str, Any]) -> float | None:
 
 def through_service(client: Client, spec: dict[str, Any]) -> Job:
     """Submit ``spec`` and follow it to its ``job.completed``; it must succeed."""
-    start = time.perf_counter()
+    start, wall = time.perf_counter(), time.time()
     client.submit(spec)
+    trail: list[str] = []
     first: float | None = None
     ready: dict[str, Any] = {}
     last: dict[str, Any] = {}
     for item in client.events(spec["job_id"], follow=True, timeout=180):
         event = dict(item.event)
         data = event.get("data", {})
+        if TRACE:
+            at = datetime.fromisoformat(str(event["ts"])).timestamp()
+            seen = time.perf_counter() - start
+            trail.append(f"{event.get('type')} {1000 * (at - wall):.0f}/{1000 * seen:.0f}")
         if event.get("type") == "sandbox.ready":
             ready = data
         elif (
@@ -134,6 +142,8 @@ def through_service(client: Client, spec: dict[str, Any]) -> Job:
     timings = data.get("timings_ms", {})
     if os.environ.get("BENCH_VERBOSE"):
         print(f"  {spec['pack']['name']} phases (ms): {timings}", file=sys.stderr)
+    if TRACE:  # each event: written / seen by the client, ms after the submit
+        print(f"  {spec['pack']['name']} events: {'; '.join(trail)}", file=sys.stderr)
     return Job(first, took, ready.get("warm") is True, claim_of(ready), timings)
 
 

@@ -23,7 +23,7 @@ from worker.job import run_job
 from worker.jobs.spec import parse_job
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.local import LocalBackend
-from worker.service.reaper import reap_workspaces
+from worker.service.reaper import reap_once
 from worker.workspace import disk
 from worker.workspace.prepare import read_labels
 
@@ -112,10 +112,15 @@ asyncio.run(run_job(job, settings=settings, backend=backend, sinks=[Dies()], env
 """
 
 
-async def _reap(redis_url: str, work: Path) -> list[str]:
+async def _reap(redis_url: str, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """A reaper's pass over this host's local sandboxes and work directories: what it
+    destroyed, and which directories it removed."""
     client = aioredis.Redis.from_url(redis_url)
+    settings = _settings(tmp_path).model_copy(update={"redis_url": redis_url})
     try:
-        return await reap_workspaces(client, work)
+        backend = LocalBackend(LocalConfig.from_settings(settings))
+        report = await reap_once(client, settings, {"local": backend})
+        return list(report.destroyed), list(report.workspaces)
     finally:
         await client.aclose()
 
@@ -123,8 +128,9 @@ async def _reap(redis_url: str, work: Path) -> list[str]:
 def test_a_worker_dying_after_job_completed_leaves_its_dir_to_the_reaper(
     tmp_path: Path, redis_url: str
 ) -> None:
-    """The directory is removed after ``job.completed``: a worker that dies in between
-    leaves it labelled, its sandbox already destroyed, and the reaper removes it (its
+    """The sandbox is destroyed and the directory removed after ``job.completed``: a
+    worker that dies in between leaves the sandbox quiesced (nothing in it runs) and the
+    directory labelled, and the reaper destroys the one and removes the other (their
     owner is gone), disk and all."""
     job = _job(tmp_path)
     (tmp_path / "job.json").write_text(json.dumps(job))
@@ -134,9 +140,18 @@ def test_a_worker_dying_after_job_completed_leaves_its_dir_to_the_reaper(
     completed = json.loads(done.stdout.strip().splitlines()[-1])
     assert (completed["type"], completed["data"]["status"]) == ("job.completed", "succeeded")
     left = _left_behind(tmp_path, job["job_id"])
-    assert (left["sandboxes"], left["held"]) == ([], [])  # destroyed, released (process gone)
+    assert left["held"] == []  # released (the process is gone)
+    [sandbox] = left["sandboxes"]
+    status = asyncio.run(LocalBackend(LocalConfig.from_settings(_settings(tmp_path))).status(
+        sandbox.sandbox_id
+    ))  # fmt: skip
+    assert status is not None
+    assert status.pids == frozenset()
     [name] = left["work"]
-    assert asyncio.run(_reap(redis_url, tmp_path / "work")) == [name]
+    destroyed, removed = asyncio.run(_reap(redis_url, tmp_path))
+    # (This host's sandboxes share one state directory: another test's may go too.)
+    assert sandbox.sandbox_id in destroyed
+    assert removed == [name]
     assert _left_behind(tmp_path, job["job_id"]) == {"sandboxes": [], "work": [], "held": []}
     assert disk.mounts_below(tmp_path) == []
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.sandbox_owner import chown_to_sandbox
 from worker.errors import SandboxError
-from worker.sandbox import cgroups
+from worker.sandbox import cgroups, staging
 from worker.sandbox.base import (
     LABEL_ATTEMPT,
     LABEL_JOB,
@@ -31,6 +31,7 @@ from worker.sandbox.base import (
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.fake import FakeBackend
 from worker.sandbox.local import LocalBackend, LocalSandbox, descendants
+from worker.workspace import disk
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 LIMITS = ResourceLimits(memory_bytes=200 << 20, cpus=0.5, pids=50)
@@ -262,6 +263,58 @@ async def test_thorough_drop_also_empties_bwraps_bounding_set(
     assert int(creds["CapInh"], 16) == 0
     proc.kill()
     await proc.wait()
+
+
+async def test_quiesce_returns_once_nothing_can_run_and_destroy_removes_the_rest(
+    local_box: tuple[LocalBackend, LocalSandbox],
+) -> None:
+    """``quiesce`` kills a tree that keeps forking and holds an inotify instance (whose
+    release waits for a grace period), and returns once every process left is exiting:
+    none runs, writes or forks again. The record and cgroups stay until ``destroy``."""
+    backend, box = local_box
+    inotify = (
+        "import ctypes, time; libc = ctypes.CDLL(None); fd = libc.inotify_init(); "
+        "libc.inotify_add_watch(fd, b'/tmp', 0x100); print('up', flush=True); time.sleep(60)"
+    )
+    script = f'while :; do sleep 0.01 & sleep 0.005; done & exec python3 -c "{inotify}"'
+    proc = await box.spawn(["/bin/sh", "-c", script], env=ENV)
+    assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"up\n"
+    await backend.quiesce(box.sandbox_id)
+    left = cgroups.members(box.cgroups)
+    assert all(cgroups.exiting(pid) for pid in left)
+    await asyncio.sleep(0.05)
+    assert cgroups.members(box.cgroups) <= left  # no new process
+    assert [s.sandbox_id for s in await backend.list({})] == [box.sandbox_id]
+    await backend.quiesce(box.sandbox_id)  # idempotent
+    await backend.destroy(box.sandbox_id)
+    assert await backend.list({}) == []
+    assert not any(path.exists() for path in box.cgroups.paths)
+
+
+async def test_staging_leaves_the_workers_namespace_and_directory_alone(
+    tmp_path: Path, etc: Path
+) -> None:
+    """A root worker stages the sandbox's sources in a mount namespace it makes on a
+    thread of its own: every thread of the worker is still in its namespace, in its
+    directory, and the host's mount table holds only the namespace's file."""
+    ns, cwd = os.readlink("/proc/self/ns/mnt"), os.getcwd()
+    backend = _local(tmp_path, etc)
+    assert backend.privileged  # these machines run the tests as root
+    box = await backend.create(_spec(tmp_path))
+    try:
+        threads = {
+            os.readlink(f"/proc/self/task/{t}/ns/mnt") for t in os.listdir("/proc/self/task")
+        }
+        assert (threads, os.getcwd()) == ({ns}, cwd)
+        record = backend.store.read(box.sandbox_id)
+        assert record is not None
+        assert record.stage is not None
+        assert disk.mounts_below(record.stage.parent) == [staging.ns_file(record.stage)]
+        code, out, _ = await _output(box, ["cat", "/opt/acp-pack/agent.txt"])
+        assert (code, out) == (0, b"pack-file")
+    finally:
+        await backend.destroy(box.sandbox_id)
+    assert disk.mounts_below(record.stage.parent) == []
 
 
 async def test_labels_and_id(local_box: tuple[LocalBackend, LocalSandbox]) -> None:

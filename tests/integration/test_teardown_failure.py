@@ -34,7 +34,11 @@ pytestmark = pytest.mark.integration
 
 
 class _Undestroyable(LocalBackend):
-    """The real backend, whose destroy fails the way a cgroup that stays busy does."""
+    """The real backend, whose quiesce and destroy fail the way a process that does not
+    die does."""
+
+    async def quiesce(self, sandbox_id: str) -> None:
+        raise SandboxError("sandbox processes survived destroy", sandbox_id=sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
         raise SandboxError("sandbox processes survived destroy", sandbox_id=sandbox_id)
@@ -47,6 +51,9 @@ class _UndestroyableSilent(_Undestroyable):
         box = await super().create(spec)
         box.__class__ = _SilentAgent
         return box
+
+    async def quiesce(self, sandbox_id: str) -> None:
+        raise RuntimeError("a bug quoting the agent: s3cr3t")
 
     async def destroy(self, sandbox_id: str) -> None:
         raise RuntimeError("a bug quoting the agent: s3cr3t")

@@ -82,6 +82,67 @@ def test_a_bounded_disk_stops_writes_at_its_size_and_goes_away(tmp_path: Path) -
     assert _leftovers(tmp_path) == []
 
 
+def test_disks_are_copies_of_one_template_made_once(tmp_path: Path) -> None:
+    """The worker formats a size once (a template under its cache, never mounted, read
+    only) and copies it for each disk: each copy is a filesystem of its own, of the full
+    size, empty, sparse on the host."""
+    templates = tmp_path / "cache" / disk.TEMPLATES
+    made, stamps = [], []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        made.append(disk.mount_bounded(tmp_path / name, size_mb=64, templates=templates))
+        stamps.append([(p.name, p.stat().st_mtime_ns) for p in templates.iterdir()])
+    assert stamps[0] == stamps[1]  # made once, not written since
+    [template] = templates.iterdir()
+    assert (template.name, template.stat().st_mode & 0o777) == ("ext4-64m.img", 0o400)
+    assert templates.stat().st_mode & 0o777 == 0o700
+    first, second = made
+    (first.mount / "only-here").write_text("a")
+    assert sorted(p.name for p in second.mount.iterdir()) == ["lost+found"]
+    for bounded in made:
+        stats = os.statvfs(bounded.mount)
+        assert 56 * MIB <= stats.f_blocks * stats.f_frsize <= 64 * MIB
+        assert os.stat(bounded.image).st_blocks * 512 < 8 * MIB  # sparse: metadata only
+    assert all(disk.mounts_below(tmp_path / n) for n in ("a", "b"))
+    assert template not in [Path(p.split(": ", 1)[1]) for p in _loops_under(tmp_path)]
+    for name in ("a", "b"):
+        remove_staged(tmp_path / name)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_template_copied_by_reading_where_the_kernel_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache and the work directory on two filesystems: ``copy_file_range`` refuses
+    (EXDEV), and the copy reads and writes instead, to the same disk."""
+    calls = []
+
+    def refuse(*args: object) -> int:
+        calls.append(args)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    bounded = disk.mount_bounded(tmp_path, size_mb=32, templates=tmp_path / "tpl")
+    assert calls
+    (bounded.mount / "works").write_text("yes")
+    remove_staged(tmp_path / disk.MOUNT)
+    disk.unmount_below(tmp_path)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_damaged_template_fails_the_disk_cleanly(tmp_path: Path) -> None:
+    """A template that is not a filesystem (damaged on the cache's disk) makes no disk:
+    a ``disk_failed`` error, nothing mounted."""
+    templates = tmp_path / "tpl"
+    templates.mkdir(mode=0o700)
+    (templates / "ext4-16m.img").write_bytes(b"\0" * MIB)
+    (tmp_path / "job").mkdir()
+    with pytest.raises(SandboxError) as failed:
+        disk.mount_bounded(tmp_path / "job", size_mb=16, templates=templates)
+    assert failed.value.details["reason"] == "disk_failed"
+    assert _leftovers(tmp_path) == []
+
+
 def test_unmount_below_detaches_a_busy_mount(tmp_path: Path) -> None:
     bounded = disk.mount_bounded(tmp_path, size_mb=16)
     handle = open(bounded.mount / "held", "w")  # noqa: SIM115 - kept open on purpose

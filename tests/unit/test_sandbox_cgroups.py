@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from worker.sandbox import cgroups
@@ -106,3 +107,19 @@ def test_cgroup_lines_parse_v1_and_v2_entries() -> None:
         "": "/u/x",
         "name=systemd": "/",
     }
+
+
+def test_exiting_tells_a_running_process_from_a_dead_or_gone_one() -> None:
+    """A running process is not exiting; one killed but not yet reaped (a zombie) is,
+    and so is a pid that no longer exists."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not cgroups.exiting(child.pid)
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert Path(f"/proc/{child.pid}").exists()
+        assert cgroups.exiting(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert cgroups.exiting(child.pid)

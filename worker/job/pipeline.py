@@ -153,6 +153,8 @@ class Job:
         self._refill: Recipe | None = None
         #: The job's directory (and disk) to remove once it settled (``remove_leftovers``).
         self._leftover: Prepared | None = None
+        #: Its sandbox, quiesced (``Quiescing``), to destroy then, first.
+        self._quiesced: str | None = None
 
     async def run(self, cancel: asyncio.Event) -> JobOutcome:
         """accepted → prepare → launch → session → turn, then teardown and completion."""
@@ -169,7 +171,7 @@ class Job:
             answered_at = None if self._turn is None else self._turn.answered_at
             made = self._made = replace(self._made, answered_at=answered_at)
             torn = await Teardown(self._ctx, self._tools, made).run()
-            self._leftover = torn.leftover
+            self._leftover, self._quiesced = torn.leftover, torn.quiesced
         memory_mb = self._ctx.spec.limits.memory_mb
         outcome = after_agent_exit(outcome, torn.agent_exit, memory_mb=memory_mb)
         outcome = after_upload(outcome, torn.upload_error)
@@ -181,13 +183,27 @@ class Job:
         return outcome
 
     async def remove_leftovers(self) -> None:
-        """Once the job settled (its ``job.completed`` written, ``run_job``), remove its
+        """Once the job settled (its ``job.completed`` written, ``run_job``), destroy its
+        quiesced sandbox (the kernel's reaping of what was killed) and remove its
         directory: the staged workspace, the fetched source, the workspace disk (unmounted,
-        its sparse image unlinked: tens of milliseconds that no result depends on). The
-        caller still holds the job's lease, so no reaper judges the directory over
-        meanwhile; a removal that fails is logged and left to the reaper, which removes
+        its sparse image unlinked). Tens of milliseconds that no result depends on. The
+        caller still holds the job's lease, so no reaper judges them meanwhile; a step
+        that fails is logged and left to the reaper, which destroys a sandbox and removes
         a labelled directory once its job is over (its owner gone, or its lease)."""
+        quiesced, self._quiesced = self._quiesced, None
         leftover, self._leftover = self._leftover, None
+        ctx = self._ctx
+        if quiesced is not None:
+            try:
+                await ctx.backend.destroy(quiesced)
+            except Exception:  # a sandbox error or a bug: the job has settled already
+                log.exception(
+                    "could not destroy sandbox %s of job %s attempt %s; the reaper will",
+                    quiesced,
+                    ctx.spec.job_id,
+                    ctx.attempt,
+                )
+                return  # its directory goes with it, once the reaper destroyed it
         if leftover is None:
             return
         try:
@@ -195,8 +211,8 @@ class Job:
         except OSError:
             log.exception(
                 "could not remove the work directory of job %s attempt %s; the reaper will",
-                self._ctx.spec.job_id,
-                self._ctx.attempt,
+                ctx.spec.job_id,
+                ctx.attempt,
             )
 
     def replenish(self) -> None:

@@ -189,7 +189,8 @@ class TornDown:
     capture found (None: no capture ran, or it failed), the uploaded bundle, and the
     first failures of the upload and of a teardown step. ``leftover``: what is still to
     be removed once ``job.completed`` is written (the job's directory, its disk image);
-    None when nothing is (kept, left to the reaper, or never made)."""
+    None when nothing is (kept, left to the reaper, or never made). ``quiesced``: the
+    sandbox only quiesced (``Quiescing``), whose ``destroy`` comes then too, first."""
 
     agent_exit: ExitDiagnosis | None = None
     changes: tuple[Change, ...] | None = None
@@ -197,6 +198,7 @@ class TornDown:
     upload_error: ResultUploadFailed | None = None
     error: WorkerError | None = None
     leftover: Prepared | None = None
+    quiesced: str | None = None
 
 
 def new_tools(ctx: JobContext) -> JobTools:

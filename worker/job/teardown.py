@@ -45,7 +45,7 @@ from worker.job.state import (
     lease_gone,
     tell_results_skipped,
 )
-from worker.sandbox.base import ExitDiagnosis
+from worker.sandbox.base import ExitDiagnosis, Quiescing
 from worker.workspace.prepare import Prepared
 
 #: A file's mtime comes from the kernel's coarse clock (one tick, 4 ms at HZ=250, behind
@@ -68,6 +68,8 @@ class Teardown:
         self._capture = Capture(ctx, tools, made)
         #: Set once the sandbox is gone and the job's directory may go (``_dismantle``).
         self._leftover: Prepared | None = None
+        #: The sandbox quiesced, not yet destroyed (``_destroy``).
+        self._quiesced: str | None = None
 
     async def run(self) -> TornDown:
         """Every step, in order; the closure hold is released last, whatever happened."""
@@ -86,6 +88,7 @@ class Teardown:
             upload_error=results.upload_error,
             error=self._error,
             leftover=self._leftover,
+            quiesced=self._quiesced,
         )
 
     async def _step(self, step: str, work: Callable[[], Awaitable[None]]) -> bool:
@@ -165,8 +168,18 @@ class Teardown:
             await self._ctx.emitter.emit(notices.oom_killed(memory_mb))
 
     async def _destroy(self) -> None:
-        if self._made.sandbox is not None:
-            await self._ctx.backend.destroy(self._made.sandbox.sandbox_id)
+        """Destroy the sandbox, or quiesce it where the backend can say sooner that
+        nothing in it runs (``Quiescing``): its ``destroy`` (the kernel's reaping of what
+        was killed, tens of milliseconds for a big agent) then waits until
+        ``job.completed`` is written (``Job.remove_leftovers``)."""
+        if self._made.sandbox is None:
+            return
+        backend, sandbox_id = self._ctx.backend, self._made.sandbox.sandbox_id
+        if isinstance(backend, Quiescing):
+            await backend.quiesce(sandbox_id)
+            self._quiesced = sandbox_id
+        else:
+            await backend.destroy(sandbox_id)
 
     async def _abandon(self) -> None:
         """The sandbox survived its destroy: say what was left undone."""

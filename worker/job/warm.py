@@ -47,7 +47,7 @@ from worker.sessions import JobSessions
 from worker.settings import Settings
 from worker.store import warm as records
 from worker.store.owner import LABEL_STORE, owner_labels, store_label
-from worker.workspace.disk import BoundedDisk, mount_bounded
+from worker.workspace.disk import TEMPLATES, BoundedDisk, mount_bounded
 from worker.workspace.prepare import write_labels
 from worker.workspace.stage import remove_staged
 
@@ -209,7 +209,12 @@ class WarmPool:
             labels = self._labels(slot_id)
             await asyncio.to_thread(_make_dir, directory, labels)
             if recipe.disk_mb is not None:
-                disk = await asyncio.to_thread(mount_bounded, directory, size_mb=recipe.disk_mb)
+                disk = await asyncio.to_thread(
+                    mount_bounded,
+                    directory,
+                    size_mb=recipe.disk_mb,
+                    templates=settings.cache_dir / TEMPLATES,
+                )
             root = directory if disk is None else disk.mount
             workspace = root / "workspace"
             await asyncio.to_thread(_make_workspace, workspace, backend.stage_owner())

@@ -453,6 +453,18 @@ class SandboxBackend(Protocol):
 
 
 @runtime_checkable
+class Quiescing(Protocol):
+    """A backend whose ``destroy`` waits for the kernel to reap what it killed can say
+    sooner that nothing in a sandbox can run again: ``quiesce`` kills everything inside
+    and undoes what ``create`` made around it, and returns once no process in it can run,
+    write or fork (the local backend: every thread in the kernel's exit path). A job's
+    results are taken from then on; ``destroy`` still follows, before its lease goes.
+    """
+
+    async def quiesce(self, sandbox_id: str) -> None: ...
+
+
+@runtime_checkable
 class SlotHost(Protocol):
     """What a backend with ``Capabilities.warm_slots`` adds: a sandbox made with no job
     (``create`` of a spec whose ``workspace`` is the slot's own, still empty, directory) is

@@ -213,6 +213,30 @@ def signal_all(cgroups: CgroupSet, sig: signal.Signals) -> int:
     return len(found)
 
 
+#: ``PF_EXITING`` in the flags of ``/proc/<pid>/task/<tid>/stat``: the thread is in the
+#: kernel's exit path and can never run user code again.
+_PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """Whether every thread of ``pid`` is exiting (or gone): it can never run again,
+    though the kernel may still be tearing it down (closing its files, dropping its
+    namespaces) and it still counts as a member until then."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # reaped
+        if not int(fields[6]) & _PF_EXITING:  # after the name: state, ppid, …, flags
+            return False
+    return True
+
+
 def remove(cgroups: CgroupSet) -> bool:
     """rmdir every cgroup; True when none is left (EBUSY while members are being reaped)."""
     done = True

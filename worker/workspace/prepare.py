@@ -19,7 +19,7 @@ from worker.errors import WorkspaceUnavailable
 from worker.jobs.spec import GitWorkspace, LocalWorkspace, S3Workspace
 from worker.settings import Settings
 from worker.workspace import git
-from worker.workspace.disk import BoundedDisk, mount_bounded
+from worker.workspace.disk import TEMPLATES, BoundedDisk, mount_bounded
 from worker.workspace.stage import StagedWorkspace, remove_staged, stage_local
 
 
@@ -129,7 +129,10 @@ async def _destination(
     """Where the copy goes: on its own disk when bounded, else in the job directory."""
     if disk_mb is None or settings.workspace_disk != "loop":
         return job_dir / "workspace"
-    prepared.disk = await asyncio.to_thread(mount_bounded, job_dir, size_mb=disk_mb)
+    templates = settings.cache_dir / TEMPLATES
+    prepared.disk = await asyncio.to_thread(
+        mount_bounded, job_dir, size_mb=disk_mb, templates=templates
+    )
     return prepared.disk.mount / "workspace"
 
 

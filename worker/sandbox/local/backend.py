@@ -34,7 +34,12 @@ from worker.sandbox.local.bwrap import (
     stage_sources,
 )
 from worker.sandbox.local.privilege import HostTools
-from worker.sandbox.local.process import LocalProcess, kill_and_remove, start_admitted
+from worker.sandbox.local.process import (
+    LocalProcess,
+    kill_and_remove,
+    kill_until_exiting,
+    start_admitted,
+)
 from worker.sandbox.local.records import (
     DEFAULT_STATE_DIR,
     LocalSandboxStatus,
@@ -266,7 +271,7 @@ class LocalBackend:
                 _check_owner(state.source, self.owner, what="writable mount")
         self.tools.bwrap_path()
         if self.privileged:
-            for name in ("nsenter", "setpriv", "unshare", "sh"):
+            for name in ("nsenter", "setpriv"):
                 self.tools.tool(name)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
         driver = self.cgroup_driver()
@@ -313,9 +318,8 @@ class LocalBackend:
                 record = await self._start_network(record, spec)
                 if record.stage is not None:
                     staging.prepare_root(self._stage_dir)
-                    tools = {"unshare": self.tools.tool("unshare"), "sh": self.tools.tool("sh")}
                     sources = stage_sources(record, spec, empty_dir=self.empty_dir)
-                    await staging.create(record.stage, sources, tools)
+                    await staging.create(record.stage, sources)
         except SandboxError:
             await self.destroy(record.sandbox_id)
             raise
@@ -363,6 +367,27 @@ class LocalBackend:
         await asyncio.to_thread(hostfill.move_into, staged, workspace)
         return workspace
 
+    async def quiesce(self, sandbox_id: str) -> None:
+        """Kill everything inside and undo what ``create`` made around it (its proxy,
+        staging namespace, mask mount points), returning as soon as nothing in it can
+        run again (``kill_until_exiting``); ``destroy`` then removes the rest once the
+        kernel has reaped the processes (their cgroups, the record). Idempotent.
+
+        Raises:
+            SandboxError: a process was still not exiting after the bounded kill loop.
+        """
+        check_local_id(sandbox_id)
+        record = self.store.read(sandbox_id)
+        if record is None:
+            self._watchdogs.stop(sandbox_id)
+            return
+        with translate_oserror("destroy", sandbox_id):
+            await kill_until_exiting(record.cgroups, sandbox_id)
+            await self._release(record)
+            # Released: what is left for ``destroy`` is the cgroups and the record.
+            released = replace(record, mask_points=(), stage=None, staged=(), proxy_dir=None)
+            self.store.write(released)
+
     async def destroy(self, sandbox_id: str) -> None:
         """Kill everything inside and remove what ``create`` made; idempotent.
 
@@ -377,14 +402,18 @@ class LocalBackend:
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_and_remove(record.cgroups, sandbox_id)
-            self._watchdogs.stop(sandbox_id)
-            await self._proxies.close(sandbox_id)
-            if record.stage is not None:
-                staging.remove(record.stage, record.staged)
-            mountpoints.remove(record.workspace, record.mask_points)
-            if record.proxy_dir is not None:
-                netpolicy.remove_dir(record.proxy_dir)
+            await self._release(record)
             self.store.delete(sandbox_id)
+
+    async def _release(self, record: SandboxRecord) -> None:
+        """What surrounds a sandbox whose processes are gone or exiting; idempotent."""
+        self._watchdogs.stop(record.sandbox_id)
+        await self._proxies.close(record.sandbox_id)
+        if record.stage is not None:
+            staging.remove(record.stage, record.staged)
+        mountpoints.remove(record.workspace, record.mask_points)
+        if record.proxy_dir is not None:
+            netpolicy.remove_dir(record.proxy_dir)
 
     async def list(self, labels: Mapping[str, str]) -> list[SandboxInfo]:
         """Sandboxes whose labels include all of ``labels``, from the state records.

@@ -260,6 +260,38 @@ async def start_admitted(
     return proc
 
 
+async def kill_until_exiting(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
+    """SIGKILL every member of ``cgs`` until each is exiting (``cgroups.exiting``) and
+    none appeared since: from then on nothing in the sandbox can run, write or fork again.
+
+    The kernel may still be tearing the last of them down: closing an inotify instance
+    waits for an SRCU grace period, dropping the sandbox's mount namespace for an RCU
+    one (10-50 ms for codex-acp here, the pauses of a loop that waits for the cgroups
+    to empty); :func:`kill_and_remove` waits for that.
+
+    Raises:
+        SandboxError: a process was still not exiting after the bounded kill loop.
+    """
+    pause, longest = _KILL_PAUSE_S
+    for _ in range(_KILL_ROUNDS):
+        found = cgroups.members(cgs)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        # A member forks no more once it is exiting: if every one listed is, and the
+        # cgroups list none besides them, none can appear later.
+        if all(cgroups.exiting(pid) for pid in found) and cgroups.members(cgs) <= found:
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, longest)
+    raise SandboxError(
+        "sandbox processes survived destroy",
+        sandbox_id=sandbox_id,
+        pids=sorted(cgroups.members(cgs)),
+        errno=errno.EBUSY,
+    )
+
+
 async def kill_and_remove(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
     """SIGKILL every member of ``cgs`` until none is left, then remove the cgroups.
 
