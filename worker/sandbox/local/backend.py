@@ -368,10 +368,11 @@ class LocalBackend:
         return workspace
 
     async def quiesce(self, sandbox_id: str) -> None:
-        """Kill everything inside and undo what ``create`` made around it (its proxy,
-        staging namespace, mask mount points), returning as soon as nothing in it can
-        run again (``kill_until_exiting``); ``destroy`` then removes the rest once the
-        kernel has reaped the processes (their cgroups, the record). Idempotent.
+        """Kill everything inside and undo what ``create`` made around it that a result
+        could see (its proxy, the mask mount points in the workspace), returning as soon
+        as nothing in it can run again (``kill_until_exiting``); ``destroy`` then removes
+        the rest once the kernel has reaped the processes (the staging namespace, whose
+        release waits for an RCU grace period, the cgroups, the record). Idempotent.
 
         Raises:
             SandboxError: a process was still not exiting after the bounded kill loop.
@@ -383,10 +384,9 @@ class LocalBackend:
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_until_exiting(record.cgroups, sandbox_id)
-            await self._release(record)
-            # Released: what is left for ``destroy`` is the cgroups and the record.
-            released = replace(record, mask_points=(), stage=None, staged=(), proxy_dir=None)
-            self.store.write(released)
+            await self._release(record, stage=False)
+            # Released: what is left for ``destroy`` is the stage, the cgroups, the record.
+            self.store.write(replace(record, mask_points=(), proxy_dir=None))
 
     async def destroy(self, sandbox_id: str) -> None:
         """Kill everything inside and remove what ``create`` made; idempotent.
@@ -405,11 +405,12 @@ class LocalBackend:
             await self._release(record)
             self.store.delete(sandbox_id)
 
-    async def _release(self, record: SandboxRecord) -> None:
-        """What surrounds a sandbox whose processes are gone or exiting; idempotent."""
+    async def _release(self, record: SandboxRecord, *, stage: bool = True) -> None:
+        """What surrounds a sandbox whose processes are gone or exiting (with ``stage``,
+        its staging namespace too); idempotent."""
         self._watchdogs.stop(record.sandbox_id)
         await self._proxies.close(record.sandbox_id)
-        if record.stage is not None:
+        if stage and record.stage is not None:
             staging.remove(record.stage, record.staged)
         mountpoints.remove(record.workspace, record.mask_points)
         if record.proxy_dir is not None:
