@@ -51,8 +51,8 @@ from worker.workspace.prepare import Prepared
 #: A file's mtime comes from the kernel's coarse clock (one tick, 4 ms at HZ=250, behind
 #: ``time.time()``): a write right after the answer may carry a time just before it.
 _MTIME_TICK_S = 0.01
-#: How often the recording is looked for: its end holds the job's end back (a claude job's
-#: transcript lands ≈ 20-60 ms after the answer), so every poll saves half a period.
+#: How often the recording is looked for: the wait holds the job's end back (a claude
+#: job's transcript lands after its answer), by half a period on average.
 _SETTLE_POLL_S = 0.003
 
 log = logging.getLogger(__name__)
