@@ -29,6 +29,7 @@ without the bound instead).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -149,6 +150,11 @@ def template(directory: Path, size_mb: int) -> Path:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         _sparse(part, size_mb * 1024 * 1024)
         _run([tool("mkfs.ext4"), *_MKFS_OPTIONS, str(part)], "mkfs.ext4")
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         part.chmod(0o400)
         os.replace(part, path)  # another process's identical one may be replaced: fine
     except OSError as exc:
@@ -195,27 +201,24 @@ def _copy_sparse(source: Path, image: Path) -> None:
         SandboxError: reason ``disk_failed``.
     """
     try:
-        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
+        with contextlib.ExitStack() as fds:
+            src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+            fds.callback(os.close, src)
             size = os.fstat(src).st_size
             _sparse(image, size)
             dst = os.open(image, os.O_WRONLY | os.O_NOFOLLOW)
-            try:
-                offset = 0
-                while offset < size:
-                    try:
-                        start = os.lseek(src, offset, os.SEEK_DATA)
-                    except OSError as exc:
-                        if exc.errno == errno.ENXIO:  # only a hole is left
-                            break
-                        raise
-                    offset = os.lseek(src, start, os.SEEK_HOLE)
-                    _copy_range(src, dst, start, offset - start)
-                os.fdatasync(dst)
-            finally:
-                os.close(dst)
-        finally:
-            os.close(src)
+            fds.callback(os.close, dst)
+            offset = 0
+            while offset < size:
+                try:
+                    start = os.lseek(src, offset, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    raise
+                offset = os.lseek(src, start, os.SEEK_HOLE)
+                _copy_range(src, dst, start, offset - start)
+            os.fdatasync(dst)
     except OSError as exc:
         raise SandboxError(
             f"cannot copy the workspace disk template: {exc.strerror or exc}",

@@ -284,12 +284,7 @@ async def kill_until_exiting(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
             return
         await asyncio.sleep(pause)
         pause = min(pause * 2, longest)
-    raise SandboxError(
-        "sandbox processes survived destroy",
-        sandbox_id=sandbox_id,
-        pids=sorted(cgroups.members(cgs)),
-        errno=errno.EBUSY,
-    )
+    raise _survived(cgs, sandbox_id)
 
 
 async def kill_and_remove(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
@@ -307,7 +302,12 @@ async def kill_and_remove(cgs: cgroups.CgroupSet, sandbox_id: str) -> None:
             return
         await asyncio.sleep(pause)
         pause = min(pause * 2, longest)
-    raise SandboxError(
+    raise _survived(cgs, sandbox_id)
+
+
+def _survived(cgs: cgroups.CgroupSet, sandbox_id: str) -> SandboxError:
+    """What a kill loop that ran out of rounds raises: who is still there."""
+    return SandboxError(
         "sandbox processes survived destroy",
         sandbox_id=sandbox_id,
         pids=sorted(cgroups.members(cgs)),
