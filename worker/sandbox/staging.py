@@ -29,8 +29,8 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from worker.errors import SandboxError
 
@@ -81,7 +81,7 @@ async def create(stage: Path, sources: Mapping[str, Path]) -> None:
     """
     fds, pairs = _open_sources(stage, sources)
     try:
-        await asyncio.to_thread(_in_own_thread, _bind_in_new_ns, ns_file(stage), pairs)
+        await asyncio.to_thread(_in_own_thread, partial(_bind_in_new_ns, ns_file(stage), pairs))
     finally:
         for fd in fds:
             os.close(fd)
@@ -113,7 +113,7 @@ def _mount_point(path: Path, *, is_dir: bool) -> None:
         path.touch(mode=0o644)
 
 
-def _in_own_thread(work: Callable[[Path, Sequence[_Bind]], None], *args: Any) -> None:
+def _in_own_thread(work: Callable[[], None]) -> None:
     """Run ``work`` on a thread of its own, which ends with it: a thread that entered
     another mount namespace keeps its own root and working directory from then on
     (``unshare`` gives it its own), and no other work may ever run on it."""
@@ -121,7 +121,7 @@ def _in_own_thread(work: Callable[[Path, Sequence[_Bind]], None], *args: Any) ->
 
     def run() -> None:
         try:
-            work(*args)
+            work()
         except BaseException as exc:  # handed to the caller, raised there
             failure.append(exc)
 
