@@ -37,7 +37,7 @@ from tests.integration.test_service import (
     completed,
     events_of,
     job,
-    sandboxes_of,
+    sandboxes_left,
     wait_for,
 )
 from worker.client import Client
@@ -184,7 +184,7 @@ def test_sigterm_lets_the_running_job_finish_and_takes_no_new_one(
     assert code == 0
     assert "drain grace of" not in first.log.read_text()  # out before the grace was over
     assert "duplicates" not in client.get("after-1").fields
-    assert sandboxes_of("busy-1") == []
+    assert sandboxes_left("busy-1") == []
     FIGURES["busy_last_job_answered_to_exit"] = round(answer_to_exit)
     second.term()
     code, idle_term_to_exit = second.exited()
@@ -222,7 +222,7 @@ def test_a_job_outliving_the_grace_is_handed_back_and_run_as_attempt_2(
         for e in followed
         if e.event["type"] == "job.completed"
     ] == [(1, "cancelled"), (2, "succeeded")]
-    assert sandboxes_of("long-1") == []
+    assert sandboxes_left("long-1") == []
     with redis.Redis.from_url(REDIS_URL) as r:
         assert r.hget(keys.settled("long-1"), "attempt") == b"2"  # attempt 1 never settled
     FIGURES["handback_sigterm_to_exit_grace_1s"] = round(term_to_exit)
@@ -324,7 +324,7 @@ async def test_a_tripped_switch_hands_the_job_back_and_publishes_attempt_2(
     state = client.get(spec["job_id"])
     assert (state.attempt, state.status, state.enqueued) == (2, "queued", True)
     assert _published_attempts() == [2]
-    assert await asyncio.to_thread(sandboxes_of, spec["job_id"]) == []
+    assert await asyncio.to_thread(sandboxes_left, spec["job_id"]) == []
     assert list((tmp_path / "work").iterdir()) == []
     _flush(BROKER_URL)
 

@@ -25,7 +25,7 @@ from tests.integration.test_service import (
     completed,
     events_of,
     job,
-    sandboxes_of,
+    sandboxes_left,
     wait_for,
 )
 from worker.client import Client
@@ -111,4 +111,4 @@ def test_a_job_whose_message_was_rolled_back_runs_once_when_requeued(
         assert_contiguous(events)
     assert refused[fields.LAST_REFUSAL] in ("held", "settled")
     for job_id in ("rq-lost", "rq-twice", "rq-running"):
-        assert sandboxes_of(job_id) == []
+        assert sandboxes_left(job_id) == []

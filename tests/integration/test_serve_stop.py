@@ -38,7 +38,7 @@ from tests.integration.test_service import (
     completed,
     events_of,
     job,
-    sandboxes_of,
+    sandboxes_left,
     wait_for,
 )
 from worker.client import Client
@@ -148,7 +148,7 @@ def test_a_serve_stopped_by_hand_as_its_job_finishes_leaves_nothing(
     assert code == 0  # a clean drain, whichever stop asked for it (Celery's Ctrl-C says 1)
     assert worker.left_in_tmpdir() == []
     assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
-    assert sandboxes_of(f"stop-{stop}") == []
+    assert sandboxes_left(f"stop-{stop}") == []
     log = worker.log.read_text()
     assert "Traceback" not in log, log[-3000:]
 

@@ -218,6 +218,17 @@ def sandboxes_of(job_id: str) -> list[Any]:
     )
 
 
+def sandboxes_left(job_id: str, *, timeout: float = 30) -> list[Any]:
+    """The job's sandboxes once its worker released its lease. A worker destroys a local
+    sandbox after ``job.completed`` (it was quiesced before the results), still under
+    the lease: nothing of a job that settled is left once its lease is gone."""
+    deadline = time.monotonic() + timeout
+    with redis.Redis.from_url(_settings().redis_url) as r:
+        while r.exists(keys.lease(job_id)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return sandboxes_of(job_id)
+
+
 def assert_contiguous(events: list[dict[str, Any]]) -> None:
     by_attempt: dict[int, list[int]] = {}
     for event in events:
@@ -244,7 +255,7 @@ def test_submit_follow_through_the_cli(worker: Worker, redis_url: str) -> None:
     assert [e["data"]["status"] for e in completed(events)] == ["succeeded"]
     assert any(e["type"] == "message.delta" for e in events)
     assert_contiguous(events)
-    assert sandboxes_of("hello-0001") == []
+    assert sandboxes_left("hello-0001") == []
     resumed = subprocess.run(
         [
             ACP_WORKER,
@@ -353,7 +364,7 @@ def test_a_redelivered_message_runs_once(client: Client, redis_url: str) -> None
     assert [e["type"] for e in events].count("job.accepted") == 1
     assert [e["data"]["status"] for e in completed(events)] == ["cancelled"]
     assert client.get("dup-1").fields["last_refusal"] == "held"
-    assert sandboxes_of("dup-1") == []
+    assert sandboxes_left("dup-1") == []
 
 
 def test_a_settled_job_delivered_again_after_its_keys_expired_is_refused(
@@ -381,7 +392,7 @@ def test_a_settled_job_delivered_again_after_its_keys_expired_is_refused(
         )
         assert raw.exists(keys.state("exp-1"), keys.events("exp-1")) == 0
         assert raw.hget(keys.settled("exp-1"), "status") == b"succeeded"
-    assert sandboxes_of("exp-1") == []
+    assert sandboxes_left("exp-1") == []
 
 
 def _session_started(client: Client, job_id: str) -> bool:
@@ -419,12 +430,12 @@ def test_a_job_cancelled_while_queued_never_starts_its_agent(
     ]
     assert [e["data"]["status"] for e in completed(events)] == ["cancelled"]
     assert client.get("queued-1").status == "cancelled"
-    assert sandboxes_of("queued-1") == []
+    assert sandboxes_left("queued-1") == []
     for job_id in busy:  # cancelled mid-turn, through session/cancel
         ran = [dict(e.event) for e in client.events(job_id, follow=True, timeout=60)]
         assert [e["data"]["status"] for e in completed(ran)] == ["cancelled"]
         assert "agent.initialized" in [e["type"] for e in ran]
-        assert sandboxes_of(job_id) == []
+        assert sandboxes_left(job_id) == []
 
 
 def test_timeout_settles_timed_out_and_leaves_nothing(client: Client) -> None:
@@ -432,7 +443,7 @@ def test_timeout_settles_timed_out_and_leaves_nothing(client: Client) -> None:
     events = [dict(e.event) for e in client.events("slow-1", follow=True, timeout=60)]
     assert [e["data"]["status"] for e in completed(events)] == ["timed_out"]
     assert client.get("slow-1").status == "timed_out"
-    assert sandboxes_of("slow-1") == []
+    assert sandboxes_left("slow-1") == []
 
 
 def test_malformed_payloads_settle_once_without_retry(client: Client, redis_url: str) -> None:

@@ -26,7 +26,7 @@ from tests.integration.test_service import (
     completed,
     events_of,
     job,
-    sandboxes_of,
+    sandboxes_left,
     wait_for,
 )
 from worker.client import Client, queue
@@ -75,13 +75,13 @@ def test_a_soft_time_limit_ends_the_job_before_the_next_delivery(
     torn_down = next(i for i, line in enumerate(lines) if "could not be settled" in line)
     assert torn_down < returned  # the teardown ended before the task returned
     assert not any("teardown has not ended" in line for line in lines)
-    assert sandboxes_of("soft-1") == []
+    assert sandboxes_left("soft-1") == []
     assert [e["data"]["status"] for e in completed(first)] == ["lost"]
     assert_contiguous(first)
     # The next delivery, on the same process, as if nothing had happened before it.
     assert [e["data"]["status"] for e in completed(after)] == ["succeeded"]
     assert_contiguous(after)
-    assert sandboxes_of("soft-2") == []
+    assert sandboxes_left("soft-2") == []
     pools = {
         line.split("/", 1)[1].split("]", 1)[0]
         for line in lines

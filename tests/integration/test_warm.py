@@ -387,7 +387,7 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
         _flush,
         _settings,
         job,
-        sandboxes_of,
+        sandboxes_left,
         wait_for,
     )
 
@@ -408,7 +408,7 @@ def test_a_served_job_claims_the_slot_its_predecessor_left(tmp_path: Path, redis
                 assert _idle_slots(idle)
             assert "warm" not in readies[0]
             assert readies[1]["warm"] is True
-            assert sandboxes_of("warm-served-2") == []
+            assert sandboxes_left("warm-served-2") == []
             # The pool process dies with its slot: serve's reaper destroys the slot.
             [slot] = _slots()
             os.kill(int(slot.labels["acpw.owner"].split(":")[2]), signal.SIGKILL)
