@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import json
 import os
 import subprocess
@@ -88,10 +89,22 @@ def test_disks_are_copies_of_one_template_made_once(tmp_path: Path) -> None:
     size, empty, sparse on the host."""
     templates = tmp_path / "cache" / disk.TEMPLATES
     made, stamps = [], []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            made.append(disk.mount_bounded(tmp_path / name, size_mb=64, templates=templates))
+            stamps.append([(p.name, p.stat().st_mtime_ns) for p in templates.iterdir()])
+        _two_copies(tmp_path, templates, made, stamps)
+    finally:  # a failed check leaves nothing mounted
+        disk.unmount_below(tmp_path)
     for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        made.append(disk.mount_bounded(tmp_path / name, size_mb=64, templates=templates))
-        stamps.append([(p.name, p.stat().st_mtime_ns) for p in templates.iterdir()])
+        remove_staged(tmp_path / name)
+    assert _leftovers(tmp_path) == []
+
+
+def _two_copies(
+    tmp_path: Path, templates: Path, made: list[disk.BoundedDisk], stamps: list[Any]
+) -> None:
     assert stamps[0] == stamps[1]  # made once, not written since
     [template] = templates.iterdir()
     assert (template.name, template.stat().st_mode & 0o777) == ("ext4-64m.img", 0o400)
@@ -105,9 +118,6 @@ def test_disks_are_copies_of_one_template_made_once(tmp_path: Path) -> None:
         assert os.stat(bounded.image).st_blocks * 512 < 8 * MIB  # sparse: metadata only
     assert all(disk.mounts_below(tmp_path / n) for n in ("a", "b"))
     assert template not in [Path(p.split(": ", 1)[1]) for p in _loops_under(tmp_path)]
-    for name in ("a", "b"):
-        remove_staged(tmp_path / name)
-    assert _leftovers(tmp_path) == []
 
 
 def test_a_template_copied_by_reading_where_the_kernel_cannot(
@@ -122,11 +132,59 @@ def test_a_template_copied_by_reading_where_the_kernel_cannot(
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "copy_file_range", refuse)
-    bounded = disk.mount_bounded(tmp_path, size_mb=32, templates=tmp_path / "tpl")
-    assert calls
-    (bounded.mount / "works").write_text("yes")
-    remove_staged(tmp_path / disk.MOUNT)
-    disk.unmount_below(tmp_path)
+    try:
+        bounded = disk.mount_bounded(tmp_path, size_mb=32, templates=tmp_path / "tpl")
+        assert calls
+        (bounded.mount / "works").write_text("yes")
+    finally:
+        disk.unmount_below(tmp_path)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_disk_from_the_template_spawns_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the template exists, a disk is a copy and a mount the worker makes itself:
+    no ``mkfs`` and no ``mount(8)``."""
+    templates = tmp_path / "tpl"
+    disk.template(templates, 16)
+    spawned: list[str] = []
+    real = subprocess.run
+
+    def record(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+        spawned.append(argv[0])
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", record)
+    try:
+        (tmp_path / "job").mkdir()
+        bounded = disk.mount_bounded(tmp_path / "job", size_mb=16, templates=templates)
+        assert disk.mounts_below(tmp_path) == [bounded.mount]
+    finally:
+        disk.unmount_below(tmp_path)
+    assert spawned == []
+    assert _leftovers(tmp_path) == []
+
+
+def test_without_loop_configure_mount8_mounts_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker sets up the loop device itself (``LOOP_CONFIGURE``, Linux 5.8); on a
+    kernel without it, ``mount(8)`` does, to the same disk."""
+    real = fcntl.ioctl
+
+    def older_kernel(fd: int, request: int, *args: Any) -> Any:
+        if request == disk._LOOP_CONFIGURE:
+            raise OSError(errno.ENOTTY, "Inappropriate ioctl for device")
+        return real(fd, request, *args)
+
+    monkeypatch.setattr(fcntl, "ioctl", older_kernel)
+    try:
+        bounded = disk.mount_bounded(tmp_path, size_mb=16, templates=tmp_path / "tpl")
+        (bounded.mount / "works").write_text("yes")
+        assert disk.mounts_below(tmp_path) == [bounded.mount]
+    finally:
+        disk.unmount_below(tmp_path)
     assert _leftovers(tmp_path) == []
 
 

@@ -16,9 +16,10 @@ few milliseconds where ``mkfs`` took 10-40 (``benchmarks/workspace_disk.py``).
 
 Both backends see it: bubblewrap binds the workspace directory (and a root worker's
 staging namespace bind-mounts it), Podman binds the same host path, all from this mount
-namespace. ``mount -o loop`` sets the loop device to clear itself when the filesystem
-is finally released, so unmounting (:func:`unmount_below`, which every removal of a job
-directory calls, the reaper's included) frees the device too. A mount namespace made
+namespace. The worker binds the image to a free loop device itself (``LOOP_CONFIGURE``;
+``mount(8)`` on kernels before 5.8) and sets it, as ``mount -o loop`` does, to clear
+itself when the filesystem is finally released, so unmounting (:func:`unmount_below`,
+which every removal of a job directory calls, the reaper's included) frees the device. A mount namespace made
 while the disk was mounted (another job's staging namespace) keeps a reference until
 that namespace ends; the image's blocks are then freed with it.
 
@@ -32,9 +33,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import secrets
 import shutil
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +55,12 @@ MOUNT_OPTIONS = "loop,nodev,nosuid,noatime,noinit_itable"
 _MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
                  "lazy_itable_init=1,nodiscard", "-L", "acpw-workspace")  # fmt: skip
 _TOOL_TIMEOUT_S = 120.0
+# linux/loop.h and linux/mount.h
+_LOOP_CTL_GET_FREE = 0x4C82
+_LOOP_CONFIGURE = 0x4C0A
+_LO_FLAGS_AUTOCLEAR = 4
+_MS_NOSUID, _MS_NODEV, _MS_NOATIME = 2, 4, 1024
+_LOOP_TRIES = 8
 _CHUNK = 1 << 20
 #: The directory under the worker's cache where the disk templates are (``template``).
 TEMPLATES = "disks"
@@ -129,8 +138,97 @@ def mount_bounded(job_dir: Path, *, size_mb: int, templates: Path | None = None)
         _run([tool("mkfs.ext4"), *_MKFS_OPTIONS, str(image)], "mkfs.ext4")
     else:
         _copy_sparse(template(templates, size_mb), image)
-    _run([mount, "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target)], "mount")
+    if not _loop_mount(image, target):
+        _run([mount, "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target)], "mount")
     return BoundedDisk(image=image, mount=target, size_bytes=size)
+
+
+def _loop_mount(image: Path, target: Path) -> bool:
+    """Mount ``image`` at ``target`` as ``mount -o loop`` does (a free loop device set to
+    clear itself once released, ``LOOP_CONFIGURE``), without a process for it; False
+    where the kernel has no ``LOOP_CONFIGURE`` (before 5.8): ``mount(8)`` then.
+
+    Raises:
+        SandboxError: reason ``disk_failed``.
+    """
+    try:
+        backing = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot open the workspace disk: {exc.strerror}", reason="disk_failed"
+        ) from exc
+    try:
+        for _ in range(_LOOP_TRIES):
+            loop = _configured_loop(backing, image)
+            if loop is _UNSUPPORTED:
+                return False
+            if loop is not None:  # else another process took that device first
+                device, fd = loop
+                try:
+                    _mount_loop(device, target)
+                finally:
+                    os.close(fd)  # the mount holds the device now, or it clears itself
+                return True
+    finally:
+        os.close(backing)
+    raise SandboxError("no free loop device for the workspace disk", reason="disk_failed")
+
+
+def _mount_loop(device: str, target: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOATIME
+    if libc.mount(device.encode(), os.fsencode(target), b"ext4", flags, b"noinit_itable"):
+        err = ctypes.get_errno()
+        raise SandboxError(
+            f"mount failed for the workspace disk: {os.strerror(err)}",
+            reason="disk_failed",
+            errno=err,
+        )
+
+
+#: What ``_configured_loop`` answers where the kernel cannot configure a loop device in
+#: one call.
+_UNSUPPORTED = ("", -1)
+
+
+def _configured_loop(backing: int, image: Path) -> tuple[str, int] | None:
+    """A free loop device bound to ``backing`` (autoclear) and its open descriptor;
+    None when another process took it first; ``_UNSUPPORTED`` without
+    ``LOOP_CONFIGURE``.
+
+    Raises:
+        SandboxError: reason ``disk_failed``.
+    """
+    try:
+        control = os.open(LOOP_CONTROL, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
+        finally:
+            os.close(control)
+        device = f"/dev/loop{number}"
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(
+            f"no loop device for the workspace disk: {exc.strerror}", reason="disk_failed"
+        ) from exc
+    name = os.fsencode(image)[-63:]
+    info = struct.pack(
+        "=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR, name, b"", b"", 0, 0
+    )
+    try:
+        fcntl.ioctl(fd, _LOOP_CONFIGURE, struct.pack("=II", backing, 0) + info + bytes(64))
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno == errno.EBUSY:
+            return None
+        if exc.errno in (errno.ENOTTY, errno.EINVAL):
+            return _UNSUPPORTED
+        raise SandboxError(
+            f"cannot set up the workspace disk's loop device: {exc.strerror}",
+            reason="disk_failed",
+        ) from exc
+    return device, fd
 
 
 def template(directory: Path, size_mb: int) -> Path:
@@ -195,7 +293,8 @@ def _copy_range(src: int, dst: int, at: int, left: int) -> None:
 
 def _copy_sparse(source: Path, image: Path) -> None:
     """``source``'s data extents copied into a new sparse ``image`` of its size (in the
-    kernel, holes left holes), synced so the loop mount reads it settled.
+    kernel, holes left holes). Not synced: the loop device reads the image through the
+    page cache, and an image unlinked before writeback never reaches the disk at all.
 
     Raises:
         SandboxError: reason ``disk_failed``.
@@ -218,7 +317,6 @@ def _copy_sparse(source: Path, image: Path) -> None:
                     raise
                 offset = os.lseek(src, start, os.SEEK_HOLE)
                 _copy_range(src, dst, start, offset - start)
-            os.fdatasync(dst)
     except OSError as exc:
         raise SandboxError(
             f"cannot copy the workspace disk template: {exc.strerror or exc}",
