@@ -19,9 +19,9 @@ staging namespace bind-mounts it), Podman binds the same host path, all from thi
 namespace. The worker binds the image to a free loop device itself (``LOOP_CONFIGURE``;
 ``mount(8)`` on kernels before 5.8) and sets it, as ``mount -o loop`` does, to clear
 itself when the filesystem is finally released, so unmounting (:func:`unmount_below`,
-which every removal of a job directory calls, the reaper's included) frees the device. A mount namespace made
-while the disk was mounted (another job's staging namespace) keeps a reference until
-that namespace ends; the image's blocks are then freed with it.
+which every removal of a job directory calls, the reaper's included) frees the device.
+A mount namespace made while the disk was mounted (another job's staging namespace)
+keeps a reference until that namespace ends; the image's blocks are then freed with it.
 
 Loop devices need root and ``/dev/loop-control``: without them :func:`mount_bounded`
 refuses with a :class:`~worker.errors.SandboxError` (``ACPW_WORKSPACE_DISK=off`` runs
