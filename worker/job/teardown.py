@@ -1,9 +1,11 @@
-"""Dismantling what a job made: stop the agent, destroy the sandbox, then (only once it
-is gone) save the session, capture the changes and keep the workspace or mark the job's
-directory for removal. The removal itself (the staged copy, the fetched source, the
-workspace disk's unmount and its image's unlink) runs once ``job.completed`` is written
-(``Job.remove_leftovers``, from ``run_job``): no result depends on it, and a worker that
-dies first leaves the labelled directory to the reaper, as it always could.
+"""Dismantling what a job made: stop the agent, destroy the sandbox (or quiesce it, where
+the backend can say sooner that nothing in it can run: ``Quiescing``), then (only once
+it is gone or quiesced) save the session, capture the changes and keep the workspace or
+mark the job's directory for removal. A quiesced sandbox's destroy and the removal (the
+staged copy, the fetched source, the workspace disk's unmount and its image's unlink)
+run once ``job.completed`` is written (``Job.remove_leftovers``, from ``run_job``): no
+result depends on them, and a worker that dies first leaves both, labelled, to the
+reaper, as it always could.
 
 The teardown never raises: a step that fails is logged and the first such error kept
 (``TornDown.error``), so the job still settles with exactly one ``job.completed``,

@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import secrets
 import shutil
@@ -62,6 +63,8 @@ _LO_FLAGS_AUTOCLEAR = 4
 _MS_NOSUID, _MS_NODEV, _MS_NOATIME = 2, 4, 1024
 _LOOP_TRIES = 8
 _CHUNK = 1 << 20
+#: A digest of how templates are formatted (``_MKFS_OPTIONS``), part of their name.
+_FORMAT = hashlib.sha256("\0".join(_MKFS_OPTIONS).encode()).hexdigest()[:12]
 #: The directory under the worker's cache where the disk templates are (``template``).
 TEMPLATES = "disks"
 _MNT_DETACH = 2
@@ -129,11 +132,7 @@ def mount_bounded(job_dir: Path, *, size_mb: int, templates: Path | None = None)
             _sparse(image, size)
         target.mkdir(mode=0o755)
     except OSError as exc:
-        raise SandboxError(
-            f"cannot make the workspace disk image: {exc.strerror}",
-            reason="disk_failed",
-            path=str(image),
-        ) from exc
+        raise _failed("cannot make the workspace disk image", exc, path=str(image)) from exc
     if templates is None:
         _run([tool("mkfs.ext4"), *_MKFS_OPTIONS, str(image)], "mkfs.ext4")
     else:
@@ -154,9 +153,7 @@ def _loop_mount(image: Path, target: Path) -> bool:
     try:
         backing = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise SandboxError(
-            f"cannot open the workspace disk: {exc.strerror}", reason="disk_failed"
-        ) from exc
+        raise _failed("cannot open the workspace disk", exc, path=str(image)) from exc
     try:
         for _ in range(_LOOP_TRIES):
             loop = _configured_loop(backing, image)
@@ -209,9 +206,7 @@ def _configured_loop(backing: int, image: Path) -> tuple[str, int] | None:
         device = f"/dev/loop{number}"
         fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        raise SandboxError(
-            f"no loop device for the workspace disk: {exc.strerror}", reason="disk_failed"
-        ) from exc
+        raise _failed("no loop device for the workspace disk", exc) from exc
     name = os.fsencode(image)[-63:]
     info = struct.pack(
         "=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, _LO_FLAGS_AUTOCLEAR, name, b"", b"", 0, 0
@@ -224,10 +219,7 @@ def _configured_loop(backing: int, image: Path) -> tuple[str, int] | None:
             return None
         if exc.errno in (errno.ENOTTY, errno.EINVAL):
             return _UNSUPPORTED
-        raise SandboxError(
-            f"cannot set up the workspace disk's loop device: {exc.strerror}",
-            reason="disk_failed",
-        ) from exc
+        raise _failed("cannot set up the workspace disk's loop device", exc) from exc
     return device, fd
 
 
@@ -240,7 +232,8 @@ def template(directory: Path, size_mb: int) -> Path:
     Raises:
         SandboxError: reason ``disk_failed`` (it could not be made).
     """
-    path = directory / f"ext4-{size_mb}m.img"
+    # Named by its format too: a worker that formats differently never copies an old one.
+    path = directory / f"ext4-{size_mb}m-{_FORMAT}.img"
     if path.is_file():
         return path
     part = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -256,11 +249,7 @@ def template(directory: Path, size_mb: int) -> Path:
         part.chmod(0o400)
         os.replace(part, path)  # another process's identical one may be replaced: fine
     except OSError as exc:
-        raise SandboxError(
-            f"cannot make the workspace disk template: {exc.strerror}",
-            reason="disk_failed",
-            path=str(path),
-        ) from exc
+        raise _failed("cannot make the workspace disk template", exc, path=str(path)) from exc
     finally:
         part.unlink(missing_ok=True)
     return path
@@ -318,11 +307,12 @@ def _copy_sparse(source: Path, image: Path) -> None:
                 offset = os.lseek(src, start, os.SEEK_HOLE)
                 _copy_range(src, dst, start, offset - start)
     except OSError as exc:
-        raise SandboxError(
-            f"cannot copy the workspace disk template: {exc.strerror or exc}",
-            reason="disk_failed",
-            path=str(image),
-        ) from exc
+        raise _failed("cannot copy the workspace disk template", exc, path=str(image)) from exc
+
+
+def _failed(what: str, exc: OSError, **details: object) -> SandboxError:
+    """A ``disk_failed`` error for the OS error ``exc`` met doing ``what``."""
+    return SandboxError(f"{what}: {exc.strerror or exc}", reason="disk_failed", **details)
 
 
 def _run(argv: list[str], what: str) -> None:

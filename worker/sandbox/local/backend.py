@@ -377,10 +377,8 @@ class LocalBackend:
         Raises:
             SandboxError: a process was still not exiting after the bounded kill loop.
         """
-        check_local_id(sandbox_id)
-        record = self.store.read(sandbox_id)
+        record = self._recorded(sandbox_id)
         if record is None:
-            self._watchdogs.stop(sandbox_id)
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_until_exiting(record.cgroups, sandbox_id)
@@ -395,15 +393,26 @@ class LocalBackend:
             SandboxError: processes survived the bounded kill loop or a cgroup stayed
                 busy; the record is kept so a later destroy can finish.
         """
-        check_local_id(sandbox_id)
-        record = self.store.read(sandbox_id)
+        record = self._recorded(sandbox_id)
         if record is None:
-            self._watchdogs.stop(sandbox_id)
             return
         with translate_oserror("destroy", sandbox_id):
             await kill_and_remove(record.cgroups, sandbox_id)
             await self._release(record)
             self.store.delete(sandbox_id)
+
+    def _recorded(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record of a sandbox to kill; None (its watchdog stopped, if any) when
+        there is none: destroyed already, or never made.
+
+        Raises:
+            SandboxError: not a local sandbox id.
+        """
+        check_local_id(sandbox_id)
+        record = self.store.read(sandbox_id)
+        if record is None:
+            self._watchdogs.stop(sandbox_id)
+        return record
 
     async def _release(self, record: SandboxRecord, *, stage: bool = True) -> None:
         """What surrounds a sandbox whose processes are gone or exiting (with ``stage``,
