@@ -15,6 +15,8 @@ import redis
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 
+from worker.workspace.disk import unmount_below
+
 # Property tests run the same examples every time (derandomize, no example database) and
 # never fail on how long the machine took (these 2-core hosts are shared and noisy): a
 # test that passes only sometimes is a failing test.
@@ -146,6 +148,19 @@ def _report(session: pytest.Session, title: str, lines: list[str]) -> None:
             reporter.write_line(line, red=True)
     if session.exitstatus == 0:
         session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def _nothing_mounted_in_tmp_path(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test's ``tmp_path`` is left with nothing mounted in it: a served worker stopped
+    right after a job's ``job.completed`` leaves that job's workspace disk mounted for
+    the reaper (which such a test does not run), and a mounted directory holds its loop
+    device and cannot be removed."""
+    # Asked for here, so it is torn down after this fixture, not before.
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is not None:
+        unmount_below(tmp)
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
