@@ -8,8 +8,10 @@ into ``<job_dir>/disk/workspace`` (``lost+found`` stays outside it). A write pas
 bound fails with ENOSPC inside the sandbox, and the host's disk holds at most the image.
 
 The image is sparse and made without a journal (it never outlives its job, so there is
-nothing to recover) and without reserved blocks (the agent is not root), with lazy
-inode-table initialisation: a 10 GiB disk holds about 4 MiB of metadata. It is
+nothing to recover), without reserved blocks (the agent is not root), without the
+blocks reserved for growing it (``resize_inode``: it is never resized), with two backup
+superblocks at most (``sparse_super2``) and lazy inode-table initialisation: a 10 GiB
+disk holds about 160 KiB of metadata (4.3 MiB with the first two). It is
 formatted once per size, as a template under the worker's cache that is never mounted
 (:func:`template`); each job's image is a sparse copy of it, which the kernel makes in a
 few milliseconds where ``mkfs`` took 10-40 (``benchmarks/workspace_disk.py``).
@@ -53,8 +55,8 @@ LOOP_CONTROL = Path("/dev/loop-control")
 # noinit_itable: the kernel would otherwise zero the lazily made inode tables in the
 # background, I/O for a filesystem that lives one job.
 MOUNT_OPTIONS = "loop,nodev,nosuid,noatime,noinit_itable"
-_MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-                 "lazy_itable_init=1,nodiscard", "-L", "acpw-workspace")  # fmt: skip
+_MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode,sparse_super2",
+                 "-E", "lazy_itable_init=1,nodiscard", "-L", "acpw-workspace")  # fmt: skip
 _TOOL_TIMEOUT_S = 120.0
 # linux/loop.h and linux/mount.h
 _LOOP_CTL_GET_FREE = 0x4C82
