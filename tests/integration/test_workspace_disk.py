@@ -189,18 +189,64 @@ def test_without_loop_configure_mount8_mounts_the_disk(
     assert _leftovers(tmp_path) == []
 
 
-def test_a_damaged_template_fails_the_disk_cleanly(tmp_path: Path) -> None:
+def test_a_damaged_template_fails_the_disk_cleanly_and_is_made_again(tmp_path: Path) -> None:
     """A template that is not a filesystem (damaged on the cache's disk) makes no disk:
-    a ``disk_failed`` error, nothing mounted."""
+    a ``disk_failed`` error naming it, nothing mounted, and the template removed, so the
+    next disk of that size formats a fresh one and mounts."""
     templates = tmp_path / "tpl"
     templates.mkdir(mode=0o700)
-    disk.template(templates, 16).chmod(0o600)
-    disk.template(templates, 16).write_bytes(b"\0" * MIB)
+    damaged = disk.template(templates, 16)
+    damaged.chmod(0o600)
+    damaged.write_bytes(b"\0" * MIB)
     (tmp_path / "job").mkdir()
     with pytest.raises(SandboxError) as failed:
         disk.mount_bounded(tmp_path / "job", size_mb=16, templates=templates)
     assert failed.value.details["reason"] == "disk_failed"
+    assert failed.value.details["template"] == str(damaged)
+    assert str(damaged) in failed.value.message
     assert _leftovers(tmp_path) == []
+    assert not damaged.exists()
+    (tmp_path / "next").mkdir()
+    bounded = disk.mount_bounded(tmp_path / "next", size_mb=16, templates=templates)
+    try:
+        assert damaged.is_file()  # formatted again
+        (bounded.mount / "ok").write_text("mounted")
+    finally:
+        disk.unmount_below(tmp_path)
+
+
+def test_templates_of_another_format_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older worker's template (its name carries another format's digest) is removed
+    once this worker makes its own; and one that vanishes between the template's lookup
+    and its copy is made again (a worker of the other format removed it)."""
+    templates = tmp_path / "tpl"
+    templates.mkdir(mode=0o700)
+    stale = templates / "ext4-16m-000000000000.img"
+    stale.write_bytes(b"old")
+    other_size = disk.template(templates, 24)  # this format, another size: kept
+    assert not stale.exists()
+    current = disk.template(templates, 16)
+    assert other_size.is_file()
+    assert current.is_file()
+    current.unlink()  # as if another worker removed it after the lookup
+    (tmp_path / "job").mkdir()
+    real_template = disk.template
+    calls: list[int] = []
+
+    def lookup(directory: Path, size_mb: int) -> Path:
+        calls.append(size_mb)
+        return current if len(calls) == 1 else real_template(directory, size_mb)
+
+    monkeypatch.setattr(disk, "template", lookup)
+    bounded = disk.mount_bounded(tmp_path / "job", size_mb=16, templates=templates)
+    try:
+        assert calls == [16, 16]
+        assert current.is_file()
+        (bounded.mount / "ok").write_text("mounted")
+    finally:
+        disk.unmount_below(tmp_path)
 
 
 def test_unmount_below_detaches_a_busy_mount(tmp_path: Path) -> None:

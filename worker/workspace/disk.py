@@ -67,6 +67,9 @@ _LOOP_TRIES = 8
 _CHUNK = 1 << 20
 #: A digest of how templates are formatted (``_MKFS_OPTIONS``), part of their name.
 _FORMAT = hashlib.sha256("\0".join(_MKFS_OPTIONS).encode()).hexdigest()[:12]
+#: What ``mount(2)`` answers for an image that is no ext4 it can mount (bad superblock,
+#: corrupted metadata, an I/O error reading it).
+_NOT_A_FILESYSTEM = frozenset({errno.EINVAL, errno.EUCLEAN, errno.EIO})
 #: The directory under the worker's cache where the disk templates are (``template``).
 TEMPLATES = "disks"
 _MNT_DETACH = 2
@@ -135,13 +138,57 @@ def mount_bounded(job_dir: Path, *, size_mb: int, templates: Path | None = None)
         target.mkdir(mode=0o755)
     except OSError as exc:
         raise _failed("cannot make the workspace disk image", exc, path=str(image)) from exc
+    source = None
     if templates is None:
         _run([tool("mkfs.ext4"), *_MKFS_OPTIONS, str(image)], "mkfs.ext4")
     else:
-        _copy_sparse(template(templates, size_mb), image)
-    if not _loop_mount(image, target):
+        source = _copy_template(templates, size_mb, image)
+    try:
+        mounted = _loop_mount(image, target)
+    except SandboxError as exc:
+        if source is None or exc.details.get("errno") not in _NOT_A_FILESYSTEM:
+            raise
+        raise _damaged(source, exc) from exc
+    if not mounted:
         _run([mount, "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(target)], "mount")
     return BoundedDisk(image=image, mount=target, size_bytes=size)
+
+
+def _copy_template(templates: Path, size_mb: int, image: Path) -> Path:
+    """Copy the ``size_mb`` template (made if missing) into ``image``; the template.
+
+    Asked for twice when it vanished between the two steps (a worker of another format
+    removed it as stale, ``template``): the second time makes it again.
+
+    Raises:
+        SandboxError: reason ``disk_failed``.
+    """
+    for last in (False, True):
+        source = template(templates, size_mb)
+        try:
+            _copy_sparse(source, image)
+        except SandboxError as exc:
+            if last or exc.details.get("errno") != errno.ENOENT:
+                raise
+            image.unlink(missing_ok=True)
+            continue
+        return source
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _damaged(source: Path, exc: SandboxError) -> SandboxError:
+    """A copy of ``source`` is no filesystem the kernel mounts: the template is damaged
+    (on the cache's disk, or by hand). It is removed, so the next disk formats a fresh
+    one instead of every job of its size failing the same way."""
+    with contextlib.suppress(OSError):
+        source.unlink()
+    return SandboxError(
+        f"the workspace disk template {source} does not mount ({exc.message}): removed, "
+        "the next disk of its size formats a new one",
+        reason="disk_failed",
+        template=str(source),
+        errno=exc.details.get("errno"),
+    )
 
 
 def _loop_mount(image: Path, target: Path) -> bool:
@@ -254,7 +301,21 @@ def template(directory: Path, size_mb: int) -> Path:
         raise _failed("cannot make the workspace disk template", exc, path=str(path)) from exc
     finally:
         part.unlink(missing_ok=True)
+    _remove_stale(directory)
     return path
+
+
+def _remove_stale(directory: Path) -> None:
+    """Remove the templates of other formats (an older worker's; about 4 MiB each on
+    disk): this worker never copies them. A copy being made from one keeps reading it
+    through its descriptor; a worker of that format that still runs makes its own
+    again when it next needs it (``_copy_template``)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            name = entry.name
+            if name.startswith("ext4-") and name.endswith(".img") and f"-{_FORMAT}." not in name:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def _sparse(image: Path, size: int) -> None:
@@ -309,7 +370,9 @@ def _copy_sparse(source: Path, image: Path) -> None:
                 offset = os.lseek(src, start, os.SEEK_HOLE)
                 _copy_range(src, dst, start, offset - start)
     except OSError as exc:
-        raise _failed("cannot copy the workspace disk template", exc, path=str(image)) from exc
+        raise _failed(
+            "cannot copy the workspace disk template", exc, path=str(image), errno=exc.errno
+        ) from exc
 
 
 def _failed(what: str, exc: OSError, **details: object) -> SandboxError:
