@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 PREFIX = "BENCH-SUMMARY "
 NOT_RUN = {"compare_revisions.py", "workloads.py"}  # a tool needing --base, its workloads
 #: Seconds each at the tiny size on a loaded 2-core machine: run to the end here.
-FAST = ("normalize.py", "event_throughput.py", "materialize.py")
+FAST = ("normalize.py", "event_throughput.py", "materialize.py", "emulator_start.py")
 RUNNERS = 3
 
 

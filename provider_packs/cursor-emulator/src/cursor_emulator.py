@@ -10,9 +10,12 @@ Stdlib only. Only JSON-RPC goes to stdout; see README.md for the scenario langua
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
+
+# The C module under `signal`: the same handlers, without the enums signal.py builds
+# (every start would pay for them; nothing here needs more than these three names).
+from _signal import SIG_DFL, SIGTERM, signal  # type: ignore[import-not-found]
 
 # The pack is mounted read-only; never try to write __pycache__ next to it.
 sys.dont_write_bytecode = True
@@ -32,10 +35,10 @@ def install_sigterm(agent: Agent) -> None:
     def on_sigterm(signum: int, _frame: object) -> None:
         if agent.ignore_sigterm:
             return
-        signal.signal(signum, signal.SIG_DFL)
+        signal(signum, SIG_DFL)
         os.kill(os.getpid(), signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal(SIGTERM, on_sigterm)
 
 
 def main(argv: list[str]) -> int:

@@ -2,47 +2,77 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import threading
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import unquote
 
-from . import ambient, catalog, scenario
-from .models import ModelError, ModelPicker
+from . import ambient, catalog, ids, scenario
+from .models import ModelPicker
 from .player import Player
-from .rpc import (
-    RpcError,
-    Transport,
-    auth_required,
-    invalid_params,
-    method_not_found,
-    session_not_found,
-)
-from .sessions import Session, SessionStore, iso_now, replay_updates
+from .rpc import RpcError, auth_required, method_not_found, session_not_found, zod_error
+from .sessions import Session, SessionStore, iso_now
 from .turn import Turn, TurnCancelled
 
-JSON = dict[str, Any]
+# Every start imports this module and what it imports: the standard library's heavier
+# modules (base64, urllib.parse, subprocess, pathlib, uuid, secrets, dataclasses, typing)
+# are imported where a rare path needs them, or not at all (see ids.py); so are the
+# emulator's own modules that initialize, session/new and session/prompt do not need
+# (LATER, player.ACTION_VERBS).
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from .rpc import Transport
+
+    JSON = dict[str, Any]
+
 NO_REPLY = object()  # A handler that answers by itself (later, or before side effects).
 SCENARIO_PREFIX = "scenario:"
 INLINE_SHEBANG = "#!scenario"
 UNSUPPORTED = ("session/fork", "session/resume", "session/close")
+#: Methods whose code is in another module (its METHODS), imported on the first call.
+LATER = {
+    "authenticate": "options",
+    "session/load": "history",
+    "session/list": "history",
+    "session/set_mode": "options",
+    "session/set_config_option": "options",
+    "session/set_model": "options",
+    "cursor/list_available_models": "options",
+}
 
 
-@dataclass(frozen=True, slots=True)
 class Settings:
-    authenticated: bool
-    home: str | None
-    commands_delay: float
-    chunk_delay: float
-    exit_delay: float
-    #: Overrides of Cursor's promptCapabilities (FACTS §2: image true, audio and
-    #: embeddedContext false), so a client's refusal path can be tested too.
-    prompt_capabilities: JSON
+    """What the environment says, read once at start."""
+
+    __slots__ = (
+        "authenticated",
+        "home",
+        "commands_delay",
+        "chunk_delay",
+        "exit_delay",
+        "prompt_capabilities",
+    )
+
+    def __init__(
+        self,
+        *,
+        authenticated: bool,
+        home: str | None,
+        commands_delay: float,
+        chunk_delay: float,
+        exit_delay: float,
+        prompt_capabilities: JSON,
+    ) -> None:
+        self.authenticated = authenticated
+        self.home = home
+        self.commands_delay = commands_delay
+        self.chunk_delay = chunk_delay
+        self.exit_delay = exit_delay
+        #: Overrides of Cursor's promptCapabilities (FACTS §2: image true, audio and
+        #: embeddedContext false), so a client's refusal path can be tested too.
+        self.prompt_capabilities = prompt_capabilities
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -73,13 +103,6 @@ def _bool_map(value: str | None) -> JSON:
     return {k: v for k, v in parsed.items() if isinstance(v, bool)}
 
 
-def zod_error(path: str, message: str) -> RpcError:
-    # Schema failures carry an issue array as `data` (FACTS §12).
-    return RpcError(
-        -32602, "Invalid params", [{"path": [path] if path else [], "message": message}]
-    )
-
-
 class Agent:
     def __init__(self, transport: Transport, settings: Settings) -> None:
         self.transport = transport
@@ -93,15 +116,8 @@ class Agent:
         self.prompt_capabilities: JSON = {}
         self._methods: dict[str, Callable[[Any, JSON], Any]] = {
             "initialize": self.initialize,
-            "authenticate": self.authenticate,
             "session/new": self.session_new,
-            "session/load": self.session_load,
-            "session/list": self.session_list,
-            "session/set_mode": self.set_mode,
-            "session/set_config_option": self.set_config_option,
-            "session/set_model": self.set_model,
             "session/prompt": self.prompt,
-            "cursor/list_available_models": self.list_models,
         }
 
     # --- message dispatch ---------------------------------------------------------------
@@ -123,9 +139,21 @@ class Agent:
         elif "id" in msg and ("result" in msg or "error" in msg):
             self.transport.deliver(msg)
 
+    def method(self, name: str) -> Callable[[Any, JSON], Any] | None:
+        """The handler of method `name`; one in LATER imports its module on first call."""
+        handler = self._methods.get(name)
+        if handler is None and name in LATER:
+            if LATER[name] == "history":
+                from .history import METHODS
+            else:
+                from .options import METHODS
+            later = METHODS[name]
+            handler = self._methods[name] = lambda rid, params: later(self, rid, params)
+        return handler
+
     def handle_request(self, request_id: Any, method: str, params: Any) -> None:
-        handler = self._methods.get(method)
         try:
+            handler = self.method(method)
             if handler is None:
                 raise method_not_found(method)
             if params is None:
@@ -207,12 +235,6 @@ class Agent:
         self.prompt_capabilities = dict(result["agentCapabilities"]["promptCapabilities"])
         return result
 
-    def authenticate(self, _rid: Any, params: JSON) -> JSON:
-        if params.get("methodId") != "cursor_login":
-            raise invalid_params(f"Unknown auth method: {params.get('methodId')}")
-        self.require_auth()
-        return {}
-
     def session_new(self, rid: Any, params: JSON) -> Any:
         self.require_auth()
         cwd = params.get("cwd")
@@ -220,7 +242,7 @@ class Agent:
             raise zod_error("cwd", "Expected an absolute path")
         if not isinstance(params.get("mcpServers", []), list):
             raise zod_error("mcpServers", "Expected array")
-        session = Session(session_id=str(uuid.uuid4()), cwd=cwd)
+        session = Session(session_id=ids.uuid4(), cwd=cwd)
         self.store.add(session)
         ambient.run_ambient_config(cwd)
         self.transport.respond(
@@ -245,81 +267,6 @@ class Agent:
             "availableCommands": [dict(c) for c in catalog.AVAILABLE_COMMANDS],
         }
         self.transport.notify("session/update", {"sessionId": session.session_id, "update": update})
-
-    def session_load(self, _rid: Any, params: JSON) -> JSON:
-        self.require_auth()
-        session = self.store.find(params.get("sessionId"))
-        if session is None:
-            raise session_not_found(params.get("sessionId"))
-        cwd = params.get("cwd")
-        if isinstance(cwd, str) and cwd:
-            session.cwd = cwd  # A different cwd silently rebinds the session (FACTS §3).
-        for update in replay_updates(session.turns):
-            self.transport.notify(
-                "session/update", {"sessionId": session.session_id, "update": update}
-            )
-        return self.session_state(session)
-
-    def session_list(self, _rid: Any, params: JSON) -> JSON:
-        self.require_auth()
-        if "cursor" in params:
-            raise zod_error("cursor", "Unrecognized key: cursor")
-        cwd = params.get("cwd")
-        if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
-            raise zod_error("cwd", "Expected an absolute path")
-        return {"sessions": self.store.list_sessions()}
-
-    def set_mode(self, _rid: Any, params: JSON) -> JSON:
-        session = self.live_session(params)
-        self.apply_mode(session, params.get("modeId"))
-        return {}
-
-    def apply_mode(self, session: Session, requested: Any) -> None:
-        mode = (
-            catalog.MODE_ALIASES.get(requested, requested) if isinstance(requested, str) else None
-        )
-        if mode not in catalog.MODE_IDS:
-            valid = ", ".join(catalog.MODE_IDS)
-            raise RpcError(
-                -32603,
-                "Internal error",
-                {"details": f"Invalid mode ID: {requested}. Valid modes: {valid}"},
-            )
-        session.mode = mode
-        # The update goes out before the result, in the same millisecond (FACTS §4).
-        self.transport.notify(
-            "session/update",
-            {
-                "sessionId": session.session_id,
-                "update": {"sessionUpdate": "current_mode_update", "currentModeId": mode},
-            },
-        )
-
-    def set_config_option(self, _rid: Any, params: JSON) -> JSON:
-        session = self.live_session(params)
-        config_id, value = params.get("configId"), params.get("value")
-        try:
-            if config_id == "mode":
-                self.apply_mode(session, value)
-            elif config_id == "model":
-                self.picker.select(value)
-            elif not self.picker.set_param(str(config_id), value):
-                raise invalid_params(f"Unknown config option: {config_id}")
-        except ModelError as exc:
-            raise invalid_params(str(exc)) from None
-        return {"configOptions": self.config_options(session)}
-
-    def set_model(self, _rid: Any, params: JSON) -> JSON:
-        self.live_session(params)
-        try:
-            self.picker.select(params.get("modelId"))
-        except ModelError as exc:
-            raise invalid_params(str(exc)) from None
-        return {}
-
-    def list_models(self, _rid: Any, _params: JSON) -> JSON:
-        self.require_auth()
-        return self.picker.list_available_models()
 
     def prompt(self, rid: Any, params: JSON) -> Any:
         session = self.live_session(params)
@@ -435,6 +382,8 @@ def prompt_media(blocks: list[Any], cwd: str) -> list[JSON]:
             continue
         kind = block.get("type")
         if kind == "image":
+            import base64  # Not every start: few prompts carry an image.
+
             try:
                 size = len(base64.b64decode(str(block.get("data", "")), validate=True))
             except ValueError:
@@ -450,6 +399,8 @@ def prompt_media(blocks: list[Any], cwd: str) -> list[JSON]:
 
 def _linked_text(uri: str, cwd: str) -> str | None:
     """A project file's text, as Cursor inlines a link (None: not a readable project file)."""
+    from urllib.parse import unquote  # Not every start: few prompts carry a link.
+
     path = unquote(uri[len("file://") :]) if uri.startswith("file://") else uri
     root = os.path.realpath(cwd)
     target = os.path.realpath(os.path.join(cwd, path))

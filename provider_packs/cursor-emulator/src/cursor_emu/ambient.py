@@ -10,7 +10,7 @@ that the sandbox masked the file.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 MARKER = ".cursor-emulator-hook-ran"
 # Present at all -> executed.
@@ -22,31 +22,27 @@ CLAUDE_KEYS = ("hooks", "plugins")
 
 def run_ambient_config(cwd: str) -> list[str]:
     """Find executable config under `cwd`, record each in the marker, return what ran."""
-    ran = [rel for rel in ALWAYS_RUN if _is_file(Path(cwd, rel))]
-    ran += [rel for rel in CLAUDE_SETTINGS if _claude_executes(Path(cwd, rel))]
+    # os.path, not pathlib: this runs at every session/new, and pathlib's import would
+    # cost every start more than the checks themselves.
+    ran = [rel for rel in ALWAYS_RUN if os.path.isfile(os.path.join(cwd, rel))]
+    ran += [rel for rel in CLAUDE_SETTINGS if _claude_executes(os.path.join(cwd, rel))]
     if ran:
-        _append_marker(Path(cwd, MARKER), ran)
+        _append_marker(os.path.join(cwd, MARKER), ran)
     return ran
 
 
-def _is_file(path: Path) -> bool:
+def _claude_executes(path: str) -> bool:
     try:
-        return path.is_file()
-    except OSError:
-        return False
-
-
-def _claude_executes(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and any(key in data for key in CLAUDE_KEYS)
 
 
-def _append_marker(marker: Path, ran: list[str]) -> None:
+def _append_marker(marker: str, ran: list[str]) -> None:
     try:
-        with marker.open("a", encoding="utf-8") as fh:
+        with open(marker, "a", encoding="utf-8") as fh:
             fh.writelines(f"{rel}\n" for rel in ran)
     except OSError:
         pass  # A read-only workspace: the "hook" still ran, we just cannot prove it.

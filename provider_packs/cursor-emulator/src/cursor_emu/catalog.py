@@ -5,10 +5,13 @@ Shapes follow docs/CURSOR_ACP_FACTS.md §2, §4, §5 and §7 ([obs] wins over do
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+from .rpc import copy_json
 
-JSON = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    from typing import Any
+
+    JSON = dict[str, Any]
 
 AUTH_METHODS: list[JSON] = [
     {
@@ -108,12 +111,12 @@ def initialize_result(client_capabilities: Any) -> JSON:
             "promptCapabilities": {"audio": False, "embeddedContext": False, "image": True},
             "sessionCapabilities": session_caps,
         },
-        "authMethods": copy.deepcopy(AUTH_METHODS),
+        "authMethods": copy_json(AUTH_METHODS),
     }
 
 
 def modes_state(current: str) -> JSON:
-    return {"currentModeId": current, "availableModes": copy.deepcopy(MODES)}
+    return {"currentModeId": current, "availableModes": copy_json(MODES)}
 
 
 def select_option(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import catalog
-from .catalog import JSON
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .catalog import JSON
 
 
 class ModelError(Exception):

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, BinaryIO
 
-JSON = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
+    JSON = dict[str, Any]
 
 
 class RpcError(Exception):
@@ -30,6 +33,16 @@ class RpcError(Exception):
         return err
 
 
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, scalars), as `copy.deepcopy` makes one,
+    without importing `copy` at every start."""
+    if isinstance(value, dict):
+        return {k: copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_json(v) for v in value]
+    return value
+
+
 def method_not_found(method: str) -> RpcError:
     # Cursor's message is the JSON-quoted phrase followed by the method (FACTS §3).
     return RpcError(-32601, f'"Method not found": {method}')
@@ -41,6 +54,13 @@ def invalid_params(message: str) -> RpcError:
 
 def session_not_found(session_id: Any) -> RpcError:
     return invalid_params(f'Session "{session_id}" not found')
+
+
+def zod_error(path: str, message: str) -> RpcError:
+    # Schema failures carry an issue array as `data` (FACTS §12).
+    return RpcError(
+        -32602, "Invalid params", [{"path": [path] if path else [], "message": message}]
+    )
 
 
 def auth_required() -> RpcError:

@@ -7,12 +7,15 @@ up as an error text at the start of the turn instead of half a scenario.
 from __future__ import annotations
 
 import json
+import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    from typing import Any
+
+PACK_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+SCENARIO_DIR = os.path.join(PACK_DIR, "scenarios")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _DECODER = json.JSONDecoder()
 
@@ -52,11 +55,15 @@ class ScenarioError(Exception):
     """A script that cannot be parsed or found; rendered to the client as error text."""
 
 
-@dataclass(frozen=True, slots=True)
 class Step:
-    verb: str
-    arg: Any
-    line: int
+    """One parsed line (a plain class: `dataclasses` costs every start its import)."""
+
+    __slots__ = ("verb", "arg", "line")
+
+    def __init__(self, verb: str, arg: Any, line: int) -> None:
+        self.verb = verb
+        self.arg = arg
+        self.line = line
 
 
 def parse(text: str) -> list[Step]:
@@ -79,9 +86,9 @@ def parse(text: str) -> list[Step]:
 def load_named(name: str) -> list[Step]:
     if not NAME_RE.match(name):
         raise ScenarioError(f"invalid scenario name {name!r}")
-    path = SCENARIO_DIR / f"{name}.scn"
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(os.path.join(SCENARIO_DIR, f"{name}.scn"), encoding="utf-8") as fh:
+            text = fh.read()
     except OSError:
         raise ScenarioError(f"unknown scenario {name!r}") from None
     return parse(text)

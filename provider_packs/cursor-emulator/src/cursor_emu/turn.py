@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import threading
-from typing import Any
 
-from .rpc import Pending
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at every start
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
+
+    from .rpc import Pending
 
 
 class TurnCancelled(Exception):
@@ -64,6 +65,8 @@ class Turn:
 
     def run_shell(self, command: str, cwd: str) -> tuple[int, bytes, bytes]:
         """Run `/bin/sh -c` with stdin=/dev/null; a cancel kills its process group."""
+        import subprocess  # Only the exec verbs need it: not every start.
+
         self.check()
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -88,5 +91,9 @@ class Turn:
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    with contextlib.suppress(OSError):  # Already gone.
+    import signal  # Loaded already by subprocess (run_shell): not at every start.
+
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass  # Already gone.
