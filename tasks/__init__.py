@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
@@ -77,6 +78,8 @@ _loop_lock = threading.Lock()
 _loop: list[asyncio.AbstractEventLoop] = []  # this process's, made at its first delivery
 _pool: list[WarmPool] = []  # this process's warm pools, when ACPW_WARM_POOLS names packs
 _client: list[aioredis.Redis] = []  # this process's Redis client, on its loop
+#: This process's deliveries not yet ended, on its loop (a settled job's tail among them).
+_tails: set[asyncio.Task[GuardedResult]] = set()
 
 
 @app.task(name=RUN_TASK)  # type: ignore[untyped-decorator]
@@ -91,7 +94,13 @@ def run_job(
     delivery = Delivery(job, _int_or_none(attempt), _float_or_none(submitted_at))
     loop = process_loop()
     ended = threading.Event()
-    task = asyncio.run_coroutine_threadsafe(_start(delivery, ended), loop).result()
+    settled: list[GuardedResult] = []
+
+    def on_settled(result: GuardedResult) -> None:  # on the loop's thread
+        settled.append(result)
+        ended.set()
+
+    task = asyncio.run_coroutine_threadsafe(_start(delivery, ended, on_settled), loop).result()
     try:
         ended.wait()  # interrupted by the soft time limit (raised in this thread)
     except SoftTimeLimitExceeded:
@@ -109,18 +118,28 @@ def run_job(
                 TEARDOWN_WAIT_S,
             )
         return {"outcome": "time_limit"}
+    if settled:  # its tail (leftovers, the warm slot's replacement, the lease) goes on
+        return settled[0].to_dict()
     return task.result().to_dict()  # done: read once, from this thread
 
 
-async def _start(delivery: Delivery, ended: threading.Event) -> asyncio.Task[GuardedResult]:
+async def _start(
+    delivery: Delivery, ended: threading.Event, on_settled: Callable[[GuardedResult], None]
+) -> asyncio.Task[GuardedResult]:
     """The delivery as a task of this process's loop; ``ended`` set once it is done,
-    whether it ran to its end, failed or was cancelled (before it began too)."""
-    task = asyncio.ensure_future(_deliver(delivery))
+    whether it ran to its end, failed or was cancelled (before it began too), or as soon
+    as its job settled (``run_delivery``'s ``settled``): the task then ends beside the
+    process's next delivery, and the process waits for it on its way out (``_tails``)."""
+    task = asyncio.ensure_future(_deliver(delivery, on_settled))
+    _tails.add(task)
+    task.add_done_callback(_tails.discard)
     task.add_done_callback(lambda _: ended.set())
     return task
 
 
-async def _deliver(delivery: Delivery) -> GuardedResult:
+async def _deliver(
+    delivery: Delivery, on_settled: Callable[[GuardedResult], None] | None = None
+) -> GuardedResult:
     environ = dict(os.environ)
     return await run_delivery(
         delivery,
@@ -129,7 +148,14 @@ async def _deliver(delivery: Delivery) -> GuardedResult:
         hand_back=hand_back,
         pool=_warm_pool(),
         client=_redis(),
+        settled=on_settled,
     )
+
+
+async def _finish_tails() -> None:
+    """Wait for this process's deliveries still ending (their jobs settled already)."""
+    while _tails:
+        await asyncio.wait(list(_tails))
 
 
 def _redis() -> aioredis.Redis:
@@ -179,10 +205,17 @@ def _warm_pool() -> WarmPool | None:
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _close_warm_pool(**_: object) -> None:
-    """In each pool process, on its way out: its warm slots are destroyed, never handed
-    back (a process killed first leaves them to the reaper); its Redis client closed."""
+    """In each pool process, on its way out: the tails of its settled jobs end (their
+    leftovers removed, their leases given back), its warm slots are destroyed, never
+    handed back (a process killed first leaves all of them to the reaper); its Redis
+    client closed."""
     if not _loop:
         return
+    ending = asyncio.run_coroutine_threadsafe(_finish_tails(), _loop[0])
+    try:
+        ending.result(timeout=WARM_CLOSE_S)
+    except Exception:
+        log.exception("a settled job's leftovers were not all removed; the reaper finds them")
     if _pool:
         closing = asyncio.run_coroutine_threadsafe(_pool[0].close(), _loop[0])
         try:

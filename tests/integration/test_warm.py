@@ -44,7 +44,7 @@ from worker.sandbox.base import (
     SlotHost,
 )
 from worker.sandbox.docker import DockerBackend
-from worker.service.guarded import Delivery, run_delivery
+from worker.service.guarded import Delivery, GuardedResult, run_delivery
 from worker.service.reaper import ReapReport, reap_once
 from worker.settings import Settings
 from worker.store import jobs as store_jobs
@@ -65,9 +65,8 @@ def _settings(tmp_path: Path, backend: str = "local", **overrides: Any) -> Setti
     # Unique per test: a sandbox another run on this host left (or is making) under a shared
     # id would be counted as this pool's leftover.
     worker_id = f"it-warm-{backend}-{uuid.uuid4().hex[:8]}"
-    return job_settings(
-        tmp_path, worker_id, backend=backend, lease_renew=0.5, warm_pools={PACK: 1}, **overrides
-    )
+    overrides.setdefault("warm_pools", {PACK: 1})
+    return job_settings(tmp_path, worker_id, backend=backend, lease_renew=0.5, **overrides)
 
 
 def _job(tmp_path: Path, key: str) -> dict[str, Any]:
@@ -271,6 +270,50 @@ def test_warm_slots_serve_one_job_each_per_identity(
         finally:
             await pool.close()
         assert await pool.backend.list({"acpw.worker": settings.worker_id}) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_settled_job_is_told_early_and_its_pool_fills_to_its_size(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """``run_delivery``'s ``settled`` hears the job's result once ``job.completed`` is
+    written, while the lease is still held and before the job's directory is removed
+    (what ``tasks`` returns to Celery, its next delivery starting meanwhile); the result
+    returned at the end is the same. A pool of two made dry refills to two after one job,
+    both slots of that job's identity."""
+    settings = _settings(tmp_path, warm_pools={PACK: 2})
+    config = backend_config(settings)
+    pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
+    job = _job(tmp_path, "alpha")
+    spec = parse_job(job)
+    seen: list[tuple[GuardedResult, bool, str, list[str]]] = []
+
+    def settled(result: GuardedResult) -> None:
+        with redis.Redis.from_url(redis_url) as sync:
+            lease = sync.exists(keys.lease(spec.job_id)) == 1
+            status = (sync.hget(keys.state(spec.job_id), "status") or b"").decode()
+        seen.append((result, lease, status, sorted(p.name for p in settings.work_dir.iterdir())))
+
+    async def scenario() -> None:
+        try:
+            _submit(redis_url, spec)
+            result = await run_delivery(
+                Delivery(job, attempt=1), settings=settings, environ={}, pool=pool,
+                settled=settled,
+            )  # fmt: skip
+            [(early, lease_held, status, work)] = seen
+            assert early == result
+            assert (result.outcome, result.status) == ("ran", "succeeded")
+            assert lease_held
+            assert status == "succeeded"
+            assert any(spec.job_id in name for name in work)  # not removed yet
+            with redis.Redis.from_url(redis_url) as sync:
+                assert sync.exists(keys.lease(spec.job_id)) == 0  # given back at the end
+            await _until_idle(pool, 2)
+            assert len({s.recipe.identity for s in pool.idle()}) == 1
+        finally:
+            await pool.close()
 
     asyncio.run(scenario())
 

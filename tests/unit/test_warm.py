@@ -183,7 +183,7 @@ def test_the_soft_time_limit_still_stops_a_delivery(monkeypatch: pytest.MonkeyPa
 
     cancelled = threading.Event()
 
-    async def forever(delivery: object) -> None:
+    async def forever(delivery: object, on_settled: object = None) -> None:
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
@@ -203,3 +203,40 @@ def test_the_soft_time_limit_still_stops_a_delivery(monkeypatch: pytest.MonkeyPa
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)
     assert cancelled.wait(5)
+
+
+def test_the_task_returns_once_its_job_settled_and_its_tail_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tasks.run_job`` returns what ``run_delivery`` told ``settled`` while the
+    delivery's tail (leftovers, the lease) still runs on the process loop; the process
+    waits for that tail on its way out (``_finish_tails``)."""
+    import asyncio
+    from collections.abc import Callable
+
+    import tasks
+    from worker.service.guarded import GuardedResult
+
+    tail_may_end = threading.Event()
+    tail_ended = threading.Event()
+    result = GuardedResult("j", "ran", 1, "succeeded")
+
+    async def settles_then_tails(
+        delivery: object, on_settled: Callable[[GuardedResult], None] | None = None
+    ) -> GuardedResult:
+        assert on_settled is not None
+        on_settled(result)
+        while not tail_may_end.is_set():
+            await asyncio.sleep(0.01)
+        tail_ended.set()
+        return result
+
+    monkeypatch.setattr(tasks, "_deliver", settles_then_tails)
+    assert tasks.run_job({"job_id": "j"}) == result.to_dict()
+    assert not tail_ended.is_set()
+    assert tasks._tails  # the delivery still ends on the loop
+    tail_may_end.set()
+    waiting = asyncio.run_coroutine_threadsafe(tasks._finish_tails(), tasks.process_loop())
+    waiting.result(timeout=5)
+    assert tail_ended.is_set()
+    assert not tasks._tails

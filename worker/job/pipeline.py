@@ -83,6 +83,7 @@ async def run_job(
     lease_deadline: LeaseDeadline | None = None,
     handing_back: Callable[[], bool] | None = None,
     pool: Pool | None = None,
+    on_settled: Callable[[], None] | None = None,
 ) -> JobOutcome:
     """Run ``spec`` once and return how it settled; events go to ``sinks``.
 
@@ -95,7 +96,9 @@ async def run_job(
     by ``cancel`` was handed back by a draining worker (``job.completed`` ``cancelled`` with
     the error ``handed_back``, after a ``handed_back`` notice). ``pool``: the process's
     warm pools (``worker.job.warm``): a job of the same launch identity as a free slot
-    claims it instead of making its sandbox and starting its agent.
+    claims it instead of making its sandbox and starting its agent. ``on_settled``: called
+    once every event is written, ``job.completed`` last, when the job ran to its end,
+    before its leftovers are removed (what no result depends on: ``Job.remove_leftovers``).
     """
     emitter = EventEmitter(
         job_id=spec.job_id,
@@ -120,11 +123,15 @@ async def run_job(
         pool=pool,
     )
     job = Job(ctx)
+    ran = False
     try:
         outcome = await job.run(cancel or asyncio.Event())
+        ran = True
     finally:
         try:
             await emitter.close()  # every event written, ``job.completed`` last
+            if ran and on_settled is not None and emitter.completed is not None:
+                on_settled()
         finally:
             try:
                 await job.remove_leftovers()

@@ -16,9 +16,10 @@ that process claims among them. The claim is atomic and recorded in Redis
 (``worker.store.warm``): the slot's record is a lease its pool renews while it lives, so
 a reaper destroys the slots of a dead worker like any orphan sandbox. One use: a claimed
 slot becomes the attempt's sandbox and is destroyed by the job's teardown; once the job
-settled, the pool makes a replacement in the background from the same job's recipe (so
-the first job of an identity is cold, the next one warm). Idle slots age out after
-``ACPW_WARM_MAX_IDLE_S`` and are destroyed, never handed back, on drain and shutdown.
+settled, the pool makes slots from the same job's recipe in the background until the
+pack's pool is full again (so the first job of an identity is cold, the next one warm).
+Idle slots age out after ``ACPW_WARM_MAX_IDLE_S`` and are destroyed, never handed back,
+on drain and shutdown.
 """
 
 from __future__ import annotations
@@ -145,20 +146,26 @@ class WarmPool:
     # --- making slots ------------------------------------------------------------------
 
     def replenish(self, recipe: Recipe) -> None:
-        """Start making a slot of ``recipe`` in the background, if its pack has room
-        (an idle slot of another identity of the same pack is evicted for it)."""
+        """Start making slots of ``recipe`` in the background until its pack's pool is
+        full (a pool that ran dry, a burst's jobs each claiming a slot, is full again
+        after one job instead of one slot a job); with no room, an idle slot of another
+        identity of the same pack is evicted for one."""
         if self._closed or self._draining():
             return
-        limit = self.slots(recipe.pack_name)
-        same = [s for s in self._idle if s.recipe.pack_name == recipe.pack_name]
-        if len(same) + self._making.get(recipe.pack_name, 0) >= limit:
+        pack = recipe.pack_name
+        limit = self.slots(pack)
+        same = [s for s in self._idle if s.recipe.pack_name == pack]
+        room = limit - len(same) - self._making.get(pack, 0)
+        if room <= 0:
             others = [s for s in same if s.recipe.identity != recipe.identity]
-            if not others or self._making.get(recipe.pack_name, 0) >= limit:
+            if not others or self._making.get(pack, 0) >= limit:
                 return
             self._idle.remove(others[0])
             self._spawn(self._destroy(others[0], retire=True))
-        self._making[recipe.pack_name] = self._making.get(recipe.pack_name, 0) + 1
-        self._making_tasks.add(self._spawn(self._make(recipe)))
+            room = 1
+        for _ in range(room):
+            self._making[pack] = self._making.get(pack, 0) + 1
+            self._making_tasks.add(self._spawn(self._make(recipe)))
         self._start_keeper()
 
     async def _make(self, recipe: Recipe) -> None:

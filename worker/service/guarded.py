@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,7 @@ async def run_delivery(
     hand_back: HandBack | None = None,
     pool: WarmPool | None = None,
     client: aioredis.Redis | None = None,
+    settled: Callable[[GuardedResult], None] | None = None,
 ) -> GuardedResult:
     """Validate, lease and run one delivery; never raises for an anticipated failure.
 
@@ -91,12 +92,20 @@ async def run_delivery(
     slot of. ``client``: the process's Redis client, kept by the caller across
     deliveries on the same event loop (its connections too: a job opens a dozen, each a
     TCP connect and a handshake); without it, one is made for this delivery and closed.
+    ``settled``: called with the delivery's result as soon as its job is settled (its
+    ``job.completed`` written) and no hand-back is to follow, while the lease is still
+    held: what remains (the job's leftovers removed, its warm slot replaced, the lease
+    given back) changes nothing a client can see, so a caller may take its next delivery
+    meanwhile (``tasks``). The result returned at the end is the same.
     """
     own = client is None
     if client is None:
         client = redis_client(settings.redis_url, settings)
     try:
-        return await _GuardedRun(client, settings, environ, delivery, hand_back, pool=pool).run()
+        run = _GuardedRun(
+            client, settings, environ, delivery, hand_back, pool=pool, settled=settled
+        )
+        return await run.run()
     finally:
         if own:
             await client.aclose()
@@ -126,6 +135,7 @@ class _GuardedRun:
         hand_back: HandBack | None,
         *,
         pool: WarmPool | None = None,
+        settled: Callable[[GuardedResult], None] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -133,6 +143,7 @@ class _GuardedRun:
         self.delivery = delivery
         self.hand_back = hand_back or HandBack()
         self.pool = pool
+        self.settled = settled
 
     async def run(self) -> GuardedResult:
         try:
@@ -225,8 +236,28 @@ class _GuardedRun:
             lease_deadline=owned.deadline,
             handing_back=lambda: self.hand_back.requested and not owned.control.requested,
             pool=self.pool,
+            on_settled=lambda: self._settled(spec.job_id, owned, observer),
         )
         return outcome.status
+
+    def _settled(self, job_id: str, owned: Owned, observer: _Observer) -> None:
+        """The job's ``job.completed`` is written: tell ``settled`` what ``run`` will
+        return, unless a hand-back (whose next attempt is published at the end) or a
+        broken sink makes the end differ."""
+        sink = owned.sink
+        if self.settled is None or sink.handed_back or sink.broken or not observer.completed:
+            return
+        completed = observer.completed
+        status = completed.get("status")
+        self.settled(
+            GuardedResult(
+                job_id,
+                "ran",
+                owned.lease.attempt,
+                status if isinstance(status, str) else None,
+                completed.get("error"),
+            )
+        )
 
 
 async def _settle_invalid(owned: Owned, exc: InvalidJobSpec) -> None:
