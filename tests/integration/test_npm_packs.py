@@ -69,10 +69,25 @@ def test_lock_pins_tree_and_writes_a_deterministic_archive(locked: Path) -> None
     assert "node_modules/isexe/package.json" in names
     assert not any("/.bin" in n or n.startswith("node_modules/.bin") for n in names)
     assert "node_modules/.package-lock.json" not in names
+    # isexe ships declarations and source maps beside its JS: left out, Markdown kept.
+    assert not any(n.endswith((".d.ts", ".map")) for n in names)
+    assert "node_modules/isexe/dist/commonjs/index.js" in names
+    assert "node_modules/isexe/README.md" in names
     assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and not m.uname for m in members)
     assert all(m.isdir() or m.isfile() for m in members)
     assert {m.mode for m in members} <= {0o755, 0o644}
     assert pack.read_lock(pack.for_platform("any")).archive_sha256 == pin.archive.sha256
+
+
+def test_the_archived_tree_runs_without_what_was_left_out(locked: Path, tmp_path: Path) -> None:
+    with tarfile.open(locked / "dist" / "which-pack-any.tar") as tar:
+        tar.extractall(tmp_path, filter="data")
+    entry = tmp_path / ENTRY.removeprefix("{pack}/")
+    found = subprocess.run(
+        ["/usr/bin/node", str(entry), "node"], capture_output=True, text=True, timeout=60
+    )
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).name == "node"
 
 
 def test_another_machine_rebuilds_the_same_bytes(locked: Path, tmp_path: Path) -> None:

@@ -19,6 +19,23 @@ compression. What npm writes about the install rather than the packages is left 
 ``node_modules/.bin/`` (symlinks; the launch runs the real entry with ``/usr/bin/node``)
 and ``node_modules/.package-lock.json`` (npm's cache of the tree it just built). Any
 other symlink refuses the build.
+
+Files of the packages that running them never reads are left out too, by file name
+(case-insensitively, anywhere in the tree; ``RUNTIME_UNUSED``): every launch checks the
+closure with one ``lstat`` per entry, and these are about half of claude-agent-acp's:
+
+- TypeScript declarations (``*.d.ts``, ``*.d.mts``, ``*.d.cts``): types for a compiler,
+  which is not part of the launch; Node does not load them (its ``types`` export
+  condition is never chosen), and no pack's tree has a TypeScript compiler that would
+  read them as its library. Other ``.ts`` files stay.
+- Source maps (``*.map``): read only to rewrite stack traces, under
+  ``--enable-source-maps`` (which the packs' launches do not turn on) or by
+  ``source-map-support`` (in no pack's tree), and even then a missing map is ignored.
+
+Markdown stays: gemini-cli reads its built-in skills (``bundle/builtin/*/SKILL.md``) and
+the documentation its ``get_internal_docs`` tool returns (``bundle/docs/**/*.md``) at
+run time. A directory left empty is kept in the archive; extraction creates directories
+only as parents of files (the lock lists files), so it never reaches a closure.
 """
 
 from __future__ import annotations
@@ -48,6 +65,8 @@ NPM_FLAGS: Final = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-update-
 # What npm writes about the install itself, never part of a closure.
 SKIP_FILES: Final = frozenset({"node_modules/.package-lock.json"})
 SKIP_DIR_NAMES: Final = frozenset({".bin"})
+# Suffixes (of lowercased file names) of files Node never reads running a pack: see above.
+RUNTIME_UNUSED: Final = (".d.ts", ".d.mts", ".d.cts", ".map")
 _SPEC: Final = re.compile(
     r"^(?P<name>(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*)@(?P<version>\d+\.\d+\.\d+[0-9A-Za-z.+-]*)$"
 )
@@ -343,7 +362,8 @@ def _tar_info(name: str, st_mode: int) -> tarfile.TarInfo:
 def collect(root: Path) -> list[tuple[str, Path, int]]:
     """Every (archive name, path, st_mode) under *root*, sorted by UTF-8 name.
 
-    Raises ArchiveRefused for a symlink outside ``.bin`` or a special file.
+    Files ``runtime_unused`` names are not among them. Raises ArchiveRefused for a
+    symlink outside ``.bin`` or a special file.
     """
     entries = list(_walk(root))
     entries.sort(key=lambda entry: entry[0].encode("utf-8"))
@@ -366,7 +386,14 @@ def _walk(root: Path) -> Iterator[tuple[str, Path, int]]:
                 )
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 raise ArchiveRefused(f"not a regular file or directory: {rel}", member=rel)
+            if stat.S_ISREG(st.st_mode) and runtime_unused(name):
+                continue
             yield rel, path, st.st_mode
+
+
+def runtime_unused(name: str) -> bool:
+    """Whether a file named *name* is one Node never reads running a pack (left out)."""
+    return name.lower().endswith(RUNTIME_UNUSED)
 
 
 def _skipped_dir(base: Path, name: str) -> bool:
