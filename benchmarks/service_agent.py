@@ -17,6 +17,12 @@ assistant text (the first ``message.delta``) and submit → ``job.completed``, a
 agent driven directly over ACP stdio (spawn → first ``agent_message_chunk``, spawn →
 exit: ``benchmarks/real_agent.py``'s baseline, the same fake model API on loopback),
 interleaved round by round with both modes' jobs (one direct baseline for both), medians.
+After each service job, the next side waits until what that job left running is over
+(``quiet``: its tail, which ends after the task returned, and in the warm mode the slot
+that replaces the one it claimed). Without that wait, the side after a warm job shared
+the machine with the replacement's start (for claude a node start, about half a second of
+CPU), and the direct baseline, which followed the warm job in two rounds of three, came
+out 60-120 ms slower than alone: every ratio against it looked better than it was.
 For the emulator's hello job (``examples/hello.json``): submit → ``job.completed`` cold
 against warm, one of each per round, and jobs/s with two jobs at a time: ``--jobs`` hello
 jobs submitted at once, ``--bursts`` bursts per mode alternating between the modes, their
@@ -66,9 +72,11 @@ from tests.fake_models import FakeModel, say  # noqa: E402 - after the path
 from tests.integration.real_agents import ENDPOINTS, agent_session, extract_closure  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.settings import Settings  # noqa: E402
+from worker.store import keys  # noqa: E402
 
 URL = os.environ.get("ACPW_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 BROKER = os.environ.get("ACPW_BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
+STORE = redis.Redis.from_url(URL)
 EMULATOR = "cursor-emulator"
 #: Warm ratio targets against the direct exchange, per pack (cold: COLD_TARGET for all).
 WARM_TARGET = {"codex-acp": 0.6, "claude-agent-acp": 0.8}
@@ -265,6 +273,8 @@ class Mode:
     rate: float | None = None
     #: Each burst's jobs/s (``rate`` is their median).
     rates: list[float] = field(default_factory=list)
+    #: The mode's serve log (``quiet`` counts the warm slots it made).
+    log: Path | None = None
 
 
 def start_mode(
@@ -290,7 +300,7 @@ def start_mode(
     if cold_pack is not None:
         why = f"{cold_pack}'s sandbox.ready lacks warm: true"
         return Mode(name, available=False, why=why), None
-    return Mode(name), client
+    return Mode(name, log=mtmp / "serve.log"), client
 
 
 def run_modes(
@@ -316,7 +326,8 @@ def run_modes(
             agent_rounds(pack, modes, clients, opts.runs, tmp, fakes, closures[pack], pause)
         for i in range(opts.runs):
             for name in rotated(list(clients), i):
-                modes[name].hello.append(through_service(clients[name], hello_job(f"{name}-h{i}")))
+                job = through_mode(clients[name], modes[name], hello_job(f"{name}-h{i}"))
+                modes[name].hello.append(job)
             time.sleep(pause)
         for i in range(opts.bursts):
             for name in rotated(list(clients), i):
@@ -325,6 +336,38 @@ def run_modes(
         for name in clients:
             modes[name].rate = statistics.median(modes[name].rates)
     return modes
+
+
+def slots_made(mode: Mode) -> int:
+    """How many warm slots the mode's serve has made so far (its log says each)."""
+    if mode.log is None or not mode.log.exists():
+        return 0
+    return mode.log.read_text(errors="replace").count(" ready (made in ")
+
+
+def quiet(mode: Mode, job_id: str, made_before: int) -> None:
+    """Wait until what the job left running in the background is over, so that it never
+    lands on the next side of the round: its tail (the task returns once ``job.completed``
+    is written; the job's leftovers and lease go after it) and, for a warm serve, the
+    slot it replaces (a sandbox, the agent's start, its ``initialize``: for claude a
+    node start of about half a second of CPU). Bounded: a slot that is never made (its
+    pack's pool was full) does not hold the run up longer than ``REFILL_S``."""
+    deadline = time.monotonic() + REFILL_S
+    lease = keys.lease(job_id)
+    while STORE.exists(lease) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if mode.name != "warm":
+        return
+    while slots_made(mode) <= made_before and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def through_mode(client: Client, mode: Mode, spec: dict[str, Any]) -> Job:
+    """``through_service``, then ``quiet``."""
+    made = slots_made(mode)
+    job = through_service(client, spec)
+    quiet(mode, spec["job_id"], made)
+    return job
 
 
 def rotated(sides: list[str], i: int) -> list[str]:
@@ -355,7 +398,7 @@ def agent_rounds(
             else:
                 fakes[pack].add(say("hello"))
                 spec = agent_job(pack, tmp, f"{side}-{i}")
-                modes[side].jobs[pack].append(through_service(clients[side], spec))
+                modes[side].jobs[pack].append(through_mode(clients[side], modes[side], spec))
         time.sleep(pause)
 
 
