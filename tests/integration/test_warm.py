@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from tests.sandbox_owner import chown_to_sandbox
 from worker.client import Client
 from worker.client.client import spec_digest
 from worker.images.engine import EngineConfig
+from worker.job import warm as warm_module
 from worker.job.prepare import sandbox_labels
 from worker.job.warm import WarmPool
 from worker.jobs.spec import JobSpec, parse_job
@@ -52,6 +54,7 @@ from worker.store import keys
 from worker.store import lease as leases
 from worker.store import warm as records
 from worker.store.owner import owner_labels
+from worker.workspace import disk
 
 pytestmark = pytest.mark.integration
 
@@ -316,6 +319,44 @@ def test_a_settled_job_is_told_early_and_its_pool_fills_to_its_size(
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_slot_cancelled_while_its_disk_mounts_leaves_nothing_mounted(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool closed while a slot is being made cancels it; a cancel that lands while
+    the slot's disk is being mounted (on a thread) waits for the mount, so the slot's
+    dismantling unmounts it: nothing stays mounted, no slot directory is left."""
+    settings = _settings(tmp_path)
+    config = backend_config(settings)
+    pool = WarmPool(settings, get_backend(config), backend_config=config.model_dump_json())
+    entered, release = threading.Event(), threading.Event()
+    real_mount = warm_module.mount_bounded
+
+    def slow_mount(job_dir: Path, **kwargs: Any) -> Any:
+        if job_dir.name.startswith("warm-"):  # the slot's disk, not the job's
+            entered.set()
+            assert release.wait(10)
+        return real_mount(job_dir, **kwargs)
+
+    monkeypatch.setattr(warm_module, "mount_bounded", slow_mount)
+
+    async def scenario() -> None:
+        try:
+            await _deliver(_job(tmp_path, "alpha"), settings, pool)  # its slot is made next
+            assert await asyncio.to_thread(entered.wait, 30)
+            closing = asyncio.ensure_future(pool.close())
+            await asyncio.sleep(0.2)  # the cancel has landed; the mount goes on
+            assert not closing.done()
+            release.set()
+            await closing
+        finally:
+            release.set()
+            await pool.close()
+
+    asyncio.run(scenario())
+    assert disk.mounts_below(settings.work_dir) == []
+    assert [p.name for p in settings.work_dir.glob("warm-*")] == []
 
 
 def test_a_claimed_slot_is_judged_by_its_attempts_lease(

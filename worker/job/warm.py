@@ -32,7 +32,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from worker import metrics
 from worker.acp.agent import AgentProcess
@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: Seconds a claimed slot's record outlives its claim (the reaper then judges the
 #: sandbox by the attempt's own lease, whose labels it carries by then).
@@ -214,9 +217,9 @@ class WarmPool:
                 self._redis(), slot_id, owner=self.owner, ttl_s=settings.lease_ttl
             )
             labels = self._labels(slot_id)
-            await asyncio.to_thread(_make_dir, directory, labels)
+            await _made(_make_dir, directory, labels)
             if recipe.disk_mb is not None:
-                disk = await asyncio.to_thread(
+                disk = await _made(
                     mount_bounded,
                     directory,
                     size_mb=recipe.disk_mb,
@@ -224,7 +227,7 @@ class WarmPool:
                 )
             root = directory if disk is None else disk.mount
             workspace = root / "workspace"
-            await asyncio.to_thread(_make_workspace, workspace, backend.stage_owner())
+            await _made(_make_workspace, workspace, backend.stage_owner())
             endpoint = recipe.network.endpoint
             files = home_files(
                 recipe.pack.pack.manifest.launch,
@@ -232,7 +235,7 @@ class WarmPool:
                 recipe.model,
             )
             owner = backend.stage_owner()
-            mounts = await asyncio.to_thread(stage_home_files, directory, files, owner)
+            mounts = await _made(stage_home_files, directory, files, owner)
             # The pack's session store, empty (a job that resumes a session is cold):
             # the claiming job's sessions adopt it (``Slot.sessions_dir``).
             launch = recipe.pack.pack.manifest.launch
@@ -240,7 +243,7 @@ class WarmPool:
                 settings, pack=recipe.pack_name, files=launch.session_files, resume=None
             )
             if sessions is not None:
-                mounts += (await asyncio.to_thread(sessions.prepare, directory, owner),)
+                mounts += (await _made(sessions.prepare, directory, owner),)
             net = recipe.network
             spec = base.SandboxSpec(
                 job_id=f"warm-{slot_id}",
@@ -402,6 +405,20 @@ class WarmPool:
             counts[slot.recipe.pack_name] = counts.get(slot.recipe.pack_name, 0) + 1
         for pack in self.settings.warm_pools:
             metrics.warm_idle(pack, counts.get(pack, 0))
+
+
+async def _made(make: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``make`` on a thread (it makes something under a slot's directory: a mounted
+    disk, files), whose cancel waits for the thread to end before it propagates: what
+    the thread made is then there for the slot's dismantling to undo, never made after
+    it (a disk mounted once the directory was removed stayed mounted)."""
+    work = asyncio.ensure_future(asyncio.to_thread(make, *args, **kwargs))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await work
+        raise
 
 
 def _make_dir(directory: Path, labels: Mapping[str, str]) -> None:
