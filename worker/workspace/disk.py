@@ -157,23 +157,22 @@ def mount_bounded(job_dir: Path, *, size_mb: int, templates: Path | None = None)
 def _copy_template(templates: Path, size_mb: int, image: Path) -> Path:
     """Copy the ``size_mb`` template (made if missing) into ``image``; the template.
 
-    Asked for twice when it vanished between the two steps (a worker of another format
-    removed it as stale, ``template``): the second time makes it again.
+    Looked up once more when it vanished between the lookup and the copy (a worker of
+    another format removed it as stale, ``template``): the second lookup makes it again.
 
     Raises:
         SandboxError: reason ``disk_failed``.
     """
-    for last in (False, True):
+    source = template(templates, size_mb)
+    try:
+        _copy_sparse(source, image)
+    except SandboxError as exc:
+        if exc.details.get("errno") != errno.ENOENT:
+            raise
+        image.unlink(missing_ok=True)
         source = template(templates, size_mb)
-        try:
-            _copy_sparse(source, image)
-        except SandboxError as exc:
-            if last or exc.details.get("errno") != errno.ENOENT:
-                raise
-            image.unlink(missing_ok=True)
-            continue
-        return source
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+        _copy_sparse(source, image)
+    return source
 
 
 def _damaged(source: Path, exc: SandboxError) -> SandboxError:
