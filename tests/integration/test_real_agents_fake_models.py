@@ -181,6 +181,35 @@ async def test_load_from_the_kept_files_alone(
         assert earlier in request.text, f"{earlier!r} not in the request after the load"
 
 
+@pytest.mark.parametrize("pack", RESUMABLE)
+async def test_the_turn_is_recorded_when_it_is_answered(
+    pack: str, closures: Path, tmp_path: Path, workspace: Path
+) -> None:
+    """A pack that does not declare ``launch.sessions.recorded_after_answer`` has the whole
+    turn in its recording the moment ``session/prompt`` is answered, so a teardown that
+    closes stdin at once loses nothing. For claude-agent-acp that is its pack's
+    ``CLAUDE_CODE_EAGER_FLUSH``: without it the CLI's transcript writes wait on a 100 ms
+    timer and land 40-70 ms after the answer (docs/agents-endpoints.md)."""
+    files = load_pack(REPO / "provider_packs", pack).manifest.launch.sessions
+    assert files is not None
+    if files.recorded_after_answer:
+        pytest.skip(f"{pack} records its turn after answering it, and says so")
+    home = tmp_path / "home"
+    with ENDPOINTS[pack].fake([say("The answer is persimmon")]) as fake:
+        async with agent_session(
+            pack, _closure(pack, closures), tmp_path, fake, workspace=workspace, home=home
+        ) as session:
+            assert await session.prompt("Name a fruit") == "end_turn"
+            # Read before the agent is stopped: what a teardown would find right now.
+            recorded = "".join(
+                path.read_text(errors="replace")
+                for path in sorted((home / files.dir).rglob(f"*{session.session_id}*"))
+                if path.is_file()
+            )
+    assert "Name a fruit" in recorded, _explain(fake, session)
+    assert "The answer is persimmon" in recorded, _explain(fake, session)
+
+
 #: When an agent reads the workspace's project memory file and git state: at the prompt
 #: (docs/sessions.md, "Opening the session before the workspace"). claude-agent-acp is not
 #: here: the Claude Code process ``session/new`` starts reads them as it starts, racing a

@@ -1,6 +1,6 @@
 """An agent that records a turn only after answering it keeps its session (issue 14, item 3).
 
-claude-agent-acp's CLI, a child process, writes the transcript 40-70 ms after the answer;
+claude-agent-acp's CLI, a child process, wrote the transcript 40-70 ms after the answer by default;
 on stdin EOF its parent stops it and exits at once, and in bubblewrap nothing outlives
 the parent (the pid namespace goes with it). A teardown that closed stdin right after the
 answer lost the session now and then, by timing. The peer here does the same thing, only

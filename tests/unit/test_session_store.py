@@ -593,7 +593,11 @@ def test_the_npm_packs_declare_their_session_files() -> None:
 
     packs = Path(__file__).resolve().parents[2] / "provider_packs"
     claude = load_pack(packs, "claude-agent-acp").manifest.launch.session_files
-    # Its CLI writes a turn 40-70 ms after the answer, and dies with its parent on EOF.
-    assert claude == CLAUDE_FILES.model_copy(update={"recorded_after_answer": True})
+    # Its CLI flushes the turn before it answers (CLAUDE_CODE_EAGER_FLUSH, in the pack's
+    # env): nothing is recorded after the answer, so the teardown has nothing to wait for.
+    assert claude == CLAUDE_FILES
+    assert not claude.recorded_after_answer
+    launch = load_pack(packs, "claude-agent-acp").manifest.launch
+    assert launch.env["CLAUDE_CODE_EAGER_FLUSH"] == "1"
     assert load_pack(packs, "codex-acp").manifest.launch.session_files == CODEX_FILES
     assert load_pack(packs, "cursor-emulator").manifest.launch.session_files == CURSOR_FILES
