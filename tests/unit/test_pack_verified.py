@@ -20,6 +20,7 @@ import pytest
 
 from worker.errors import DigestMismatch
 from worker.packs import verified, verify
+from worker.packs import watch as watched
 from worker.packs.closure import ClosureLock, FileEntry
 from worker.packs.verified import Recheck
 from worker.packs.verify import VerifyStats, verify_closure
@@ -345,3 +346,114 @@ def test_unchanged_answers_from_the_record_alone(tmp_path: Path, hashed: list[in
     assert verify.unchanged(closure, digest, files, size, recheck) is None
     with pytest.raises(DigestMismatch):
         verify_closure(closure, lock, recheck=recheck)
+
+
+@pytest.fixture
+def scans(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The closures scanned, in order."""
+    calls: list[Path] = []
+    real = verify._scan
+
+    def counting(root: Path, watch: watched.Watch | None = None) -> verified.Identities:
+        calls.append(root)
+        return real(root, watch)
+
+    monkeypatch.setattr(verify, "_scan", counting)
+    return calls
+
+
+def _unchanged(closure: Path, lock: ClosureLock, recheck: Recheck) -> VerifyStats | None:
+    digest, files, size = lock.closure_digest, len(lock.files), lock.total_bytes
+    return verify.unchanged(closure, digest, files, size, recheck)
+
+
+def test_a_watched_closure_is_not_scanned_again(tmp_path: Path, scans: list[Path]) -> None:
+    """The first check scans, watching each directory; later ones in this process read
+    the watch instead, the cache's touch of the closure directory included."""
+    closure, lock, recheck = _verified(tmp_path)
+    scans.clear()
+    assert _unchanged(closure, lock, recheck) is not None
+    assert scans == [closure]
+    for _ in range(3):
+        os.utime(closure)  # materialize's least-recent-use touch
+        assert _unchanged(closure, lock, recheck) is not None
+    assert scans == [closure]
+
+
+def _add_and_remove(closure: Path) -> None:
+    folder = closure / "lib" / "deep"
+    os.chmod(folder, 0o755)
+    (folder / "extra.js").write_bytes(b"")
+    (folder / "extra.js").unlink()
+    os.chmod(folder, 0o555)
+
+
+def _rename_and_back(closure: Path) -> None:
+    os.chmod(closure / "lib", 0o755)
+    os.rename(closure / "lib" / "deep", closure / "lib" / "deeper")
+    os.rename(closure / "lib" / "deeper", closure / "lib" / "deep")
+    os.chmod(closure / "lib", 0o555)
+
+
+CHANGES = {
+    "content, mtime put back": lambda c: _rewrite(c / "lib" / "deep" / "y.js", b"WHY\n"),
+    "content changed and changed back": lambda c: (
+        _rewrite(c / "a.js", b"ALPHA\n"),
+        _rewrite(c / "a.js", b"alpha\n"),
+    ),
+    "mode": lambda c: os.chmod(c / "bin" / "x", 0o444),
+    "a file added and removed": _add_and_remove,
+    "a directory renamed and back": _rename_and_back,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_any_change_to_a_watched_closure_is_scanned_for(
+    tmp_path: Path, scans: list[Path], change: str
+) -> None:
+    closure, lock, recheck = _verified(tmp_path)
+    assert _unchanged(closure, lock, recheck) is not None
+    time.sleep(0.015)
+    CHANGES[change](closure)
+    scans.clear()
+    assert _unchanged(closure, lock, recheck) is None  # verify in full
+    assert scans == [closure]
+
+
+def test_a_watched_closure_still_needs_its_record(tmp_path: Path, scans: list[Path]) -> None:
+    """A record another process dropped (it found the closure changed), or one grown
+    older than ``pack_rehash_s``, is not stood in for by the watch."""
+    closure, lock, recheck = _verified(tmp_path)
+    assert _unchanged(closure, lock, recheck) is not None
+    verified.forget(recheck, lock.closure_digest)
+    assert _unchanged(closure, lock, recheck) is None
+    closure, lock, recheck = _verified(tmp_path / "again")
+    assert _unchanged(closure, lock, recheck) is not None
+    assert _unchanged(closure, lock, _recheck(tmp_path / "again", max_age_s=1e-9)) is None
+
+
+def test_a_fork_does_not_read_its_parents_watch(tmp_path: Path, scans: list[Path]) -> None:
+    """A forked pool process shares the parent's inotify instance: reading it would take
+    the parent's events, so the child scans (and watches) for itself."""
+    closure, lock, recheck = _verified(tmp_path)
+    assert _unchanged(closure, lock, recheck) is not None
+    scans.clear()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's verdict is its exit status
+        ok = _unchanged(closure, lock, recheck) is not None and scans == [closure]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _unchanged(closure, lock, recheck) is not None  # the parent's watch still stands
+    assert scans == []
+
+
+def test_without_inotify_every_check_scans(
+    tmp_path: Path, scans: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watched, "_LIBC", None)
+    closure, lock, recheck = _verified(tmp_path)
+    scans.clear()
+    for _ in range(2):
+        assert _unchanged(closure, lock, recheck) is not None
+    assert scans == [closure, closure]

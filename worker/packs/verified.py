@@ -104,6 +104,12 @@ class Identities:
 
 def matches(recheck: Recheck, closure_digest: str, root: Path, identities: Identities) -> bool:
     """Whether a trusted, current record says these identities were verified."""
+    return current(recheck, closure_digest, root, identities.count, identities.digest())
+
+
+def current(recheck: Recheck, closure_digest: str, root: Path, entries: int, identity: str) -> bool:
+    """Whether a trusted, current record says the scan of ``entries`` entries whose
+    identity digest is ``identity`` was verified."""
     if not recheck.usable():
         return False
     record = _read(recheck, closure_digest)
@@ -114,8 +120,8 @@ def matches(recheck: Recheck, closure_digest: str, root: Path, identities: Ident
         0 <= age <= recheck.max_age_s
         and record.closure == closure_digest
         and record.root == str(root)
-        and record.entries == identities.count
-        and record.identity == identities.digest()
+        and record.entries == entries
+        and record.identity == identity
     )
 
 
