@@ -89,7 +89,14 @@ async def echo() -> AsyncIterator[tuple[Echo, int]]:
 
 
 def _gateway(docker_host: str) -> str:
+    """The gateway of the network ``podman kube play`` puts pods on; the network is made
+    by the first ``kube play`` on this service, so a run of this file alone makes it
+    first (as ``kube play`` would: the default bridge settings)."""
     done = podman(docker_host, "network", "inspect", KUBE_NETWORK)
+    if done.returncode != 0 and "network not found" in done.stderr:
+        made = podman(docker_host, "network", "create", KUBE_NETWORK)
+        assert made.returncode == 0 or "already exists" in made.stderr, made.stderr
+        done = podman(docker_host, "network", "inspect", KUBE_NETWORK)
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout)[0]["subnets"][0]["gateway"])
 
