@@ -31,16 +31,20 @@ decides everything.
 
 from __future__ import annotations
 
-import contextlib
+# Only what the interpreter has loaded already, and the builtin ``_socket``, until the agent
+# is exec'd: this runs in front of every agent's start, where ``typing``, ``contextlib``,
+# ``socket`` (its ``enum``) and ``threading`` alone took 10-12 ms. The relay daemon imports
+# what it needs after its fork, each where it is used.
+import _socket
 import os
-import selectors
-import socket
 import sys
-import threading
-from typing import TYPE_CHECKING, NoReturn
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import socket
     import ssl
+    import threading
+    from typing import NoReturn
 
 SOCKET = "/run/acpw/proxy.sock"
 #: The variable the token of ``--upstream`` comes in (never passed on to the agent).
@@ -62,7 +66,7 @@ def main(argv: list[str]) -> None:
     if (upstream is not None and not token) or (tls and not pinned):
         _usage()
     route = _Route(upstream, token, pinned if tls else None)
-    listeners: list[tuple[socket.socket, str | None]] = [(_listen(PORT), None)]
+    listeners: list[tuple[_socket.socket, str | None]] = [(_listen(PORT), None)]
     listeners += [(_listen(port), target) for port, target in tunnels]
     if os.fork() == 0:
         if os.fork() == 0:
@@ -96,6 +100,8 @@ class _Route:
             self.tls.load_verify_locations(cadata=pinned)
 
     def open(self) -> socket.socket:
+        import socket
+
         if self.upstream is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -151,19 +157,23 @@ def _usage() -> NoReturn:
     os._exit(2)
 
 
-def _listen(port: int) -> socket.socket:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _listen(port: int) -> _socket.socket:
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     listener.bind((HOST, port))
     listener.listen(MAX_CONNECTIONS)
     return listener
 
 
-def _daemon(listeners: list[tuple[socket.socket, str | None]], route: _Route) -> None:
+def _daemon(bound: list[tuple[_socket.socket, str | None]], route: _Route) -> None:
+    import socket
+    import threading
+
     # Leave the agent's stdio alone: holding its stdout open would hide its EOF.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    listeners = [(socket.socket(fileno=sock.detach()), target) for sock, target in bound]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     for listener, target in listeners[1:]:
         args = (listener, target, slots, route)
@@ -174,6 +184,8 @@ def _daemon(listeners: list[tuple[socket.socket, str | None]], route: _Route) ->
 def _accept(
     listener: socket.socket, target: str | None, slots: threading.BoundedSemaphore, route: _Route
 ) -> None:
+    import threading
+
     while True:
         client, _ = listener.accept()
         if not slots.acquire(blocking=False):
@@ -186,6 +198,9 @@ def _accept(
 def _serve(
     client: socket.socket, target: str | None, slots: threading.BoundedSemaphore, route: _Route
 ) -> None:
+    import contextlib
+    import threading
+
     upstream: socket.socket | None = None
     try:
         with contextlib.suppress(OSError):
@@ -220,6 +235,9 @@ def _connect(upstream: socket.socket, target: str) -> bool:
 
 
 def _copy(src: socket.socket, dst: socket.socket) -> None:
+    import contextlib
+    import socket
+
     try:
         while data := src.recv(_CHUNK):
             dst.sendall(data)
@@ -236,6 +254,8 @@ def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
     TLS has no half-close, so the first side to end ends the connection once what it
     sent is delivered (the proxy's relay and the tools that use a proxy do not half-close
     either)."""
+    import contextlib
+    import selectors
     import ssl
 
     again = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
@@ -273,6 +293,8 @@ def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
 
 def _pull(sock: socket.socket, into: bytearray, again: tuple[type[OSError], ...]) -> bool:
     """Read what ``sock`` has into ``into``: True at its end (False: nothing yet)."""
+    import contextlib
+
     with contextlib.suppress(*again):
         data = sock.recv(_CHUNK)
         into += data
@@ -282,6 +304,8 @@ def _pull(sock: socket.socket, into: bytearray, again: tuple[type[OSError], ...]
 
 def _push(sock: socket.socket, out: bytearray, again: tuple[type[OSError], ...]) -> None:
     """Send what ``sock`` takes of ``out`` now, and drop it from ``out``."""
+    import contextlib
+
     if out:
         with contextlib.suppress(*again):
             del out[: sock.send(out)]
