@@ -166,13 +166,18 @@ def _listen(port: int) -> _socket.socket:
 
 
 def _daemon(bound: list[tuple[_socket.socket, str | None]], route: _Route) -> None:
-    import socket
-    import threading
+    import select  # builtin, as _socket: nothing is read from disk until a connection
 
     # Leave the agent's stdio alone: holding its stdout open would hide its EOF.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    # Many sandboxes never connect (a warm slot until its job, a job without a model
+    # call): the relay's imports (socket, threading: ≈ 6 ms of CPU) wait for the first.
+    select.select([sock for sock, _ in bound], [], [])
+    import socket
+    import threading
+
     listeners = [(socket.socket(fileno=sock.detach()), target) for sock, target in bound]
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     for listener, target in listeners[1:]:
