@@ -126,6 +126,10 @@ class LocalConfig(_BackendSettings):
     bwrap: str = Field(default="bwrap", description="bubblewrap executable.")
     cgroup_root: Path = Field(default=Path("/sys/fs/cgroup"), description="cgroupfs mount.")
     cgroup_parent: str = Field(default="acpw", description="Parent cgroup for sandboxes.")
+    cgroup_favordynmods: bool = Field(
+        default=False,
+        description="A root worker remounts cgroup2 with favordynmods at its first sandbox.",
+    )
 
 
 class DockerConfig(_BackendSettings):

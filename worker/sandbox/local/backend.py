@@ -25,6 +25,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.hostfiles import HostWorkspaceFiles
+from worker.sandbox.local import dynmods
 from worker.sandbox.local.bwrap import (
     BindSources,
     HostLayout,
@@ -274,6 +275,7 @@ class LocalBackend:
             for name in ("nsenter", "setpriv"):
                 self.tools.tool(name)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
+        dynmods.check(self.config.cgroup_favordynmods, privileged=self.privileged)
         driver = self.cgroup_driver()
         stage = self._stage_dir / sandbox_id if self.privileged else None
         record = SandboxRecord(
