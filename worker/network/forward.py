@@ -31,20 +31,22 @@ decides everything.
 
 from __future__ import annotations
 
-# Only what the interpreter has loaded already, and the builtin ``_socket``, until the agent
-# is exec'd: this runs in front of every agent's start, where ``typing``, ``contextlib``,
-# ``socket`` (its ``enum``) and ``threading`` alone took 10-12 ms. The relay daemon imports
-# what it needs after its fork, each where it is used.
+# Nothing but what the interpreter has built in: this runs in front of every agent's start,
+# where ``typing``, ``contextlib``, ``socket`` (its ``enum``) and ``threading`` alone took
+# 10-12 ms, and the relay daemon it leaves in each sandbox imported them again (≈ 6 ms of
+# CPU). ``_socket`` and ``_thread`` do the relay's work; only a pod's TLS path imports more.
 import _socket
+import _thread
 import os
 import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    import socket
     import ssl
-    import threading
+    from _thread import LockType
     from typing import NoReturn
+
+    Sock = _socket.socket | ssl.SSLSocket
 
 SOCKET = "/run/acpw/proxy.sock"
 #: The variable the token of ``--upstream`` comes in (never passed on to the agent).
@@ -99,28 +101,50 @@ class _Route:
             self.tls.check_hostname = False  # a pin: that one certificate, any name
             self.tls.load_verify_locations(cadata=pinned)
 
-    def open(self) -> socket.socket:
-        import socket
-
+    def open(self) -> Sock:
         if self.upstream is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
                 sock.connect(SOCKET)
             except OSError:
                 sock.close()
                 raise
             return sock
-        sock = socket.create_connection(self.upstream, timeout=30)
-        if self.tls is not None:
-            sock = self.tls.wrap_socket(sock, do_handshake_on_connect=False)  # takes sock
-            try:
-                sock.do_handshake()  # within the connection's timeout
-            except OSError:
-                sock.close()
-                raise
-        sock.settimeout(None)
-        sock.sendall(TOKEN_PREFIX + self.token.encode() + b"\r\n")
+        raw = _connect_tcp(self.upstream, timeout=30)
+        if self.tls is None:
+            raw.settimeout(None)
+            raw.sendall(TOKEN_PREFIX + self.token.encode() + b"\r\n")
+            return raw
+        import socket  # the TLS path (a pod's relay) only: ssl wraps a socket.socket
+
+        tls = self.tls.wrap_socket(
+            socket.socket(fileno=raw.detach()), do_handshake_on_connect=False
+        )  # takes the socket
+        try:
+            tls.do_handshake()  # within the connection's timeout
+        except OSError:
+            tls.close()
+            raise
+        tls.settimeout(None)
+        tls.sendall(TOKEN_PREFIX + self.token.encode() + b"\r\n")
+        return tls
+
+
+def _connect_tcp(address: tuple[str, int], *, timeout: float) -> _socket.socket:
+    """A TCP connection to ``address`` (each of its addresses in turn), as
+    ``socket.create_connection`` makes one, on ``_socket`` alone."""
+    failure: OSError = OSError(f"no address for {address[0]}")
+    for family, kind, proto, _, where in _socket.getaddrinfo(*address, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(where)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
         return sock
+    raise failure
 
 
 def _parse(
@@ -165,68 +189,71 @@ def _listen(port: int) -> _socket.socket:
     return listener
 
 
-def _daemon(bound: list[tuple[_socket.socket, str | None]], route: _Route) -> None:
-    import select  # builtin, as _socket: nothing is read from disk until a connection
-
+def _daemon(listeners: list[tuple[_socket.socket, str | None]], route: _Route) -> None:
     # Leave the agent's stdio alone: holding its stdout open would hide its EOF.
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    # Many sandboxes never connect (a warm slot until its job, a job without a model
-    # call): the relay's imports (socket, threading: ≈ 6 ms of CPU) wait for the first.
-    select.select([sock for sock, _ in bound], [], [])
-    import socket
-    import threading
-
-    listeners = [(socket.socket(fileno=sock.detach()), target) for sock, target in bound]
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    slots = _Slots(MAX_CONNECTIONS)
     for listener, target in listeners[1:]:
-        args = (listener, target, slots, route)
-        threading.Thread(target=_accept, args=args, daemon=True).start()
+        _thread.start_new_thread(_accept, (listener, target, slots, route))
     _accept(*listeners[0], slots, route)
 
 
-def _accept(
-    listener: socket.socket, target: str | None, slots: threading.BoundedSemaphore, route: _Route
-) -> None:
-    import threading
+class _Slots:
+    """At most ``size`` connections at a time (``threading.BoundedSemaphore``'s job, on
+    ``_thread``'s lock: the relay imports nothing that is not built in)."""
 
+    def __init__(self, size: int) -> None:
+        self._lock = _thread.allocate_lock()
+        self._free = size
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._free == 0:
+                return False
+            self._free -= 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._free += 1
+
+
+def _accept(listener: _socket.socket, target: str | None, slots: _Slots, route: _Route) -> None:
     while True:
-        client, _ = listener.accept()
-        if not slots.acquire(blocking=False):
+        fd, _ = listener._accept()  # type: ignore[attr-defined]  # what socket.accept wraps
+        client = _socket.socket(fileno=fd)
+        if not slots.take():
             client.close()
             continue
-        args = (client, target, slots, route)
-        threading.Thread(target=_serve, args=args, daemon=True).start()
+        _thread.start_new_thread(_serve, (client, target, slots, route))
 
 
-def _serve(
-    client: socket.socket, target: str | None, slots: threading.BoundedSemaphore, route: _Route
-) -> None:
-    import contextlib
-    import threading
-
-    upstream: socket.socket | None = None
+def _serve(client: _socket.socket, target: str | None, slots: _Slots, route: _Route) -> None:
+    upstream: Sock | None = None
     try:
-        with contextlib.suppress(OSError):
-            upstream = route.open()
-            if target is not None and not _connect(upstream, target):
-                return
-            if route.tls is not None:
-                _relay_tls(client, upstream)
-                return
-            back = threading.Thread(target=_copy, args=(upstream, client), daemon=True)
-            back.start()
-            _copy(client, upstream)
-            back.join()
+        upstream = route.open()
+        if target is not None and not _connect(upstream, target):
+            return
+        if route.tls is not None:
+            _relay_tls(client, upstream)
+            return
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_copy_then_release, (upstream, client, done))
+        _copy(client, upstream)
+        done.acquire()  # the other direction ended too
+    except OSError:
+        return
     finally:
         client.close()
         if upstream is not None:
             upstream.close()
-        slots.release()
+        slots.give()
 
 
-def _connect(upstream: socket.socket, target: str) -> bool:
+def _connect(upstream: Sock, target: str) -> bool:
     """Open the tunnel: ``CONNECT target``; True once the proxy answered 200 (its whole
     head read, nothing of the tunnel's bytes)."""
     upstream.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
@@ -239,21 +266,27 @@ def _connect(upstream: socket.socket, target: str) -> bool:
     return head.split(b" ", 2)[1:2] == [b"200"]
 
 
-def _copy(src: socket.socket, dst: socket.socket) -> None:
-    import contextlib
-    import socket
-
+def _copy(src: Sock, dst: Sock) -> None:
     try:
         while data := src.recv(_CHUNK):
             dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
+        dst.shutdown(_socket.SHUT_WR)
     except OSError:
         # One side failed: wake the other direction's recv so the connection ends.
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_RDWR)
+        try:  # noqa: SIM105 - no contextlib here: the relay imports nothing not built in
+            dst.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
-def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
+def _copy_then_release(src: Sock, dst: Sock, done: LockType) -> None:
+    try:
+        _copy(src, dst)
+    finally:
+        done.release()
+
+
+def _relay_tls(client: _socket.socket, upstream: Sock) -> None:
     """Copy both ways between ``client`` and the TLS ``upstream``, in this one thread.
 
     TLS has no half-close, so the first side to end ends the connection once what it
@@ -296,7 +329,7 @@ def _relay_tls(client: socket.socket, upstream: socket.socket) -> None:
                 return
 
 
-def _pull(sock: socket.socket, into: bytearray, again: tuple[type[OSError], ...]) -> bool:
+def _pull(sock: Sock, into: bytearray, again: tuple[type[OSError], ...]) -> bool:
     """Read what ``sock`` has into ``into``: True at its end (False: nothing yet)."""
     import contextlib
 
@@ -307,7 +340,7 @@ def _pull(sock: socket.socket, into: bytearray, again: tuple[type[OSError], ...]
     return False
 
 
-def _push(sock: socket.socket, out: bytearray, again: tuple[type[OSError], ...]) -> None:
+def _push(sock: Sock, out: bytearray, again: tuple[type[OSError], ...]) -> None:
     """Send what ``sock`` takes of ``out`` now, and drop it from ``out``."""
     import contextlib
 
