@@ -55,6 +55,7 @@ from worker.service.drain import HAND_BACK_SIGNAL, DrainTimer, HandBack
 from worker.service.guarded import Delivery, GuardedResult, run_delivery
 from worker.service.reaper import reap_pass
 from worker.settings import Settings
+from worker.store.control import stopped_readers
 from worker.store.lease import redis_client
 from worker.store.url import choose_redis
 
@@ -153,9 +154,11 @@ async def _deliver(
 
 
 async def _finish_tails() -> None:
-    """Wait for this process's deliveries still ending (their jobs settled already)."""
+    """Wait for this process's deliveries still ending (their jobs settled already), and
+    for their control stream readers' last ``XREAD`` (``stopped_readers``)."""
     while _tails:
         await asyncio.wait(list(_tails))
+    await stopped_readers()
 
 
 def _redis() -> aioredis.Redis:

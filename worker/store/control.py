@@ -21,7 +21,7 @@ import redis
 import redis.asyncio as aioredis
 
 from worker.store import keys
-from worker.store.lease import REDIS_ERRORS, in_background, still_cancelling
+from worker.store.lease import REDIS_ERRORS, still_cancelling
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +64,25 @@ class ControlStream:
         self._attempt = str(attempt)
         self._handlers = dict(handlers)
         self._last = "0-0"
+        #: Set when the block of ``running`` ends: nothing is dispatched any more.
+        self._stopped = False
 
     async def run(self) -> None:
-        """Follow the stream until cancelled; a Redis hiccup is logged and retried."""
-        while True:
+        """Follow the stream until cancelled or stopped; a Redis hiccup is logged and
+        retried."""
+        while not self._stopped:
             still_cancelling()
             try:
                 reply: Any = await self._client.xread({self._key: self._last}, block=BLOCK_MS)
             except REDIS_ERRORS as exc:
                 still_cancelling()
+                if self._stopped:  # the client closed under a stopped reader
+                    return
                 log.warning("control stream unreadable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
+            if self._stopped:
+                return
             await self._handle(reply)
 
     async def catch_up(self) -> None:
@@ -104,10 +111,46 @@ class ControlStream:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Self]:
-        """Catch up with the stream, then follow it in a task for as long as the block."""
+        """Catch up with the stream, then follow it in a task for as long as the block.
+
+        At the block's end the reader stops dispatching at once, but its ``XREAD`` is
+        left to return on its own (within ``BLOCK_MS``; :func:`stopped_readers` waits for
+        it) rather than cancelled: a command cancelled mid-reply costs its connection,
+        and the next command on it a new connection (two per job, one on the way to
+        ``job.completed``)."""
         await self.catch_up()
-        async with in_background(self.run(), name=f"control-{self._key}"):
+        task = asyncio.create_task(self.run(), name=f"control-{self._key}")
+        try:
             yield self
+        finally:
+            self._stopped = True
+            if task.done():
+                _collect(task)
+            else:
+                _stopping.add(task)
+                task.add_done_callback(_stopped_reader)
+
+
+#: Readers stopped while their ``XREAD`` was under way; each ends within ``BLOCK_MS``.
+_stopping: set[asyncio.Task[None]] = set()
+
+
+def _collect(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("control stream reader failed", exc_info=task.exception())
+
+
+def _stopped_reader(task: asyncio.Task[None]) -> None:
+    _stopping.discard(task)
+    _collect(task)
+
+
+async def stopped_readers() -> None:
+    """Wait for the stopped readers of this loop still ending (a process's shutdown)."""
+    loop = asyncio.get_running_loop()
+    mine = [task for task in _stopping if task.get_loop() is loop]
+    if mine:
+        await asyncio.wait(mine, timeout=BLOCK_MS / 1000 + 1)
 
 
 class ControlWatcher(ControlStream):
