@@ -375,6 +375,8 @@ def test_kept_workspace_is_reaped_after_its_time(tmp_path: Path, redis_url: str)
     )
     assert (Path(kept["details"]["path"]) / "kept.txt").read_text() == "still here"
     [job_dir] = list((tmp_path / "work").iterdir())
+    # The agent's state (its session files, saved to the store) is not kept with it.
+    assert not (job_dir / "agent-state").exists()
 
     async def reap() -> list[str]:
         client = aioredis.Redis.from_url(redis_url)

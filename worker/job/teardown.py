@@ -230,15 +230,18 @@ class Teardown:
 
     async def _save_session(self) -> None:
         """Keep the session the agent recorded (once ``session.started`` went out), then
-        drop the per-job directory. Runs only after the sandbox is destroyed."""
+        drop the per-job directory: now when the job's directory is kept (a kept
+        workspace shows no agent state), else with that directory once ``job.completed``
+        is written (``Job.remove_leftovers``). Runs only after the sandbox is destroyed."""
         made = self._made
         if made.sessions is None:
             return
         session_id = made.launched.acp.session_id if made.launched is not None else None
         answered = made.answered_at is not None
         saved = await asyncio.to_thread(made.sessions.save, session_id, answered=answered)
-        with contextlib.suppress(OSError):  # the job dir's removal retries it
-            await asyncio.to_thread(made.sessions.remove)
+        if self._ctx.spec.keep_workspace:
+            with contextlib.suppress(OSError):  # the job dir's removal retries it
+                await asyncio.to_thread(made.sessions.remove)
         for notice in saved:
             await self._ctx.emitter.emit(notice)
 
