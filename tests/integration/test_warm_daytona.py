@@ -200,6 +200,7 @@ async def test_a_warm_daytona_job_runs_in_its_relabelled_slot(
 
         # Aged past ACPW_WARM_MAX_IDLE_S: destroyed by the pool's keeper.
         pool.settings = settings.model_copy(update={"warm_max_idle_s": 0.01})
+        await asyncio.sleep(0.02)  # older than that, however recently it was made
         await pool.tend()
         pool.settings = settings
         assert pool.idle() == []
