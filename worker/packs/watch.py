@@ -11,7 +11,7 @@ the directory itself removed, moved or unmounted. The kernel reports these for t
 through whatever path or mount namespace the change was made, the same changes that move
 a ctime (the record's premise, ``worker.packs.verified``). The next check of that closure
 reads the instance without blocking: no event (and no queue overflow) and the record
-still the one the scan matched, and the scan is skipped. Any event, an overflow, a failed
+still the one the scan matched, and the scan is skipped. An event, an overflow, a failed
 read or another process (a fork shares the instance, and one reader would take the
 other's events) drops the watch, and the check scans again.
 
