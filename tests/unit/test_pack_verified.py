@@ -457,3 +457,31 @@ def test_without_inotify_every_check_scans(
     for _ in range(2):
         assert _unchanged(closure, lock, recheck) is not None
     assert scans == [closure, closure]
+
+
+def test_a_closure_that_cannot_be_watched_whole_is_scanned_and_not_tried_again(
+    tmp_path: Path, scans: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the per-user watch limit a directory's watch is refused: the check still
+    answers from its scan, and later checks scan without adding watches again."""
+    closure, lock, recheck = _verified(tmp_path)
+    monkeypatch.setattr(watched, "WATCHES", watched.Watches())
+    monkeypatch.setattr(verify, "WATCHES", watched.WATCHES)
+    added: list[str] = []
+    real_add = watched.Watch.add
+
+    def limited(self: watched.Watch, directory: str) -> int:
+        added.append(directory)
+        if len(added) > 2:  # the root and one directory, then the limit
+            self.broken = True
+            return -1
+        return real_add(self, directory)
+
+    monkeypatch.setattr(watched.Watch, "add", limited)
+    scans.clear()
+    assert _unchanged(closure, lock, recheck) is not None
+    tried = len(added)
+    for _ in range(2):
+        assert _unchanged(closure, lock, recheck) is not None
+    assert scans == [closure] * 3
+    assert len(added) == tried  # given up after the first

@@ -109,9 +109,11 @@ def unchanged(
             WATCHES.keep(path, watch)
             return VerifyStats(files, size, time.perf_counter() - started, hashed_bytes=0)
         watch.close()
-    watch = Watch.start(path)
+    watch = WATCHES.start(path)
     try:
         identities = _scan(path, watch)
+        if watch is not None and watch.broken:
+            WATCHES.give_up(path)
         if not verified.matches(recheck, closure_digest, path, identities):
             return None
         if watch is not None and not watch.broken:

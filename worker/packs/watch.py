@@ -158,6 +158,20 @@ class Watches:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_root: dict[str, Watch] = {}
+        #: Closures a watch could not cover (the per-user watch limit): not tried again,
+        #: so a launch does not add hundreds of watches only to give them up each time.
+        self._unwatchable: set[str] = set()
+
+    def start(self, root: Path) -> Watch | None:
+        """A new watch of ``root`` (``Watch.start``), or None for one given up before."""
+        if os.fspath(root) in self._unwatchable:
+            return None
+        return Watch.start(root)
+
+    def give_up(self, root: Path) -> None:
+        """``root`` could not be watched whole: scan it on every check from now on."""
+        with self._lock:
+            self._unwatchable.add(os.fspath(root))
 
     def take(self, root: Path) -> Watch | None:
         """The watch of ``root``, removed (the caller puts it back with ``keep``)."""
