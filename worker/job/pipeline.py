@@ -56,7 +56,7 @@ from worker.job.teardown import Teardown
 from worker.job.turn import Turn
 from worker.jobs.spec import JobSpec
 from worker.packs.runtime import LaunchPlan, PreparedPack
-from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend
+from worker.sandbox.base import LABEL_TOKEN, LeaseDeadline, SandboxBackend, prime
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -158,6 +158,8 @@ class Job:
         self._turn: Turn | None = None
         #: The recipe of the warm slot to make once the job settled (``_claim``).
         self._refill: Recipe | None = None
+        #: The release of the backend's head start while the job prepares (``_prepare``).
+        self._primed: Callable[[], None] | None = None
         #: The job's directory (and disk) to remove once it settled (``remove_leftovers``).
         self._leftover: Prepared | None = None
         #: Its sandbox, quiesced (``Quiescing``), to destroy then, first.
@@ -312,7 +314,18 @@ class Job:
             self._budget = guard
 
     async def _prepare(self, cancel: asyncio.Event) -> LaunchPlan:
-        """Everything before the launch, checking for a cancel between phases."""
+        """Everything before the launch, checking for a cancel between phases. A job cold
+        for sure gives the backend its head start at once (``Priming``: the local backend
+        makes its cgroup joins cheap), released once the sandbox is made."""
+        self._primed = None if self._may_claim() else prime(self._ctx.backend)
+        try:
+            return await self._prepare_phases(cancel)
+        finally:
+            primed, self._primed = self._primed, None
+            if primed is not None:
+                primed()
+
+    async def _prepare_phases(self, cancel: asyncio.Event) -> LaunchPlan:
         prepare = Preparation(self._ctx, self._tools)
         await self._boundary(cancel, "credentials")
         declared = await prepare.declaration()
@@ -332,6 +345,8 @@ class Job:
             await prepare.pack_ready(pack)
             plan = pack.launch_plan(agent_credentials, endpoint_url=url)
             slot = await self._claim(declared, pack, plan=plan, credentials=agent_credentials)
+            if slot is None:  # a miss: made cold
+                self._primed = prime(self._ctx.backend)
             await self._boundary(cancel, "workspace")
             staged = await prepare.workspace(declared, credentials, self._made.workspace, slot)
         self._made = replace(self._made, staged=staged)

@@ -465,6 +465,26 @@ class Quiescing(Protocol):
 
 
 @runtime_checkable
+class Priming(Protocol):
+    """A backend whose sandboxes start sooner when told ahead that one will be made:
+    ``prime`` starts what gives that head start (the local backend: cheap cgroup joins,
+    ``worker.sandbox.local.dynmods``) and returns its release (idempotent; what it
+    started also ends by itself, bounded). A job calls it as soon as it knows it makes
+    its sandbox (cold), and releases it once ``create`` returned."""
+
+    def prime(self) -> Callable[[], None]: ...
+
+
+def prime(backend: object) -> Callable[[], None]:
+    """``backend.prime()`` where it is ``Priming``, else a release that does nothing."""
+    return backend.prime() if isinstance(backend, Priming) else _released
+
+
+def _released() -> None:
+    return None
+
+
+@runtime_checkable
 class SlotHost(Protocol):
     """What a backend with ``Capabilities.warm_slots`` adds: a sandbox made with no job
     (``create`` of a spec whose ``workspace`` is the slot's own, still empty, directory) is

@@ -130,6 +130,13 @@ class LocalConfig(_BackendSettings):
         default=False,
         description="A root worker remounts cgroup2 with favordynmods at its first sandbox.",
     )
+    cgroup_prime: bool = Field(
+        default=True,
+        description=(
+            "Without favordynmods, keep cgroup migrations cheap while a sandbox starts "
+            "(the worker rewrites its own cgroup membership every 2 ms)."
+        ),
+    )
 
 
 class DockerConfig(_BackendSettings):

@@ -68,11 +68,14 @@ class LocalSandbox:
         record: SandboxRecord,
         spec: SandboxSpec,
         masks: Sequence[MaskEntry] = (),
+        primed: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._record = record
         self._spec = spec
         self._masks = tuple(masks)
+        #: The creation's hold on the migration primer, released at the first spawn.
+        self._primed = primed
 
     @property
     def sandbox_id(self) -> str:
@@ -166,8 +169,13 @@ class LocalSandbox:
             env = {**env, **proxy_env()}
         if before_launch is not None:
             await before_launch()
-        with translate_oserror("spawn", self.sandbox_id):
-            proc = await self._start(argv, env, cwd, stdout_limit)
+        try:
+            with translate_oserror("spawn", self.sandbox_id):
+                proc = await self._start(argv, env, cwd, stdout_limit)
+        finally:  # joined (or failed): the priming has done its part
+            primed, self._primed = self._primed, None
+            if primed is not None:
+                primed()
         self._record = replace(self._record, pids=(*self._record.pids, proc.pid))
         with translate_oserror("record", self.sandbox_id):
             self._backend.store.write(self._record)
@@ -197,6 +205,10 @@ class LocalSandbox:
             options=options,
             limit=limit,
         )
+
+
+#: How long a job's head start (``LocalBackend.prime``) primes at most.
+PRIME_AHEAD_S = 0.25
 
 
 class LocalBackend:
@@ -275,7 +287,7 @@ class LocalBackend:
             for name in ("nsenter", "setpriv"):
                 self.tools.tool(name)
         sandbox_id = make_sandbox_id(spec.job_id, spec.attempt)
-        dynmods.check(self.config.cgroup_favordynmods, privileged=self.privileged)
+        self._check_dynmods()
         driver = self.cgroup_driver()
         stage = self._stage_dir / sandbox_id if self.privileged else None
         record = SandboxRecord(
@@ -292,8 +304,22 @@ class LocalBackend:
         with translate_oserror("create", sandbox_id):
             self.store.write(record)
         masks = mask_plan(record.workspace) if spec.mask_config else []
-        record = await self._prepare(driver, record, spec, masks)
-        return LocalSandbox(self, record, spec, masks)
+        record, primed = await self._prepare(driver, record, spec, masks)
+        return LocalSandbox(self, record, spec, masks, primed)
+
+    def prime(self) -> Callable[[], None]:
+        """Cheap cgroup joins from now until the release (``Priming``; ``dynmods``): a
+        job's sandbox, made a few milliseconds later, finds the kernel's lock ready. A
+        preparation longer than ``PRIME_AHEAD_S`` (a closure re-hashed) lets it lapse:
+        the sandbox's own hold starts it again."""
+        self._check_dynmods()
+        return dynmods.prime(enabled=self.config.cgroup_prime, for_at_most_s=PRIME_AHEAD_S)
+
+    def _check_dynmods(self) -> None:
+        config = self.config
+        dynmods.check(
+            config.cgroup_favordynmods, privileged=self.privileged, prime=config.cgroup_prime
+        )
 
     async def _prepare(
         self,
@@ -301,31 +327,46 @@ class LocalBackend:
         record: SandboxRecord,
         spec: SandboxSpec,
         masks: Sequence[MaskEntry],
-    ) -> SandboxRecord:
+    ) -> tuple[SandboxRecord, Callable[[], None]]:
+        """The record of the prepared sandbox, and its hold on the migration primer
+        (``dynmods``), taken once its cgroups are made: a primer's first rewrite holds the
+        kernel's cgroup mutex for a grace period, which their writes would wait out first.
+        They are made in a thread, beside the rest, in case a job's primer is at it."""
+        primed = dynmods.prime(enabled=False)
+        made: asyncio.Future[cgroups.CgroupSet] | None = None
         try:
             with translate_oserror("create", record.sandbox_id):
                 if not record.etc_dir.is_dir():
                     await asyncio.to_thread(build_shared_etc, record.etc_dir)
                 self._shared_dirs()
-                driver.create(record.sandbox_id, spec.limits)
-                if spec.lease_deadline is not None:
-                    # Bounded by its lease from here, even if this process freezes.
-                    self._watchdogs.start(
-                        record.sandbox_id, spec.lease_deadline, record.cgroups.paths
-                    )
+                made = asyncio.ensure_future(
+                    asyncio.to_thread(driver.create, record.sandbox_id, spec.limits)
+                )
                 owner = self.owner if self.privileged else None
-                made = mountpoints.ensure(record.workspace, masks, owner)
-                record = replace(record, mask_points=tuple(made))
+                points = mountpoints.ensure(record.workspace, masks, owner)
+                record = replace(record, mask_points=tuple(points))
                 self.store.write(record)
                 record = await self._start_network(record, spec)
                 if record.stage is not None:
                     staging.prepare_root(self._stage_dir)
                     sources = stage_sources(record, spec, empty_dir=self.empty_dir)
                     await staging.create(record.stage, sources)
-        except SandboxError:
-            await self.destroy(record.sandbox_id)
+                await made
+                primed = dynmods.prime(enabled=self.config.cgroup_prime)
+                if spec.lease_deadline is not None:
+                    # Bounded by its lease from here (nothing runs in it yet), even if
+                    # this process freezes.
+                    self._watchdogs.start(
+                        record.sandbox_id, spec.lease_deadline, record.cgroups.paths
+                    )
+        except BaseException as exc:
+            primed()
+            if made is not None:  # its thread ends before destroy removes the cgroups
+                await asyncio.wait({made})
+            if isinstance(exc, SandboxError):
+                await self.destroy(record.sandbox_id)
             raise
-        return record
+        return record, primed
 
     async def _start_network(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
         if spec.network != "allowlist":
