@@ -33,7 +33,9 @@ It ends with one line per agent and mode,
 Targets: cold ≤ 1.10x direct; warm ≤ 0.6x (codex-acp), ≤ 0.8x (claude-agent-acp);
 claim ≤ 50 ms p95; emulator warm ≤ 0.6x cold; ≥ 20 jobs/s warm. It says whether the host's
 cgroup2 is mounted with ``favordynmods`` (docs/operating.md, "cgroup migrations"): without
-it each cold job's agent start waits 6-19 ms more to join its cgroups. It changes nothing.
+it a cold job's agent start joins its cgroups cheaply only because the worker primes the
+migrations (``ACPW_CGROUP_PRIME``, on: the serves take no ``ACPW_*`` from this script's
+environment), which would otherwise wait 6-19 ms more. It changes nothing.
 
     .venv/bin/python benchmarks/service_agent.py [--runs 7] [--modes cold,warm]
         [--packs claude-agent-acp,codex-acp] [--jobs 40] [--bursts 3]
@@ -540,7 +542,7 @@ def report(modes: dict[str, Mode], packs: list[str]) -> None:
     # Whether a sandbox's first process joined its cgroups at once or after an RCU grace
     # period (docs/operating.md, "cgroup migrations"): cold figures differ by 6-19 ms.
     favored = dynmods_favored(Path("/proc/self/mountinfo").read_text())
-    print(f"cgroup2 favordynmods: {'on' if favored else 'off'}")
+    print(f"cgroup2 favordynmods: {'on' if favored else 'off (cgroup migrations primed)'}")
     figures.append(f"favordynmods {'on' if favored else 'off'}")
     summary("; ".join([figure, *figures]), TARGET, met, note=note)
 
