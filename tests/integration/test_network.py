@@ -260,3 +260,61 @@ async def test_bad_network_policies_are_refused_before_anything_is_made(
     with pytest.raises(SandboxError, match=message):
         await backend.create(_spec(tmp_path, **fields))
     assert await backend.list({"suite": "network"}) == []
+
+
+# What runs in the sandbox beside the program, and its tunnels (PORT=expected reply).
+INSIDE = r"""
+import json, os, socket, sys
+cmdlines = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmdlines.append(f.read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+def tunnel(port):
+    s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+    s.sendall(b"ping")
+    got = s.recv(16).decode()
+    s.close()
+    return got
+print(json.dumps({"cmdlines": cmdlines, "tunnels": [tunnel(p) for p in sys.argv[1:]]}))
+"""
+
+
+async def test_a_root_worker_serves_the_proxy_port_itself_no_forwarder_runs(
+    tmp_path: Path, etc: Path, echo: tuple[Echo, int]
+) -> None:
+    """A root worker makes the proxy's port and each tunnel's in the sandbox's network
+    namespace before the sandbox runs (``worker/sandbox/local/netns.py``); a worker that
+    is not root runs the forwarder in front of the program instead. The ports accept
+    only while the process they were made for runs."""
+    server, port = echo
+    backend = LocalBackend(
+        LocalConfig(cgroup_parent="acpw-test"), state_dir=tmp_path / "state", etc_dir=etc
+    )
+    allowed = f"127.0.0.1:{port}"
+    spec = _spec(
+        tmp_path, network="allowlist", network_allow=[allowed], network_tunnels=((3129, allowed),)
+    )
+    box = await backend.create(spec)
+    try:
+        result = await _run(box, [PY, "-c", INSIDE, "3129"])
+        proxy = backend.proxy(box.sandbox_id)
+        assert proxy is not None
+        for _ in range(100):  # the process exited: its ports close
+            if not proxy._fronts:
+                break
+            await asyncio.sleep(0.01)
+        assert proxy._fronts == []
+    finally:
+        await backend.destroy(box.sandbox_id)
+    forwarders = [c for c in result["cmdlines"] if "forward.py" in c]
+    if backend.privileged:
+        assert forwarders == []
+        assert len(result["cmdlines"]) <= 2  # the program (and bwrap's init, if any)
+    else:
+        assert len(forwarders) == 1
+    assert result["tunnels"] == ["ping"]  # through the proxy, to the allowed target
+    assert server.accepted == 1

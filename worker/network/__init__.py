@@ -5,6 +5,9 @@ The sandbox keeps no route out (its network namespace has only loopback). With p
 into the sandbox at :data:`SANDBOX_SOCKET`, and runs :mod:`worker.network.forward` in
 front of the agent: a TCP listener on ``127.0.0.1:3128`` inside the sandbox that relays
 to that socket, named by :func:`proxy_env`'s ``HTTP(S)_PROXY``/``ALL_PROXY`` variables.
+A root worker on the local backend needs no forwarder: it makes that listener (and one
+per tunnel) in the sandbox's namespace itself (``worker.sandbox.local.netns``) and the
+proxy serves it (:meth:`AllowlistProxy.front`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ FORWARDER_SOURCE = Path(forward.__file__)
 #: The interpreter that runs the forwarder inside the sandbox (the sandbox's own /usr).
 FORWARDER_PYTHON = "/usr/bin/python3"
 PROXY_URL = f"http://{forward.HOST}:{forward.PORT}"
+#: The port of :data:`PROXY_URL` inside the sandbox.
+PROXY_PORT = forward.PORT
 
 
 def proxy_env() -> Mapping[str, str]:
@@ -56,6 +61,7 @@ __all__ = [
     "FORWARDER_PYTHON",
     "FORWARDER_SOURCE",
     "MAX_ALLOW",
+    "PROXY_PORT",
     "PROXY_URL",
     "SANDBOX_FORWARDER",
     "SANDBOX_SOCKET",

@@ -203,18 +203,22 @@ class _Denials:
         self._limits = limits
         self._on_denial = on_denial
 
-    async def refuse(self, writer: asyncio.StreamWriter, denied: _Denied) -> None:
+    async def refuse(
+        self, writer: asyncio.StreamWriter, denied: _Denied, *, answer: bool = True
+    ) -> None:
+        """Report ``denied``; with ``answer``, first tell the client its HTTP error."""
         self._stats.denied += 1
         seq = self._stats.denied
         status = f"{denied.status} {_STATUS_TEXT[denied.status]}"
         body = f"acp-worker proxy: {denied.reason}\n".encode()
         with contextlib.suppress(OSError):
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
+            if answer:
+                writer.write(
+                    f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
         if self._on_denial is None or seq > self._limits.max_reported_denials:
             return
         denial = NetworkDenial(denied.reason, denied.target, denied.message, seq)
@@ -303,6 +307,8 @@ class AllowlistProxy:
         self._relay = _Relay(self.stats, self.limits)
         self._owner = socket_owner
         self._server: asyncio.Server | None = None
+        #: Listening sockets made elsewhere that it serves (:meth:`front`).
+        self._fronts: list[asyncio.Server] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._active = 0
 
@@ -323,8 +329,12 @@ class AllowlistProxy:
             os.chown(self.socket_path, *self._owner)
 
     async def close(self) -> None:
-        """Stop listening, cut every connection, remove the socket; idempotent."""
+        """Stop listening (its fronts too), cut every connection, remove the socket;
+        idempotent."""
         server, self._server = self._server, None
+        fronts, self._fronts = self._fronts, []
+        for front in fronts:
+            front.close()
         if server is not None:
             server.close()
         tasks = list(self._tasks)
@@ -333,6 +343,8 @@ class AllowlistProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
+        for front in fronts:
+            await front.wait_closed()
         if self.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
@@ -343,14 +355,39 @@ class AllowlistProxy:
         with ``limit=limits.max_head_bytes``."""
         await self._accept(reader, writer)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def front(self, sock: socket.socket, tunnel: str | None = None) -> asyncio.Server:
+        """Serve the connections of ``sock``, a listening socket made elsewhere (in a
+        sandbox's network namespace: ``worker.sandbox.local.netns``), as if they came to
+        the socket; with ``tunnel`` (``host:port``) each is a tunnel to it, already asked
+        for, as the in-sandbox forwarder's tunnel ports are: no request head is read, no
+        ``200`` written, and a refused one is closed unanswered. The server owns
+        ``sock``; closing it (or :meth:`close`) stops the accepting, not the
+        connections under way (:meth:`close` cuts those)."""
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._accept(reader, writer, tunnel)
+
+        server = await asyncio.start_server(accept, sock=sock, limit=self.limits.max_head_bytes)
+        self._fronts.append(server)
+        return server
+
+    def unfront(self, server: asyncio.Server) -> None:
+        """Stop accepting on ``server`` (one of :meth:`front`'s): its socket closes, the
+        connections it took go on until they end or :meth:`close` cuts them."""
+        server.close()
+        with contextlib.suppress(ValueError):
+            self._fronts.remove(server)
+
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tunnel: str | None = None
+    ) -> None:
         task = asyncio.current_task()
         if task is not None:  # always: a connection callback runs in its own task
             self._tasks.add(task)
         self.stats.connections += 1
         self._active += 1
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, tunnel)
         except asyncio.CancelledError:
             pass
         except OSError as exc:
@@ -363,17 +400,21 @@ class AllowlistProxy:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tunnel: str | None
+    ) -> None:
         try:
             self._check_capacity()
-            endpoint = self._destination.check(await self._read_head(reader))
+            line = ("CONNECT", tunnel) if tunnel is not None else await self._read_head(reader)
+            endpoint = self._destination.check(line)
             upstream = await self._destination.open(endpoint)
         except _Denied as denied:
-            await self._denials.refuse(writer, denied)
+            await self._denials.refuse(writer, denied, answer=tunnel is None)
             return
         self.stats.allowed += 1
-        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await writer.drain()
+        if tunnel is None:
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            await writer.drain()
         await self._relay.run(reader, writer, *upstream)
 
     def _check_capacity(self) -> None:

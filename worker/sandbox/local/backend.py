@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from worker.admission import AdmissionResult, MaskEntry, check_workspace, mask_plan
 from worker.errors import SandboxError
-from worker.network import forwarder_argv, proxy_env
+from worker.network import PROXY_PORT, AllowlistProxy, forwarder_argv, proxy_env
 from worker.sandbox import cgroups, hostfill, mountpoints, netpolicy, staging
 from worker.sandbox.base import (
     LABEL_WORKER,
@@ -25,7 +26,7 @@ from worker.sandbox.base import (
 )
 from worker.sandbox.config import LocalConfig
 from worker.sandbox.hostfiles import HostWorkspaceFiles
-from worker.sandbox.local import dynmods
+from worker.sandbox.local import dynmods, netns
 from worker.sandbox.local.bwrap import (
     BindSources,
     HostLayout,
@@ -76,6 +77,8 @@ class LocalSandbox:
         self._masks = tuple(masks)
         #: The creation's hold on the migration primer, released at the first spawn.
         self._primed = primed
+        #: Each spawn's wait for its exit, which ends the proxy's fronts for it.
+        self._fronting: set[asyncio.Task[None]] = set()
 
     @property
     def sandbox_id(self) -> str:
@@ -164,14 +167,30 @@ class LocalSandbox:
             SandboxError: the sandbox could not start the process.
         """
         check_command(argv, env, cwd)
+        listeners: list[socket.socket] = []
+        before_gate: Callable[[int], None] | None = None
+        tunnels = self._spec.network_tunnels
         if self._spec.network == "allowlist":
-            argv = forwarder_argv(tuple(argv), self._spec.network_tunnels)
             env = {**env, **proxy_env()}
+            if self._backend.privileged:  # the proxy listens in the sandbox itself
+                ports = [PROXY_PORT, *(port for port, _ in tunnels)]
+
+                def before_gate(child: int) -> None:
+                    listeners.extend(netns.listen_in(child, ports))
+
+            else:
+                argv = forwarder_argv(tuple(argv), tunnels)
         if before_launch is not None:
             await before_launch()
         try:
             with translate_oserror("spawn", self.sandbox_id):
-                proc = await self._start(argv, env, cwd, stdout_limit)
+                proc = await self._start(argv, env, cwd, stdout_limit, before_gate)
+            if listeners:
+                await self._front(proc, listeners, [None, *(target for _, target in tunnels)])
+        except BaseException:
+            for listener in listeners:
+                listener.close()
+            raise
         finally:  # joined (or failed): the priming has done its part
             primed, self._primed = self._primed, None
             if primed is not None:
@@ -181,8 +200,42 @@ class LocalSandbox:
             self._backend.store.write(self._record)
         return LocalProcess(proc, self._record.cgroups)
 
+    async def _front(
+        self,
+        proc: asyncio.subprocess.Process,
+        listeners: Sequence[socket.socket],
+        tunnels: Sequence[str | None],
+    ) -> None:
+        """The sandbox's proxy serves ``listeners`` (the proxy's port, then one per
+        tunnel, made in the process's network namespace) until the process exits.
+
+        Raises:
+            SandboxError: the sandbox has no proxy (destroyed meanwhile).
+        """
+        proxy = self._backend.proxy(self.sandbox_id)
+        if proxy is None:
+            raise SandboxError("the sandbox's proxy is gone", sandbox_id=self.sandbox_id)
+        fronted = zip(listeners, tunnels, strict=True)
+        servers = [await proxy.front(sock, target) for sock, target in fronted]
+
+        async def unfront_on_exit() -> None:
+            try:
+                await proc.wait()
+            finally:
+                for server in servers:
+                    proxy.unfront(server)
+
+        task = asyncio.ensure_future(unfront_on_exit())
+        self._fronting.add(task)
+        task.add_done_callback(self._fronting.discard)
+
     async def _start(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, limit: int
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        limit: int,
+        before_gate: Callable[[int], None] | None = None,
     ) -> asyncio.subprocess.Process:
         backend = self._backend
 
@@ -204,6 +257,7 @@ class LocalSandbox:
             argv=argv,
             options=options,
             limit=limit,
+            before_gate=before_gate,
         )
 
 
@@ -262,6 +316,10 @@ class LocalBackend:
     def bind_sources(self, record: SandboxRecord, spec: SandboxSpec) -> BindSources:
         """Host paths of the bind sources, or (root worker) their staged twins."""
         return bind_sources(record, spec, empty_dir=self.empty_dir)
+
+    def proxy(self, sandbox_id: str) -> AllowlistProxy | None:
+        """The proxy this process runs for ``sandbox_id`` (``allowlist``), if any."""
+        return self._proxies.get(sandbox_id)
 
     def cgroup_driver(self) -> cgroups.CgroupDriver:
         return cgroups.detect(self.config.cgroup_root, self.config.cgroup_parent)

@@ -73,7 +73,28 @@ def _child_pid(info_fd: int, deadline: float) -> int | None:
     return pid
 
 
-def _admit(cgs: cgroups.CgroupSet, pid: int, options: bytes, fds: tuple[int, int, int]) -> None:
+def _before_gate(before_gate: Callable[[int], None], child: int) -> bool:
+    """Run ``before_gate(child)``: False when the child is gone meanwhile.
+
+    Raises:
+        SandboxError: it failed otherwise.
+    """
+    try:
+        before_gate(child)
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    except OSError as exc:
+        raise SandboxError("cannot prepare the sandbox before it runs", error=str(exc)) from exc
+    return True
+
+
+def _admit(
+    cgs: cgroups.CgroupSet,
+    pid: int,
+    options: bytes,
+    fds: tuple[int, int, int],
+    before_gate: Callable[[int], None] | None = None,
+) -> None:
     """Put one spawn into the sandbox's cgroups, then let it run (blocking; a thread).
 
     ``fds``: the write end of bwrap's ``--args`` pipe, the read end of its ``--info-fd``,
@@ -85,10 +106,14 @@ def _admit(cgs: cgroups.CgroupSet, pid: int, options: bytes, fds: tuple[int, int
     written: that child waits on it before it forks the sandbox's init or execs the
     command, so not one instruction of the program runs outside the cgroups. On any
     failure the spawn's process group is killed before the gate closes (bwrap reads EOF
-    on the gate as "go"). Owns and closes the three descriptors.
+    on the gate as "go"). ``before_gate(child)`` runs once the child is in the cgroups,
+    before the gate: what must exist before the sandbox runs anything (the proxy's
+    listeners in its network namespace, ``netns``); what it raises fails the spawn. Owns
+    and closes the three descriptors.
 
     Raises:
-        SandboxError: a cgroup could not be joined, or bwrap did not report in time.
+        SandboxError: a cgroup could not be joined, bwrap did not report in time, or
+            ``before_gate`` failed.
     """
     args_fd, info_fd, gate_fd = fds
     opened = False
@@ -109,6 +134,9 @@ def _admit(cgs: cgroups.CgroupSet, pid: int, options: bytes, fds: tuple[int, int
             # The child died in its own set-up (a mount bwrap could not make): nothing
             # can run, and bwrap's exit and stderr say why, so it is not killed.
             opened = True
+            return
+        if before_gate is not None and not _before_gate(before_gate, child):
+            opened = True  # it died in its set-up, as above: bwrap's exit says why
             return
         os.write(gate_fd, b"1")
         opened = True
@@ -203,11 +231,14 @@ async def start_admitted(
     argv: Sequence[str],
     options: Callable[[int], Sequence[str]],
     limit: int,
+    before_gate: Callable[[int], None] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``prefix`` + bwrap running ``argv``, admitted into ``cgs`` before it runs.
 
     ``options(seccomp_fd)``: bwrap's options (they name the seccomp program's fd), sent
     through the ``--args`` pipe once the process is in the cgroups (see :func:`_admit`).
+    ``before_gate(child)``: run in :func:`_admit`'s thread with the sandbox's pid before
+    it may run anything.
 
     Raises:
         SandboxError: the spawn could not be put into the cgroups, or an option holds a
@@ -249,7 +280,7 @@ async def start_admitted(
             os.close(fd)
     # Submitted now, so the thread owns both descriptors whatever happens to us.
     admitted = asyncio.get_running_loop().run_in_executor(
-        None, _admit, cgs, proc.pid, data, (args_w, info_r, gate_w)
+        None, _admit, cgs, proc.pid, data, (args_w, info_r, gate_w), before_gate
     )
     try:
         await admitted
