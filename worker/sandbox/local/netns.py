@@ -98,10 +98,14 @@ def _enter(pid: int) -> None:
     """Move the calling thread into ``pid``'s network namespace.
 
     Raises:
-        OSError: it could not.
+        OSError: it could not, or that namespace is the worker's own (a pid reused by
+            the time it was opened, or a sandbox that did not get a namespace of its own).
     """
     fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
+        if os.fstat(fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+            # Not a sandbox's own: never listen for it where the worker lives.
+            raise OSError(errno.EPERM, f"process {pid} shares the worker's network namespace")
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
