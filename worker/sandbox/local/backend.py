@@ -195,6 +195,7 @@ class LocalSandbox:
             primed, self._primed = self._primed, None
             if primed is not None:
                 primed()
+                self._backend.unprime(self.sandbox_id)
         self._record = replace(self._record, pids=(*self._record.pids, proc.pid))
         with translate_oserror("record", self.sandbox_id):
             self._backend.store.write(self._record)
@@ -289,6 +290,8 @@ class LocalBackend:
         self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
+        #: Each sandbox's hold on the migration primer until its first spawn.
+        self._priming: dict[str, Callable[[], None]] = {}
         self._watchdogs = Watchdogs(self.store.root / "leases")
         self.privileged = os.geteuid() == 0
         self.owner = config.host_owner()
@@ -316,6 +319,13 @@ class LocalBackend:
     def bind_sources(self, record: SandboxRecord, spec: SandboxSpec) -> BindSources:
         """Host paths of the bind sources, or (root worker) their staged twins."""
         return bind_sources(record, spec, empty_dir=self.empty_dir)
+
+    def unprime(self, sandbox_id: str) -> None:
+        """Release the sandbox's hold on the migration primer (its first spawn joined, or
+        it is going away); idempotent."""
+        release = self._priming.pop(sandbox_id, None)
+        if release is not None:
+            release()
 
     def proxy(self, sandbox_id: str) -> AllowlistProxy | None:
         """The proxy this process runs for ``sandbox_id`` (``allowlist``), if any."""
@@ -363,6 +373,7 @@ class LocalBackend:
             self.store.write(record)
         masks = mask_plan(record.workspace) if spec.mask_config else []
         record, primed = await self._prepare(driver, record, spec, masks)
+        self._priming[record.sandbox_id] = primed  # released by destroy too, if never spawned
         return LocalSandbox(self, record, spec, masks, primed)
 
     def prime(self) -> Callable[[], None]:
@@ -518,6 +529,7 @@ class LocalBackend:
     async def _release(self, record: SandboxRecord, *, stage: bool = True) -> None:
         """What surrounds a sandbox whose processes are gone or exiting (with ``stage``,
         its staging namespace too); idempotent."""
+        self.unprime(record.sandbox_id)
         self._watchdogs.stop(record.sandbox_id)
         await self._proxies.close(record.sandbox_id)
         if stage and record.stage is not None:
