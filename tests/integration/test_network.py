@@ -238,10 +238,20 @@ async def test_destroy_tears_the_proxy_down(
     assert isinstance(backend, LocalBackend | DockerBackend)
     proxy = backend._proxies.get(box.sandbox_id)
     assert proxy is not None
-    assert proxy.socket_path.is_socket()
-    await backend.destroy(box.sandbox_id)
+    if isinstance(backend, LocalBackend) and backend.privileged:
+        # No socket of its own: it serves the listeners each spawn makes in the sandbox.
+        assert proxy.socket_path is None
+        proc = await box.spawn(["/bin/sleep", "30"], env=ENV)
+        assert len(proxy._fronts) == 1  # the proxy's port, in that process's namespace
+        await backend.destroy(box.sandbox_id)
+        assert proxy._fronts == []
+        await proc.wait()
+    else:
+        assert proxy.socket_path is not None
+        assert proxy.socket_path.is_socket()
+        await backend.destroy(box.sandbox_id)
+        assert not proxy.socket_path.parent.exists()  # socket and its directory are gone
     assert backend._proxies.get(box.sandbox_id) is None
-    assert not proxy.socket_path.parent.exists()  # socket and its directory are gone
     await backend.destroy(box.sandbox_id)  # idempotent
 
 

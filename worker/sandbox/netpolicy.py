@@ -95,6 +95,16 @@ async def start_proxy(
     return directory, proxy
 
 
+def fronted_proxy(spec: SandboxSpec) -> AllowlistProxy:
+    """The sandbox's proxy without a socket: connections come by ``front`` only."""
+    return AllowlistProxy(
+        spec.network_allow,
+        socket_path=None,
+        on_denial=spec.on_network_denial,
+        private=spec.network_private,
+    )
+
+
 def remove_dir(directory: Path) -> None:
     """Remove a proxy directory: its socket, then itself (never recursively); idempotent.
 

@@ -100,6 +100,13 @@ class ProxyRegistry:
         self._proxies[sandbox_id] = proxy
         return directory
 
+    def start_fronted(self, sandbox_id: str, spec: SandboxSpec) -> AllowlistProxy:
+        """Keep a proxy for the sandbox with no socket of its own: it serves only the
+        listeners it is handed (``AllowlistProxy.front``: a root worker's local sandbox)."""
+        proxy = netpolicy.fronted_proxy(spec)
+        self._proxies[sandbox_id] = proxy
+        return proxy
+
     async def close(self, sandbox_id: str) -> None:
         """Close and forget the sandbox's proxy, if this process holds one; idempotent."""
         proxy = self._proxies.pop(sandbox_id, None)

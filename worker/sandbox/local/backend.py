@@ -438,7 +438,13 @@ class LocalBackend:
         return record, primed
 
     async def _start_network(self, record: SandboxRecord, spec: SandboxSpec) -> SandboxRecord:
+        """The sandbox's proxy: a root worker's serves the listeners each spawn makes in
+        the sandbox (no socket, nothing bound in); otherwise its socket is bound in, for
+        the forwarder."""
         if spec.network != "allowlist":
+            return record
+        if self.privileged:
+            self._proxies.start_fronted(record.sandbox_id, spec)
             return record
         directory = await self._proxies.start(record.sandbox_id, spec, self.owner)
         record = replace(record, proxy_dir=directory)

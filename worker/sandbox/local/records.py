@@ -157,11 +157,11 @@ def sandbox_labels(spec: SandboxSpec, worker_id: str) -> dict[str, str]:
 
 
 def staged_names(spec: SandboxSpec) -> tuple[str, ...]:
-    """The names a root worker stages for ``spec`` (see ``staging``), in bind order."""
+    """The names a root worker stages for ``spec`` (see ``staging``), in bind order: no
+    proxy socket nor forwarder (it makes the proxy's listeners in the sandbox itself)."""
     extras = (f"x{i}" for i in range(len(spec.extra_mounts)))
     states = (f"s{i}" for i in range(len(spec.state_mounts)))
-    network = ("proxy", "forward") if spec.network == "allowlist" else ()
-    return ("workspace", "pack", "etc", "empty", *extras, *states, *network)
+    return ("workspace", "pack", "etc", "empty", *extras, *states)
 
 
 def proxy_socket(record: SandboxRecord) -> Path:
