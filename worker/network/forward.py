@@ -331,22 +331,21 @@ def _relay_tls(client: _socket.socket, upstream: Sock) -> None:
 
 def _pull(sock: Sock, into: bytearray, again: tuple[type[OSError], ...]) -> bool:
     """Read what ``sock`` has into ``into``: True at its end (False: nothing yet)."""
-    import contextlib
-
-    with contextlib.suppress(*again):
+    try:
         data = sock.recv(_CHUNK)
-        into += data
-        return not data
-    return False
+    except again:
+        return False
+    into += data
+    return not data
 
 
 def _push(sock: Sock, out: bytearray, again: tuple[type[OSError], ...]) -> None:
     """Send what ``sock`` takes of ``out`` now, and drop it from ``out``."""
-    import contextlib
-
     if out:
-        with contextlib.suppress(*again):
+        try:
             del out[: sock.send(out)]
+        except again:
+            return
 
 
 if __name__ == "__main__":

@@ -69,14 +69,11 @@ class LocalSandbox:
         record: SandboxRecord,
         spec: SandboxSpec,
         masks: Sequence[MaskEntry] = (),
-        primed: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._record = record
         self._spec = spec
         self._masks = tuple(masks)
-        #: The creation's hold on the migration primer, released at the first spawn.
-        self._primed = primed
         #: Each spawn's wait for its exit, which ends the proxy's fronts for it.
         self._fronting: set[asyncio.Task[None]] = set()
 
@@ -191,11 +188,8 @@ class LocalSandbox:
             for listener in listeners:
                 listener.close()
             raise
-        finally:  # joined (or failed): the priming has done its part
-            primed, self._primed = self._primed, None
-            if primed is not None:
-                primed()
-                self._backend.unprime(self.sandbox_id)
+        finally:  # joined (or failed): the creation's priming has done its part
+            self._backend.unprime(self.sandbox_id)
         self._record = replace(self._record, pids=(*self._record.pids, proc.pid))
         with translate_oserror("record", self.sandbox_id):
             self._backend.store.write(self._record)
@@ -290,7 +284,7 @@ class LocalBackend:
         self._stage_dir = stage_dir
         self._layout: HostLayout | None = None
         self._proxies = ProxyRegistry()
-        #: Each sandbox's hold on the migration primer until its first spawn.
+        #: Each sandbox's hold on the migration primer until its first spawn (``unprime``).
         self._priming: dict[str, Callable[[], None]] = {}
         self._watchdogs = Watchdogs(self.store.root / "leases")
         self.privileged = os.geteuid() == 0
@@ -373,8 +367,9 @@ class LocalBackend:
             self.store.write(record)
         masks = mask_plan(record.workspace) if spec.mask_config else []
         record, primed = await self._prepare(driver, record, spec, masks)
-        self._priming[record.sandbox_id] = primed  # released by destroy too, if never spawned
-        return LocalSandbox(self, record, spec, masks, primed)
+        # Released at its first spawn, or at its destroy if it never spawns.
+        self._priming[record.sandbox_id] = primed
+        return LocalSandbox(self, record, spec, masks)
 
     def prime(self) -> Callable[[], None]:
         """Cheap cgroup joins from now until the release (``Priming``; ``dynmods``): a

@@ -129,15 +129,17 @@ class BindSources:
     empty_dir: Path
     extras: tuple[Path, ...] = ()
     states: tuple[Path, ...] = ()
-    #: The network proxy's socket and the forwarder script (``allowlist`` only).
+    #: The network proxy's socket and the forwarder script (``allowlist``, not root).
     proxy: Path | None = None
     forwarder: Path | None = None
 
 
 def bind_sources(record: SandboxRecord, spec: SandboxSpec, *, empty_dir: Path) -> BindSources:
-    """Host paths of the bind sources, or (root worker) their staged twins."""
-    network = record.proxy_dir is not None
+    """Host paths of the bind sources, or (root worker) their staged twins. Only a worker
+    that is not root binds the proxy's socket and the forwarder (``allowlist``): a root
+    worker makes the proxy's listeners in the sandbox itself (``netns``)."""
     if record.stage is None:
+        network = record.proxy_dir is not None
         return BindSources(
             workspace=record.workspace,
             pack=spec.pack_closure,
@@ -156,8 +158,6 @@ def bind_sources(record: SandboxRecord, spec: SandboxSpec, *, empty_dir: Path) -
         empty_dir=stage / "empty",
         extras=tuple(stage / f"x{i}" for i in range(len(spec.extra_mounts))),
         states=tuple(stage / f"s{i}" for i in range(len(spec.state_mounts))),
-        proxy=stage / "proxy" if network else None,
-        forwarder=stage / "forward" if network else None,
     )
 
 
@@ -171,8 +171,6 @@ def stage_sources(record: SandboxRecord, spec: SandboxSpec, *, empty_dir: Path) 
     }
     sources.update({f"x{i}": m.source for i, m in enumerate(spec.extra_mounts)})
     sources.update({f"s{i}": m.source for i, m in enumerate(spec.state_mounts)})
-    if record.proxy_dir is not None:
-        sources.update({"proxy": proxy_socket(record), "forward": FORWARDER_SOURCE})
     return sources
 
 
